@@ -1,0 +1,1 @@
+"""The ``cachepipe`` command line, benchmark harnesses and the emulated cluster."""

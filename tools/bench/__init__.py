@@ -1,0 +1,39 @@
+"""``cachepipe bench NAME``: benchmarks that measure a thing against its baseline side by side.
+
+Each benchmark is a module here with ``configure(parser)`` and ``main(args) -> int``; it
+prints a table and, with ``--json PATH``, writes a list of row dicts. Timing targets live
+in the benchmarks and ``docs/BENCHMARKS.md``, never in tests.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+__all__ = ["BENCHMARKS", "configure", "main"]
+
+# name -> (module, one-line help)
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "cache": ("tools.bench.cache", "source vs L1 vs L2 read throughput"),
+    "loader": ("tools.bench.loader", "plain DataLoader vs cached_dataloader vs DALI"),
+    "topk": ("tools.bench.topk", "top-k selectors: time, recall, captured energy"),
+    "comm": ("tools.bench.comm", "gradient exchange algorithms on an emulated cluster"),
+    "omgs": ("tools.bench.omgs", "OMGS merged-layer planning vs LAGS / TopK-SGD / fusion"),
+    "train": ("tools.bench.train", "training throughput: synthetic vs cached loaders"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = "benchmarks:\n" + "\n".join(f"  {n:<8} {h}" for n, (_, h) in BENCHMARKS.items())
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("bench", choices=sorted(BENCHMARKS), metavar="NAME", help="which benchmark (below)")
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="that benchmark's flags (NAME --help)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Parse the chosen benchmark's own flags and run it (only that module is imported)."""
+    module_name, help_text = BENCHMARKS[args.bench]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"cachepipe bench {args.bench}", description=help_text,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    module.configure(parser)
+    return int(module.main(parser.parse_args(args.bench_args)) or 0)

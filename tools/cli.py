@@ -1,0 +1,60 @@
+"""Entry point of the ``cachepipe`` command.
+
+Each subcommand lives in its own module that defines ``configure(parser)`` (adds its
+flags) and ``main(args) -> int``. Only the chosen module is imported, so
+``cachepipe warmup`` never pays for importing torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["COMMANDS", "main"]
+
+# name -> (module, one-line help). Adding a subcommand is one entry and one module.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "make-dataset": ("tools.make_dataset", "write a small learnable ImageNet-layout JPEG dataset"),
+    "warmup": ("tools.warmup", "fill the two-level cache (L1 LMDB mirror, L2 Redis) from a source tree"),
+    "stats": ("tools.stats", "show cache coverage per level"),
+    "server": ("tools.server", "start, stop or inspect the embedded Redis server"),
+    "bench": ("tools.bench", "run a benchmark: cache, loader, topk, comm, omgs, train"),
+    "train": ("tools.train", "train an image model end to end from the cache"),
+    "report": ("tools.report", "plot training curves and time breakdowns of runs"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cachepipe",
+        description="Two-level image cache, cached loaders and sparse gradient exchange.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n" + "\n".join(f"  {n:<13} {h}" for n, (_, h) in COMMANDS.items()),
+    )
+    parser.add_argument("command", choices=sorted(COMMANDS), metavar="COMMAND", help="see below")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``cachepipe COMMAND [ARGS]``; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        _top_parser().print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        _top_parser().parse_args([name])  # prints the valid names and exits 2
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(
+        prog=f"cachepipe {name}",
+        description=help_text,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    module.configure(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.main(args) or 0)
+    except KeyboardInterrupt:
+        print(f"cachepipe {name}: interrupted", file=sys.stderr)
+        return 130
