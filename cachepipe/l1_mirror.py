@@ -56,7 +56,13 @@ class L1Mirror:
     def shared(cls, path: str | os.PathLike, map_size: int) -> L1Mirror:
         """The process-wide writable mirror at ``path`` (opened once per process,
         reference counted by :meth:`close`)."""
-        key = (os.getpid(), os.path.abspath(os.fspath(path)))
+        pid = os.getpid()
+        for old in [k for k in _OPEN if k[0] != pid]:
+            # Inherited through fork: py-lmdb refuses a second open of the same files
+            # until the inherited handle is closed, and its close is fork-aware (it leaves
+            # the parent's reader slots and locks alone).
+            _OPEN.pop(old).env.close()
+        key = (pid, os.path.abspath(os.fspath(path)))
         mirror = _OPEN.get(key)
         if mirror is None or mirror._refs == 0:
             mirror = _OPEN[key] = cls(path, map_size)

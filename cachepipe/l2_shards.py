@@ -12,7 +12,7 @@ from redis.retry import Retry
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.hashing import rendezvous_owners, shard_seed
-from cachepipe.l2_store import warn_once
+from cachepipe.l2_store import is_oom, warn_once
 
 __all__ = ["ShardedRedisStore", "make_client"]
 
@@ -138,7 +138,7 @@ class ShardedRedisStore:
             for p, r in zip(pos.tolist(), results):
                 if isinstance(r, Exception):
                     self.counters["l2_write_errors"] += 1
-                    if "OOM" in str(r):
+                    if is_oom(r):
                         self.counters["l2_oom"] += 1
                         warn_once(self._warned, f"oom{s}", f"L2 shard {self.urls[s]} is out of memory "
                                   f"(maxmemory reached): samples it cannot hold are served from "
