@@ -80,8 +80,17 @@ class L1Mirror:
             self.path.mkdir(parents=True, exist_ok=True)
         self.env = lmdb.open(str(self.path), map_size=self.map_size, max_dbs=2, readonly=readonly,
                              metasync=False, readahead=False, lock=True, create=not readonly)
-        self.data_db = self.env.open_db(b"data", create=not readonly)
-        self.meta_db = self.env.open_db(b"meta", create=not readonly)
+        self.empty = False
+        if readonly:
+            try:
+                self.data_db = self.env.open_db(b"data", create=False)
+                self.meta_db = self.env.open_db(b"meta", create=False)
+            except lmdb.NotFoundError:  # a writer is creating it right now
+                self.empty, self.data_db, self.meta_db = True, None, None
+        else:
+            with self.env.begin(write=True) as txn:  # both databases appear together
+                self.data_db = self.env.open_db(b"data", txn=txn)
+                self.meta_db = self.env.open_db(b"meta", txn=txn)
         self._refs = 1
 
     def get_many(self, indices: Sequence[int]) -> tuple[list[bytes | None], list[int]]:
@@ -147,10 +156,14 @@ class L1Mirror:
 
     def present(self) -> set[int]:
         """Indices with an entry (from ``meta`` only; cheap)."""
+        if self.empty:
+            return set()
         with self.env.begin() as txn:
             return {_KEY.unpack(k)[0] for k in txn.cursor(db=self.meta_db).iternext(values=False)}
 
     def entries(self) -> int:
+        if self.empty:
+            return 0
         with self.env.begin() as txn:
             return txn.stat(self.meta_db)["entries"]
 

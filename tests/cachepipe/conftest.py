@@ -42,3 +42,52 @@ def reference_pixels(data: bytes, size: int) -> np.ndarray:
 def truncate(path, keep: float = 0.5) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    """A real 3-primary Redis Cluster (no replicas) on 127.0.0.1; yields its seed URL."""
+    import subprocess
+    import time
+
+    import redis
+
+    from cachepipe.redis_binary import find_redis_server
+    from tests.redis_servers import free_port
+
+    procs, ports = [], [free_port() for _ in range(3)]
+    for port in ports:
+        d = tmp_path / f"cluster{port}"
+        d.mkdir()
+        procs.append(subprocess.Popen(
+            [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", str(d / "nodes.conf"), "--save", "", "--appendonly", "no",
+             "--dir", str(d), "--logfile", str(d / "log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        clients = [redis.Redis(host="127.0.0.1", port=p) for p in ports]
+        deadline = time.monotonic() + 10
+        for c in clients:
+            while True:
+                try:
+                    c.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+        bounds = [0, 5461, 10923, 16384]
+        for k, c in enumerate(clients):
+            c.execute_command("CLUSTER", "ADDSLOTS", *range(bounds[k], bounds[k + 1]))
+        for p in ports[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", p)
+        while not all(c.cluster("info")["cluster_state"] == "ok" and
+                      int(c.cluster("info")["cluster_known_nodes"]) == 3 for c in clients):
+            if time.monotonic() > deadline + 20:
+                raise RuntimeError("redis cluster did not form")
+            time.sleep(0.05)
+        yield f"redis-cluster://127.0.0.1:{ports[0]}", clients
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
