@@ -114,7 +114,9 @@ def test_reuse_without_rescan_and_change_detection(source, tmp_path, monkeypatch
 
 def test_racy_directory_forces_rescan(source, tmp_path, monkeypatch):
     cache = tmp_path / "c"
-    Manifest.load_or_scan(source, cache)  # directories were just written: racy
+    for dirpath, _, _ in os.walk(source):
+        os.utime(dirpath)  # modified "now", like a directory written just before the scan
+    Manifest.load_or_scan(source, cache)  # racy: the next call cannot trust these mtimes
     calls = []
     real_scan = Manifest.scan.__func__
     monkeypatch.setattr(Manifest, "scan", classmethod(lambda cls, r: calls.append(r) or real_scan(cls, r)))
