@@ -3,7 +3,7 @@
 NOTE [L1 layout and safety]
 One LMDB environment per fingerprint at ``<cache_dir>/<fingerprint>/l1``, two named
 databases: ``data`` (key = big-endian u64 index, value = the file's exact bytes) and
-``meta`` (same key, value = size u64 + Adler-32 u32). Both are written in one
+``meta`` (same key, value = size u64 + checksum u64, see NOTE [checksum]). Both are written in one
 transaction per batch, so an entry is either fully there or absent: killing a writer at
 any moment loses at most the open batch and a re-run resumes from the committed ones.
 Reads verify the size and checksum; a mismatch is a miss, never bad bytes.
@@ -19,12 +19,12 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import lmdb
 
+from cachepipe.checksum import checksum64
 from cachepipe.errors import L1FullError
 
 __all__ = ["L1Mirror"]
@@ -32,11 +32,10 @@ __all__ = ["L1Mirror"]
 _KEY = struct.Struct(">Q")
 # LMDB allows one handle per environment per process: (pid, path) -> open mirror.
 _OPEN: dict[tuple[int, str], "L1Mirror"] = {}
-_META = struct.Struct("<QI")
+_META = struct.Struct("<QQ")
 
 
-def _checksum(data) -> int:
-    return zlib.adler32(data) & 0xFFFFFFFF
+_checksum = checksum64
 
 
 class L1Mirror:
@@ -111,7 +110,7 @@ class L1Mirror:
                     out.append(None)
                     continue
                 value = txn.get(key, db=self.data_db)
-                size, checksum = _META.unpack(meta)
+                size, checksum = _META.unpack(meta) if len(meta) == _META.size else (-1, 0)
                 if value is None or len(value) != size or _checksum(value) != checksum:
                     out.append(None)
                     corrupt.append(i)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from cachepipe import TwoLevelCache
+from cachepipe import Manifest, TwoLevelCache
 from cachepipe.demo_data import make_dataset
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.warmup import warmup
@@ -49,8 +49,8 @@ def test_node_partitions_split_l2(source, cache_dir, redis_server):
 
 
 def test_corrupt_files_are_reported_once_known(source, cache_dir, redis_server):
-    with TwoLevelCache(source, cache_dir, False, 32) as probe:
-        bad = sorted([probe.manifest.relpaths[2], probe.manifest.relpaths[9]])
+    relpaths = Manifest.scan(source).relpaths
+    bad = sorted([relpaths[2], relpaths[9]])
     for rel in bad:
         truncate(source / rel)
     with TwoLevelCache(source, cache_dir, redis_server.url, 32) as cache:
