@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     add_cache_arguments(parser)
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
-                        help="parallel worker processes")
+                        help="parallel worker processes (min(8, CPU count))")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="samples per LMDB transaction / Redis pipeline")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (L2 partition)")
@@ -95,6 +95,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc), EXIT_SOURCE)
     print(_summary(report, node))
+    if cache.config.redis is None:
+        print(f"  L2 is the embedded Redis at {cache.embedded_server().url}; it keeps running for "
+              f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")
     if args.json:
         _write_json(args.json, report)
     if report["l2_write_errors"]:

@@ -28,14 +28,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     add_cache_arguments(parser)
     parser.add_argument("--workers", default=f"1,{min(4, os.cpu_count() or 1)}",
-                        help="comma-separated worker process counts to measure")
+                        help="comma-separated worker process counts to measure (1 and min(4, CPU count))")
     parser.add_argument("--samples", type=int, default=2000,
                         help="samples read per measurement (the first N of the manifest)")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per get_many / task")
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds; levels are interleaved round-robin and the median is kept")
     parser.add_argument("--warm-source", action="store_true",
-                        help="let source reads hit the OS page cache (default: evict each file first)")
+                        help="let source reads hit the OS page cache (otherwise each file is evicted first)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the rows as JSON")
 
 
