@@ -204,7 +204,10 @@ class TwoLevelCache:
                 if value is None:
                     continue
                 try:
-                    result[i] = decode_sample(value, i)
+                    arr = decode_sample(value, i)
+                    if arr.shape[2] != 3:
+                        raise ValueError(f"{arr.shape[2]} channels, not 3")
+                    result[i] = arr
                     c["l2_bytes"] += len(value)
                 except ValueError as exc:
                     c["l2_corrupt"] += 1

@@ -190,3 +190,27 @@ def test_bad_arguments(source, cache_dir):
         TwoLevelCache(source, cache_dir, False, 0)
     with pytest.raises(FileNotFoundError):
         TwoLevelCache(source / "nope", cache_dir, False)
+
+
+def test_hung_shard_times_out_and_is_backed_off(source, cache_dir, redis_servers):
+    import signal
+    import time
+
+    servers = redis_servers(2)
+    with TwoLevelCache(source, cache_dir, [s.url for s in servers], SIZE, replicas=2, timeout=0.3) as cache:
+        n = len(cache)
+        expected = cache.get_many(range(n))
+        servers[0].proc.send_signal(signal.SIGSTOP)  # alive but silent, like a wedged node
+        try:
+            with pytest.warns(CacheWarning, match="TimeoutError|Timeout"):
+                got = cache.get_many(range(n))
+            t0 = time.monotonic()
+            again = cache.get_many(range(n))  # in backoff: no second timeout
+            assert time.monotonic() - t0 < 0.3
+        finally:
+            servers[0].proc.send_signal(signal.SIGCONT)
+        st = cache.stats()
+        assert st["l2_errors"] == 1 and st["l2_skipped"] > 0 and st["source_reads"] == n
+        for a, b, c in zip(expected, got, again):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, c)
