@@ -200,6 +200,7 @@ class TwoLevelCache:
         uniq = list(dict.fromkeys(idx))
         result: dict[int, np.ndarray] = {}
         if self._store is not None and uniq:
+            self._revive_embedded()
             for i, value in zip(uniq, self._store.get_many(uniq)):
                 if value is None:
                     continue
@@ -244,6 +245,17 @@ class TwoLevelCache:
             out.append(arr.copy() if arr is not None and i in seen else arr)
             seen.add(i)
         return out
+
+    def _revive_embedded(self) -> None:
+        """Restart the embedded server when it died and its backoff window is over
+        (it starts empty and refills from L1 as samples are read)."""
+        health = getattr(self._store, "health", None)
+        if self.config.redis is None and health and health[0].failures and health[0].available():
+            try:
+                if self.embedded_server(start=True):
+                    self.counters["l2_restarts"] += 1
+            except (RuntimeError, OSError):
+                pass  # still down: the read below fails fast and backs off again
 
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
         """Raw file bytes from L1, else from the source (filling L1); an unreadable file maps
@@ -297,6 +309,7 @@ class TwoLevelCache:
         Keys: ``requests``, ``l2_hits``, ``l2_misses``, ``l2_bytes``, ``l2_writes``,
         ``l2_corrupt``, ``l2_errors``, ``l2_skipped`` (reads not sent to a shard in
         backoff), ``l2_fallbacks`` (served by a replica), ``l2_oom``, ``l2_write_errors``,
+        ``l2_restarts`` (embedded server restarted after it died),
         ``l1_hits``, ``l1_misses``, ``l1_writes``, ``l1_corrupt``, ``l1_write_errors``,
         ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
         ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.

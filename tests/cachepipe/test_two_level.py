@@ -214,3 +214,18 @@ def test_hung_shard_times_out_and_is_backed_off(source, cache_dir, redis_servers
         for a, b, c in zip(expected, got, again):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(a, c)
+
+
+def test_embedded_server_that_died_is_restarted(source, cache_dir):
+    with TwoLevelCache(source, cache_dir, None, SIZE, l2_memory="32mb") as cache:
+        expected = cache.get_many(range(6))
+        cache.embedded_server().stop()  # e.g. `cachepipe server stop` during training
+        with pytest.warns(CacheWarning, match="failed on read"):
+            got = cache.get_many(range(6))  # served by L1 meanwhile
+        cache._store.health[0].retry_at = 0  # the backoff window is over
+        again = cache.get_many(range(6))
+        assert cache.embedded_server().ping() and cache.stats()["l2_restarts"] == 1
+        assert cache.get_many(range(6)) and cache.stats()["l2_hits"] == 6  # refilled
+        for a, b, c in zip(expected, got, again):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, c)
