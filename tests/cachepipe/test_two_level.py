@@ -229,3 +229,18 @@ def test_embedded_server_that_died_is_restarted(source, cache_dir):
         for a, b, c in zip(expected, got, again):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(a, c)
+
+
+def test_full_l1_map_warns_in_reads_and_fails_warmup(source, cache_dir):
+    from cachepipe import L1FullError
+    from cachepipe.warmup import warmup
+
+    with TwoLevelCache(source, cache_dir, False, SIZE, l1_map_size=1 << 16) as cache:
+        n = len(cache)
+        with pytest.warns(CacheWarning, match="is full.*L1 writes are off"):
+            got = cache.get_many(range(n))
+        assert cache.stats()["l1_write_errors"] > 0
+        for i in (0, n - 1):
+            np.testing.assert_array_equal(got[i], _expected(cache, i))
+        with pytest.raises(L1FullError, match="map size is 0.1 MiB"):
+            warmup(cache, progress=False)
