@@ -1,7 +1,6 @@
 """How much of a source each cache level holds (for ``cachepipe stats``); starts nothing."""
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 

@@ -12,7 +12,6 @@ Counters in :meth:`TwoLevelCache.stats` are per process.
 from __future__ import annotations
 
 import os
-import warnings
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,12 +21,13 @@ import numpy as np
 from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
+from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
 from cachepipe.l2_store import SampleStore, open_store, warn_once
 from cachepipe.manifest import Manifest
-from cachepipe.source import STAT_KEYS, SourceReader
+from cachepipe.raw_levels import RawLevels
+from cachepipe.source import STAT_KEYS
 
 __all__ = ["TwoLevelCache"]
 
@@ -91,8 +91,7 @@ class TwoLevelCache:
         self._pid: int | None = None
         self._l1: L1Mirror | None = None
         self._store: SampleStore | None = None
-        self._reader = SourceReader(_SOURCE_THREADS)
-        self._l1_writable = True
+        self._raw: RawLevels | None = None
         self._warned: set = set()
         self.counters: Counter = Counter()
 
@@ -109,12 +108,13 @@ class TwoLevelCache:
         if self._pid == os.getpid():
             return
         if self._pid is not None:
-            _INHERITED.append((self._l1, self._store, self._reader))
+            _INHERITED.append((self._l1, self._store, self._raw))
             self._reset_process_state()
         cfg = self.config
         if cfg.use_l1:
             map_size = cfg.l1_map_size or 2 * self.manifest.total_bytes + (64 << 20)
             self._l1 = L1Mirror.shared(self.l1_path, map_size)
+        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS)
         if cfg.redis is not False:
             urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
             self._store = open_store(urls, self.namespace, self.counters,
@@ -219,7 +219,7 @@ class TwoLevelCache:
         need = [i for i in uniq if i not in result]
         errors_seen: list[CorruptSampleError] = []
         if need:
-            raw = self._read_raw(need)
+            raw = self._raw.read(need)
             encoded = []
             for i in need:
                 try:
@@ -258,49 +258,9 @@ class TwoLevelCache:
                 pass  # still down: the read below fails fast and backs off again
 
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
-        """Raw file bytes from L1, else from the source (filling L1); an unreadable file maps
-        to its ``OSError``."""
-        c, m = self.counters, self.manifest
-        raw: dict[int, bytes] = {}
-        if self._l1 is not None:
-            values, corrupt = self._l1.get_many(need)
-            if corrupt:
-                c["l1_corrupt"] += len(corrupt)
-                warn_once(self._warned, "l1corrupt", f"L1 entries failed verification (e.g. sample "
-                          f"{corrupt[0]}); re-reading them from the source")
-            raw = {i: v for i, v in zip(need, values) if v is not None}
-            c["l1_hits"] += len(raw)
-            c["l1_misses"] += len(need) - len(raw)
-        todo = [i for i in need if i not in raw]
-        if not todo:
-            return raw
-        files = self._reader.read([m.path(i) for i in todo])
-        fresh = []
-        for i, data in zip(todo, files):
-            if isinstance(data, Exception):
-                warnings.warn(f"cannot read {m.path(i)}: {data}", CacheWarning, stacklevel=3)
-                c["source_errors"] += 1
-                raw[i] = data
-                continue
-            c["source_reads"] += 1
-            c["source_bytes"] += len(data)
-            if len(data) != m.sizes[i]:
-                c["source_changed"] += 1
-                warn_once(self._warned, "changed", f"{m.relpaths[i]} has {len(data)} bytes, the "
-                          f"manifest says {m.sizes[i]}: the source changed since it was scanned "
-                          f"(rescan to refresh the cache)")
-            raw[i] = data
-            fresh.append((i, data))
-        if self._l1 is not None and fresh and (self._l1_writable or strict_l1):
-            try:
-                c["l1_writes"] += self._l1.put_many(fresh)
-            except L1FullError as exc:
-                if strict_l1:
-                    raise
-                self._l1_writable = False
-                c["l1_write_errors"] += len(fresh)
-                warnings.warn(f"{exc}; L1 writes are off in this process", CacheWarning, stacklevel=3)
-        return raw
+        """Raw bytes via L1, else the source (see :class:`~cachepipe.raw_levels.RawLevels`)."""
+        self._open()
+        return self._raw.read(need, strict_l1=strict_l1)
 
     # -- bookkeeping ---------------------------------------------------------------------
     def stats(self) -> dict:
@@ -327,7 +287,8 @@ class TwoLevelCache:
                 self._store.close()
             if self._l1 is not None:
                 self._l1.close()
-            self._reader.close()
+            if self._raw is not None:
+                self._raw.close()
         counters = self.counters
         self._reset_process_state()
         self.counters = counters
