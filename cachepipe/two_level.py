@@ -172,7 +172,8 @@ class TwoLevelCache:
         """
         return self.get_many([index])[0]
 
-    def get_many(self, indices: Iterable[int], *, errors: str = "raise") -> list[np.ndarray | None]:
+    def get_many(self, indices: Iterable[int], *, errors: str = "raise",
+                 copy: bool = True) -> list[np.ndarray | None]:
         """Samples of ``indices`` in order, with one L2 round trip per shard.
 
         Args:
@@ -180,9 +181,12 @@ class TwoLevelCache:
             errors: ``"raise"``: a corrupt source file raises :class:`CorruptSampleError`
                 (after the good samples were cached); ``"skip"``: it gives ``None`` and is
                 counted in ``stats()["corrupt"]``.
+            copy: ``False`` returns L2 hits as read-only views of the Redis reply (one
+                copy less per sample, for callers that crop or convert anyway).
 
         Returns:
-            Writable ``(H, W, 3)`` uint8 arrays (``None`` only with ``errors="skip"``).
+            ``(H, W, 3)`` uint8 arrays, writable unless ``copy=False`` (``None`` only with
+            ``errors="skip"``).
 
         Raises:
             IndexError, CorruptSampleError, ValueError (bad ``errors``).
@@ -205,7 +209,7 @@ class TwoLevelCache:
                 if value is None:
                     continue
                 try:
-                    arr = decode_sample(value, i)
+                    arr = decode_sample(value, i, copy=copy)
                     if arr.shape[2] != 3:
                         raise ValueError(f"{arr.shape[2]} channels, not 3")
                     result[i] = arr

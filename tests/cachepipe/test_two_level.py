@@ -37,6 +37,9 @@ def test_round_trip_through_every_level(source, cache_dir, redis_server):
         for a, b, c in zip(first, again, third):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(a, c)
+        views = cache.get_many(range(n), copy=False)
+        assert cache.stats()["l2_hits"] == 2 * n and not views[0].flags.writeable
+        np.testing.assert_array_equal(views[5], first[5])
         dup = cache.get_many([3, 3])
         assert dup[0] is not dup[1]
         np.testing.assert_array_equal(cache.get(3), first[3])
