@@ -61,7 +61,9 @@ def normalize(images: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=
     shape = (3, 1, 1) if images.ndim == 3 else (1, 3, 1, 1)
     scale = torch.tensor([1.0 / (255.0 * s) for s in std], device=images.device).view(shape)
     bias = torch.tensor([-m / s for m, s in zip(mean, std)], device=images.device).view(shape)
-    return torch.addcmul(bias, images.float(), scale).to(dtype)
+    out = images.to(torch.float32, copy=True)
+    out.mul_(scale).add_(bias)  # in place: one float buffer, no temporaries
+    return out.to(dtype)
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,11 @@ class _Base:
             return
         scale, bias = affine
         if dst.dtype == torch.float32:
-            torch.addcmul(bias, src.float(), scale, out=dst)  # one fused pass
+            dst.copy_(src)  # convert (and change layout) in one pass, then scale in place
+            dst.mul_(scale).add_(bias)
         else:
-            dst.copy_(torch.addcmul(bias, src.float(), scale))
+            tmp = src.float()
+            dst.copy_(tmp.mul_(scale).add_(bias))
 
     def __call__(self, sample, rng: random.Random | None = None, size: int | None = None) -> torch.Tensor:
         """One uint8 HWC sample (numpy or tensor) -> CHW tensor.
