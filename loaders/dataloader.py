@@ -1,6 +1,7 @@
 """``cached_dataloader``: torch's DataLoader over the cache, batch-at-a-time, rank-sharded and resumable."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -11,6 +12,7 @@ import torch.distributed as dist
 import torch.utils.data
 
 from loaders.folder import CachedImageFolder
+from loaders.recycle import RecyclingNormalizer
 from loaders.sampler import BatchRequest, ShardedBatchSampler
 from loaders.transforms import make_transform
 
@@ -88,7 +90,14 @@ class CachedDataLoader:
 
     def __init__(self, dataset: CachedImageFolder, transform, sampler: ShardedBatchSampler, *, workers: int,
                  pin_memory: bool, prefetch_factor: int, multiprocessing_context=None) -> None:
-        self.dataset, self.transform, self.sampler = dataset, transform, sampler
+        self.dataset, self.sampler = dataset, sampler
+        # NOTE [uint8 between processes] (loaders.recycle): workers make uint8, we normalise here
+        self.normalizer = None
+        if transform.normalize:
+            self.normalizer = RecyclingNormalizer(transform.torch_dtype, transform.channels_last,
+                                                  mean=transform.mean, std=transform.std)
+            transform = dataclasses.replace(transform, normalize=False, dtype="uint8")
+        self.transform = transform
         kwargs = {}
         if workers > 0:
             kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
@@ -113,7 +122,7 @@ class CachedDataLoader:
             if len(skipped):
                 self.skipped.extend(skipped.tolist())
             if len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
-                yield images, labels
+                yield (self.normalizer(images) if self.normalizer else images), labels
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s permutation (seeded by ``seed + epoch``, the same on every rank)."""

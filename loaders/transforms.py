@@ -89,6 +89,10 @@ class _Base:
         """uint8 HWC -> uint8 1x3x``size``x``size`` (subclasses)."""
         raise NotImplementedError
 
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
     # -- shared machinery -----------------------------------------------------------------
     def _affine(self):
         scale = torch.tensor([1.0 / (255.0 * s) for s in self.std]).view(3, 1, 1)

@@ -1,0 +1,176 @@
+"""``cachepipe bench loader``: plain files vs ``cached_dataloader`` (L2) vs the DALI loader, side by side.
+
+All loaders use the same batch size, worker count, crop size and training augmentation
+(random-resized-crop + flip + normalise to float NCHW) and the same batch-at-a-time worker
+code; only where the pixels come from differs:
+
+- ``plain``: the files under SRC, read and decoded at full size with Pillow every time
+  (what torchvision's ImageFolder does), torch DataLoader with W workers;
+- ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first);
+- ``dali``: ``build_dali_loader`` (CPU mode unless a GPU is present), W DALI threads.
+
+``fetch_s`` is the time spent getting the pixels (file read + decode for ``plain``, waiting
+on the cache for the others), summed over workers, per timed batch.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["configure", "main"]
+
+LOADERS = ("plain", "cached", "dali")
+COLUMNS = ("loader", "workers", "size", "batch_size", "images_per_s", "speedup", "fetch_ms_per_batch", "seconds")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", metavar="SRC", help="ImageFolder root (<SRC>/<class>/<image>); "
+                        "a dataset root holding train/ uses SRC/train")
+    parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
+    parser.add_argument("--redis", action="append", default=None, metavar="URL",
+                        help="L2 shard URL, repeatable (default: the embedded server in --cache-dir)")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers / DALI threads")
+    parser.add_argument("--size", type=int, default=224, help="crop size")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch size")
+    parser.add_argument("--batches", type=int, default=40, help="timed batches per loader")
+    parser.add_argument("--warmup-batches", type=int, default=4, help="untimed batches first (worker start-up)")
+    parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
+    parser.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of plain,cached,dali")
+    parser.add_argument("--dali-device", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="DALI operators on the GPU when one is present (auto)")
+    parser.add_argument("--make-dataset", type=int, default=0, metavar="PER_CLASS",
+                        help="when SRC does not exist, write a demo dataset with this many ~--image-px "
+                             "JPEGs per class first (0: don't)")
+    parser.add_argument("--classes", type=int, default=10, help="classes of --make-dataset")
+    parser.add_argument("--image-px", type=int, default=400, help="typical image side of --make-dataset")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
+
+
+class PlainFiles:
+    """The baseline source: read each file and decode it at full size with Pillow."""
+
+    def __init__(self, manifest) -> None:
+        self.manifest = manifest
+        self.targets = list(manifest.targets)
+
+    def load_many(self, indices):
+        from PIL import Image
+
+        samples = []
+        for i in indices:
+            with Image.open(self.manifest.path(int(i))) as img:
+                samples.append(np.asarray(img.convert("RGB")))
+        return samples, [self.targets[int(i)] for i in indices], []
+
+    def close(self) -> None:
+        pass
+
+
+def _build(kind: str, root: str, args, cache):
+    import torch
+
+    from loaders import build_dali_loader, cached_dataloader
+    from loaders.dataloader import CachedDataLoader
+    from loaders.sampler import ShardedBatchSampler
+    from loaders.transforms import TrainTransform
+
+    common = dict(batch_size=args.batch_size, train=True, size=args.size, workers=args.workers, seed=0)
+    if kind == "plain":
+        source = PlainFiles(cache.manifest)
+        sampler = ShardedBatchSampler(len(source.targets), args.batch_size, shuffle=True, drop_last=True,
+                                      size=args.size)
+        return CachedDataLoader(source, TrainTransform(size=args.size), sampler, workers=args.workers,
+                                pin_memory=torch.cuda.is_available(), prefetch_factor=2)
+    if kind == "cached":
+        return cached_dataloader(root, cache=cache, **common)
+    device = args.dali_device
+    if device == "auto":
+        device = "gpu" if torch.cuda.is_available() else "cpu"
+    return build_dali_loader(root, cache=cache, device=device, **common)
+
+
+def _measure(loader, warmup: int, batches: int) -> tuple[float, int, float]:
+    """(seconds, images, fetch seconds) over ``batches`` batches after ``warmup`` untimed ones."""
+    epoch, done, images, t0, wait0 = 0, 0, 0, None, 0.0
+    while done < warmup + batches:
+        loader.set_epoch(epoch)
+        for _, labels in loader:
+            done += 1
+            if done == warmup:
+                t0, wait0 = time.perf_counter(), loader.cache_wait_s
+            elif done > warmup:
+                images += len(labels)
+            if done == warmup + batches:
+                break
+        epoch += 1
+    return time.perf_counter() - t0, images, loader.cache_wait_s - wait0
+
+
+def _mean_image_px(manifest, probe: int = 32) -> str:
+    """Mean height x width of up to ``probe`` files (headers only)."""
+    from PIL import Image
+
+    dims = []
+    for i in np.linspace(0, len(manifest) - 1, min(probe, len(manifest))).astype(int):
+        with Image.open(manifest.path(int(i))) as img:
+            dims.append((img.height, img.width))
+    h, w = np.mean(dims, axis=0)
+    return f"{h:.0f}x{w:.0f}"
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from cachepipe import Manifest, TwoLevelCache
+    from cachepipe.demo_data import make_dataset
+    from tools.bench.table import format_table, machine_description, write_json
+
+    kinds = [k.strip() for k in args.loaders.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(LOADERS))
+    if unknown:
+        raise ValueError(f"unknown loaders {unknown}; valid: {list(LOADERS)}")
+    src = Path(args.src)
+    if not src.exists() and args.make_dataset:
+        print(f"writing a demo dataset to {src}: {args.classes} classes x {args.make_dataset} images of "
+              f"~{args.image_px} px")
+        make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)
+    root = src / "train" if (src / "train").is_dir() else src
+    manifest = Manifest.scan(root)
+    mean_bytes = manifest.total_bytes / len(manifest)
+    mean_px = _mean_image_px(manifest)
+    print(f"dataset {root}: {len(manifest)} images, {len(manifest.classes)} classes, "
+          f"{mean_bytes / 1024:.0f} KiB and ~{mean_px} px per file on average")
+    torch.set_num_threads(1)
+    cache = TwoLevelCache(root, args.cache_dir, redis=args.redis, cache_size=args.cache_size)
+    t = time.perf_counter()
+    for lo in range(0, len(cache), 256):  # warm L1 and L2 so the cached loaders read L2
+        cache.get_many(range(lo, min(lo + 256, len(cache))), errors="skip")
+    print(f"cache warm in {time.perf_counter() - t:.1f} s: {cache.stats()['l2_hits']} L2 hits, "
+          f"{cache.stats()['l2_writes']} L2 writes")
+    cache.close()
+    rows = []
+    for kind in kinds:
+        loader = _build(kind, os.fspath(root), args, cache)
+        try:
+            seconds, images, fetch = _measure(loader, args.warmup_batches, args.batches)
+        finally:
+            loader.close()
+        row = {"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
+               "images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * fetch / args.batches,
+               "seconds": seconds}
+        rows.append(row)
+        print(f"{kind}: {row['images_per_s']:.0f} images/s")
+        del loader
+    base = next((r["images_per_s"] for r in rows if r["loader"] == "plain"), None)
+    for r in rows:
+        r["speedup"] = r["images_per_s"] / base if base else float("nan")
+        r["mean_image_px"], r["mean_file_kib"] = mean_px, mean_bytes / 1024
+    print(format_table(rows, COLUMNS))
+    print(f"machine: {machine_description()}")
+    if args.json:
+        write_json(args.json, rows)
+    return 0
