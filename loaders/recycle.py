@@ -68,9 +68,11 @@ class RecyclingNormalizer:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 NCHW -> normalised ``dtype`` NCHW (a pooled buffer; see NOTE above)."""
         out = self._buffer(images.shape)
-        if self.dtype == torch.float32:
-            out.copy_(images)
-            out.mul_(self.scale).add_(self.bias)
-        else:
-            out.copy_(images.float().mul_(self.scale).add_(self.bias))
+        scale, bias = self.scale[0], self.bias[0]
+        for n in range(len(images)):  # one sample at a time stays in the CPU cache
+            if self.dtype == torch.float32:
+                out[n].copy_(images[n])
+                out[n].mul_(scale).add_(bias)
+            else:
+                out[n].copy_(images[n].float().mul_(scale).add_(bias))
         return out

@@ -40,10 +40,15 @@ def _as_hwc_tensor(sample) -> torch.Tensor:
     return t
 
 
-def _resized_crop(img: torch.Tensor, win: CropWindow, out_h: int, out_w: int) -> torch.Tensor:
-    """uint8 HWC -> uint8 1x3xHxW (channels-last memory); see NOTE [fast resized crop]."""
+def _resized_crop(img: torch.Tensor, win: CropWindow, out_h: int, out_w: int, flip: bool = False) -> torch.Tensor:
+    """uint8 HWC -> uint8 1x3xHxW (channels-last memory); see NOTE [fast resized crop].
+
+    The flip is applied to the crop (the copy that makes it contiguous anyway); bilinear
+    resampling with half-pixel centres is mirror-symmetric, so this equals flipping after.
+    """
     crop = img[win.top:win.top + win.height, win.left:win.left + win.width]
-    x = crop.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    crop = crop.flip(1) if flip else crop.contiguous()  # HWC contiguous == channels-last 1x3xHxW
+    x = crop.permute(2, 0, 1).unsqueeze(0)
     if (win.height, win.width) == (out_h, out_w):
         return x
     return F.interpolate(x, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False)
@@ -184,8 +189,7 @@ class TrainTransform(_Base):
 
     def _one(self, img, size, rng):
         win, flip = self.plan(img.shape[0], img.shape[1], rng)
-        y = _resized_crop(img, win, size, size)
-        return y.flip(3) if flip else y
+        return _resized_crop(img, win, size, size, flip)
 
 
 @dataclass(frozen=True)
