@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from loaders import build_dali_loader, cached_dataloader
+from loaders.transforms import normalize
 
 SMALL = dict(cache_size=40)
 
@@ -96,7 +97,7 @@ def test_epochs_sizes_ranks_and_resume_end_to_end(source, cache_dir):
 
 
 @pytest.mark.dali
-def test_fp16_output_and_bad_arguments(source, cache_dir):
+def test_fp16_and_uint8_outputs_and_bad_arguments(source, cache_dir):
     loader = build_dali_loader(source, batch_size=4, train=False, size=24, device="cpu", cache_dir=cache_dir,
                                redis=False, dtype="float16", **SMALL)
     try:
@@ -104,6 +105,14 @@ def test_fp16_output_and_bad_arguments(source, cache_dir):
         assert x.dtype == torch.float16 and x.shape == (4, 3, 24, 24)
     finally:
         loader.close()
+    raw = build_dali_loader(source, batch_size=4, train=False, size=24, device="cpu", cache_dir=cache_dir,
+                            redis=False, dtype="uint8", **SMALL)
+    try:
+        u8, _ = next(iter(raw))
+        assert u8.dtype == torch.uint8
+        torch.testing.assert_close(normalize(u8).half(), x, rtol=1e-3, atol=1e-2)
+    finally:
+        raw.close()
     with pytest.raises(ValueError, match="device"):
         build_dali_loader(source, batch_size=4, train=False, device="tpu", cache=False)
     with pytest.raises(ValueError, match="shard_id"):

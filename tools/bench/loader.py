@@ -24,7 +24,8 @@ import numpy as np
 __all__ = ["configure", "main"]
 
 LOADERS = ("plain", "cached", "dali")
-COLUMNS = ("loader", "workers", "size", "batch_size", "images_per_s", "speedup", "fetch_ms_per_batch", "seconds")
+COLUMNS = ("loader", "workers", "size", "batch_size", "dtype", "images_per_s", "speedup", "fetch_ms_per_batch",
+           "cpu_ms_per_image", "seconds")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", type=int, default=40, help="timed batches per loader")
     parser.add_argument("--warmup-batches", type=int, default=4, help="untimed batches first (worker start-up)")
     parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
+    parser.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
+                        help="output: normalised float32, or raw uint8 (normalised later on a GPU)")
     parser.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of plain,cached,dali")
     parser.add_argument("--dali-device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="DALI operators on the GPU when one is present (auto)")
@@ -79,35 +82,59 @@ def _build(kind: str, root: str, args, cache):
     from loaders.transforms import TrainTransform
 
     common = dict(batch_size=args.batch_size, train=True, size=args.size, workers=args.workers, seed=0)
+    raw = args.dtype == "uint8"
     if kind == "plain":
         source = PlainFiles(cache.manifest)
         sampler = ShardedBatchSampler(len(source.targets), args.batch_size, shuffle=True, drop_last=True,
                                       size=args.size)
-        return CachedDataLoader(source, TrainTransform(size=args.size), sampler, workers=args.workers,
+        transform = TrainTransform(size=args.size, dtype=args.dtype, normalize=not raw)
+        return CachedDataLoader(source, transform, sampler, workers=args.workers,
                                 pin_memory=torch.cuda.is_available(), prefetch_factor=2)
     if kind == "cached":
-        return cached_dataloader(root, cache=cache, **common)
+        return cached_dataloader(root, cache=cache, dtype=args.dtype, normalize=not raw, **common)
     device = args.dali_device
     if device == "auto":
         device = "gpu" if torch.cuda.is_available() else "cpu"
-    return build_dali_loader(root, cache=cache, device=device, **common)
+    return build_dali_loader(root, cache=cache, device=device, dtype=args.dtype, **common)
 
 
-def _measure(loader, warmup: int, batches: int) -> tuple[float, int, float]:
-    """(seconds, images, fetch seconds) over ``batches`` batches after ``warmup`` untimed ones."""
-    epoch, done, images, t0, wait0 = 0, 0, 0, None, 0.0
+def _cpu_seconds(redis_clients) -> float:
+    """CPU seconds used so far by this process, its children (DataLoader workers) and the Redis servers."""
+    me = os.getpid()
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == me or int(fields[1]) == me:  # fields[1] is the parent pid
+            total += (int(fields[11]) + int(fields[12])) / tick
+    for client in redis_clients:
+        info = client.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+def _measure(loader, warmup: int, batches: int, redis_clients) -> tuple[float, int, float, float]:
+    """(seconds, images, fetch seconds, CPU seconds) over ``batches`` batches after ``warmup`` untimed ones."""
+    epoch, done, images, t0, wait0, cpu0 = 0, 0, 0, None, 0.0, 0.0
     while done < warmup + batches:
         loader.set_epoch(epoch)
         for _, labels in loader:
             done += 1
             if done == warmup:
-                t0, wait0 = time.perf_counter(), loader.cache_wait_s
+                t0, wait0, cpu0 = time.perf_counter(), loader.cache_wait_s, _cpu_seconds(redis_clients)
             elif done > warmup:
                 images += len(labels)
             if done == warmup + batches:
                 break
         epoch += 1
-    return time.perf_counter() - t0, images, loader.cache_wait_s - wait0
+    seconds = time.perf_counter() - t0
+    return seconds, images, loader.cache_wait_s - wait0, _cpu_seconds(redis_clients) - cpu0
 
 
 def _mean_image_px(manifest, probe: int = 32) -> str:
@@ -123,6 +150,7 @@ def _mean_image_px(manifest, probe: int = 32) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    import redis
     import torch
 
     from cachepipe import Manifest, TwoLevelCache
@@ -151,17 +179,21 @@ def main(args: argparse.Namespace) -> int:
         cache.get_many(range(lo, min(lo + 256, len(cache))), errors="skip")
     print(f"cache warm in {time.perf_counter() - t:.1f} s: {cache.stats()['l2_hits']} L2 hits, "
           f"{cache.stats()['l2_writes']} L2 writes")
+    redis_clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
+                     else [cache.embedded_server().client()])
     cache.close()
     rows = []
     for kind in kinds:
         loader = _build(kind, os.fspath(root), args, cache)
         try:
-            seconds, images, fetch = _measure(loader, args.warmup_batches, args.batches)
+            seconds, images, fetch, cpu = _measure(loader, args.warmup_batches, args.batches,
+                                                   redis_clients if kind != "plain" else [])
         finally:
             loader.close()
         row = {"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
+               "dtype": args.dtype,
                "images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * fetch / args.batches,
-               "seconds": seconds}
+               "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds}
         rows.append(row)
         print(f"{kind}: {row['images_per_s']:.0f} images/s")
         del loader
