@@ -34,9 +34,10 @@ from cachepipe.redis_binary import find_redis_server
 
 __all__ = ["EmbeddedRedis", "parse_memory"]
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
-          "tb": 1000**4, "tib": 1024**4}
+# Redis' own convention: k/m/g are powers of 1000, kb/mb/gb (and KiB/MiB/GiB) of 1024.
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "kib": 1024, "m": 1000**2, "mb": 1024**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1024**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1024**4, "tib": 1024**4}
 _SOCKET_MAX = 100
 
 
@@ -46,6 +47,9 @@ def _physical_memory() -> int:
 
 def parse_memory(value: int | str | None) -> int:
     """Bytes from ``4gb``, ``512MiB``, ``25%`` (of physical RAM) or an int; ``None`` -> 25 %.
+
+    Units follow Redis: ``k``/``m``/``g`` are powers of 1000, ``kb``/``mb``/``gb`` and
+    ``KiB``/``MiB``/``GiB`` powers of 1024 (case-insensitive).
 
     Raises:
         ValueError: unparseable or non-positive.

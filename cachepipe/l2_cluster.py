@@ -12,7 +12,7 @@ from redis.retry import Retry
 
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
-from cachepipe.l2_store import warn_once
+from cachepipe.l2_store import is_oom, warn_once
 
 __all__ = ["ClusterStore"]
 
@@ -57,7 +57,7 @@ class ClusterStore:
             self._client = RedisCluster(startup_nodes=[_node(u) for u in self.urls],
                                         socket_timeout=self.timeout,
                                         socket_connect_timeout=self.timeout,
-                                        retry=Retry(NoBackoff(), 0), cluster_error_retry_attempts=1)
+                                        retry=Retry(NoBackoff(), 0))
         return self._client
 
     def _failed(self, exc: BaseException, what: str) -> None:
@@ -101,7 +101,7 @@ class ClusterStore:
         for r in results:
             if isinstance(r, Exception):
                 self.counters["l2_write_errors"] += 1
-                if "OOM" in str(r):
+                if is_oom(r):
                     self.counters["l2_oom"] += 1
                     warn_once(self._warned, "oom", f"Redis Cluster {self.urls[0]} is out of memory; "
                               f"samples it cannot hold are served from L1/source")

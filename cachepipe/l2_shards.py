@@ -12,19 +12,20 @@ from redis.retry import Retry
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.hashing import rendezvous_owners, shard_seed
-from cachepipe.l2_store import warn_once
+from cachepipe.l2_store import is_oom, warn_once
 
 __all__ = ["ShardedRedisStore", "make_client"]
 
 _NET_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 _CHUNK = 2048  # keys per EXISTS pipeline
+_READ_SIZE = 1 << 20  # values are ~200 KB: read big chunks (64 KB default: 4x more syscalls)
 
 
 def make_client(url: str, timeout: float) -> redis.Redis:
     """A client with no hidden retries (failures are handled by NOTE [dead shard backoff])."""
     return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-                                health_check_interval=0)
+                                health_check_interval=0, socket_read_size=_READ_SIZE)
 
 
 class ShardedRedisStore:
@@ -138,7 +139,7 @@ class ShardedRedisStore:
             for p, r in zip(pos.tolist(), results):
                 if isinstance(r, Exception):
                     self.counters["l2_write_errors"] += 1
-                    if "OOM" in str(r):
+                    if is_oom(r):
                         self.counters["l2_oom"] += 1
                         warn_once(self._warned, f"oom{s}", f"L2 shard {self.urls[s]} is out of memory "
                                   f"(maxmemory reached): samples it cannot hold are served from "

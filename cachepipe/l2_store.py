@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from cachepipe.errors import CacheWarning
 
-__all__ = ["STORES", "SampleStore", "open_store", "store_kind", "warn_once"]
+__all__ = ["STORES", "SampleStore", "is_oom", "open_store", "store_kind", "warn_once"]
 
 
 @runtime_checkable
@@ -36,6 +36,13 @@ class SampleStore(Protocol):
 
     def close(self) -> None:
         """Drop connections."""
+
+
+def is_oom(error: BaseException) -> bool:
+    """Whether a Redis error is a write refused for ``maxmemory``."""
+    from redis.exceptions import OutOfMemoryError
+
+    return isinstance(error, OutOfMemoryError) or "maxmemory" in str(error) or str(error).startswith("OOM")
 
 
 def warn_once(seen: set, key: str, message: str) -> None:

@@ -15,7 +15,6 @@ import os
 import warnings
 from collections import Counter
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
 from cachepipe.l2_store import SampleStore, open_store, warn_once
 from cachepipe.manifest import Manifest
+from cachepipe.source import STAT_KEYS, SourceReader
 
 __all__ = ["TwoLevelCache"]
 
@@ -91,7 +91,7 @@ class TwoLevelCache:
         self._pid: int | None = None
         self._l1: L1Mirror | None = None
         self._store: SampleStore | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._reader = SourceReader(_SOURCE_THREADS)
         self._l1_writable = True
         self._warned: set = set()
         self.counters: Counter = Counter()
@@ -109,7 +109,7 @@ class TwoLevelCache:
         if self._pid == os.getpid():
             return
         if self._pid is not None:
-            _INHERITED.append((self._l1, self._store, self._pool))
+            _INHERITED.append((self._l1, self._store, self._reader))
             self._reset_process_state()
         cfg = self.config
         if cfg.use_l1:
@@ -242,13 +242,6 @@ class TwoLevelCache:
             seen.add(i)
         return out
 
-    def _read_file(self, i: int) -> bytes | Exception:
-        try:
-            with open(self.manifest.path(i), "rb") as f:
-                return f.read()
-        except OSError as exc:
-            return exc
-
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
         """Raw file bytes from L1, else from the source (filling L1); an unreadable file maps
         to its ``OSError``."""
@@ -266,12 +259,7 @@ class TwoLevelCache:
         todo = [i for i in need if i not in raw]
         if not todo:
             return raw
-        if len(todo) > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(_SOURCE_THREADS, thread_name_prefix="cachepipe-read")
-            files = list(self._pool.map(self._read_file, todo))
-        else:
-            files = [self._read_file(todo[0])]
+        files = self._reader.read([m.path(i) for i in todo])
         fresh = []
         for i, data in zip(todo, files):
             if isinstance(data, Exception):
@@ -310,11 +298,7 @@ class TwoLevelCache:
         ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
         ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.
         """
-        keys = ("requests", "l2_hits", "l2_misses", "l2_bytes", "l2_writes", "l2_corrupt",
-                "l2_errors", "l2_skipped", "l2_fallbacks", "l2_oom", "l2_write_errors", "l1_hits",
-                "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors", "source_reads",
-                "source_bytes", "source_errors", "source_changed", "corrupt")
-        out = {k: int(self.counters.get(k, 0)) for k in keys}
+        out = {k: int(self.counters.get(k, 0)) for k in STAT_KEYS}
         looked = out["l2_hits"] + out["l2_misses"]
         out["l2_hit_rate"] = out["l2_hits"] / looked if looked else 0.0
         out["pid"] = os.getpid()
@@ -327,8 +311,7 @@ class TwoLevelCache:
                 self._store.close()
             if self._l1 is not None:
                 self._l1.close()
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
+            self._reader.close()
         counters = self.counters
         self._reset_process_state()
         self.counters = counters
