@@ -1,6 +1,7 @@
 """``cached_dataloader``: torch's DataLoader over the cache, batch-at-a-time, rank-sharded and resumable."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import random
@@ -39,6 +40,23 @@ def resolve_rank(distributed) -> tuple[int, int]:
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"need 0 <= rank < world_size; got distributed={distributed!r}")
     return rank, world
+
+
+def _keep_freed_memory(worker_id: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: stop glibc from returning freed batch memory to the kernel.
+
+    NOTE [worker malloc tuning]: a worker allocates and frees the same ~10-30 MB every
+    batch (decoded samples, crops). By default glibc serves blocks over 128 KB with fresh
+    mmaps and trims the heap top on free, so every batch page-faults its memory in again
+    (expensive in VMs). Raising the mmap and trim thresholds in the worker keeps that
+    memory in the heap for reuse. Only worker processes are changed; no-op off glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: its maximum, 32 MiB
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap
+    except (OSError, AttributeError):
+        pass
 
 
 def _shared_batch(transform, n: int, size: int) -> torch.Tensor | None:
@@ -101,7 +119,7 @@ class CachedDataLoader:
         kwargs = {}
         if workers > 0:
             kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
-                          multiprocessing_context=multiprocessing_context)
+                          multiprocessing_context=multiprocessing_context, worker_init_fn=_keep_freed_memory)
         self.loader = torch.utils.data.DataLoader(_BatchDataset(dataset, transform), batch_sampler=sampler,
                                                   num_workers=workers, collate_fn=_passthrough,
                                                   pin_memory=pin_memory, **kwargs)

@@ -33,18 +33,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "a dataset root holding train/ uses SRC/train")
     parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
     parser.add_argument("--redis", action="append", default=None, metavar="URL",
-                        help="L2 shard URL, repeatable (default: the embedded server in --cache-dir)")
+                        help="L2 shard URL, repeatable; none given: the embedded server in --cache-dir")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers / DALI threads")
     parser.add_argument("--size", type=int, default=224, help="crop size")
     parser.add_argument("--batch-size", type=int, default=64, help="batch size")
-    parser.add_argument("--batches", type=int, default=40, help="timed batches per loader")
+    parser.add_argument("--batches", type=int, default=20, help="timed batches per loader and round")
     parser.add_argument("--warmup-batches", type=int, default=4, help="untimed batches first (worker start-up)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds per loader; the table shows the median round")
     parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
     parser.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
                         help="output: normalised float32, or raw uint8 (normalised later on a GPU)")
     parser.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of plain,cached,dali")
     parser.add_argument("--dali-device", choices=("auto", "cpu", "gpu"), default="auto",
-                        help="DALI operators on the GPU when one is present (auto)")
+                        help="where DALI's operators run; auto: the GPU when one is present")
     parser.add_argument("--make-dataset", type=int, default=0, metavar="PER_CLASS",
                         help="when SRC does not exist, write a demo dataset with this many ~--image-px "
                              "JPEGs per class first (0: don't)")
@@ -119,9 +121,12 @@ def _cpu_seconds(redis_clients) -> float:
     return total
 
 
-def _measure(loader, warmup: int, batches: int, redis_clients) -> tuple[float, int, float, float]:
-    """(seconds, images, fetch seconds, CPU seconds) over ``batches`` batches after ``warmup`` untimed ones."""
-    epoch, done, images, t0, wait0, cpu0 = 0, 0, 0, None, 0.0, 0.0
+def _measure(loader, warmup: int, batches: int, redis_clients, epoch: int) -> tuple[dict, int]:
+    """Time ``batches`` batches after ``warmup`` untimed ones, starting at ``epoch``.
+
+    Returns the measurements and the epoch to continue from.
+    """
+    done, images, t0, wait0, cpu0 = 0, 0, None, 0.0, 0.0
     while done < warmup + batches:
         loader.set_epoch(epoch)
         for _, labels in loader:
@@ -134,7 +139,9 @@ def _measure(loader, warmup: int, batches: int, redis_clients) -> tuple[float, i
                 break
         epoch += 1
     seconds = time.perf_counter() - t0
-    return seconds, images, loader.cache_wait_s - wait0, _cpu_seconds(redis_clients) - cpu0
+    cpu = _cpu_seconds(redis_clients) - cpu0
+    return {"images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * (loader.cache_wait_s - wait0) / batches,
+            "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds}, epoch
 
 
 def _mean_image_px(manifest, probe: int = 32) -> str:
@@ -182,21 +189,26 @@ def main(args: argparse.Namespace) -> int:
     redis_clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
                      else [cache.embedded_server().client()])
     cache.close()
+    loaders = {kind: _build(kind, os.fspath(root), args, cache) for kind in kinds}
+    epochs = dict.fromkeys(kinds, 0)
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    try:
+        for r in range(args.rounds):  # interleaved rounds: load from other jobs hits every loader alike
+            for kind in kinds:
+                clients = redis_clients if kind != "plain" else []
+                warmup = args.warmup_batches if r == 0 else 2
+                result, epochs[kind] = _measure(loaders[kind], warmup, args.batches, clients, epochs[kind])
+                runs[kind].append(result)
+                print(f"round {r + 1}/{args.rounds} {kind}: {result['images_per_s']:.0f} images/s")
+    finally:
+        for loader in loaders.values():
+            loader.close()
     rows = []
     for kind in kinds:
-        loader = _build(kind, os.fspath(root), args, cache)
-        try:
-            seconds, images, fetch, cpu = _measure(loader, args.warmup_batches, args.batches,
-                                                   redis_clients if kind != "plain" else [])
-        finally:
-            loader.close()
-        row = {"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
-               "dtype": args.dtype,
-               "images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * fetch / args.batches,
-               "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds}
-        rows.append(row)
-        print(f"{kind}: {row['images_per_s']:.0f} images/s")
-        del loader
+        best = sorted(runs[kind], key=lambda m: m["images_per_s"])[len(runs[kind]) // 2]  # the median round
+        rows.append({"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
+                     "dtype": args.dtype, "rounds": args.rounds, **best,
+                     "images_per_s_all": [m["images_per_s"] for m in runs[kind]]})
     base = next((r["images_per_s"] for r in rows if r["loader"] == "plain"), None)
     for r in rows:
         r["speedup"] = r["images_per_s"] / base if base else float("nan")
