@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from cachepipe import CacheWarning, TwoLevelCache
+from cachepipe import CacheWarning, CorruptSampleError, TwoLevelCache
 from loaders import cached_dataloader
 from loaders.sampler import shard_indices
 
@@ -148,7 +148,7 @@ def test_corrupt_samples_through_the_loader(source, cache_dir):
     strict = cached_dataloader(source, batch_size=8, train=False, workers=2, cache_dir=cache_dir, redis=False,
                                **SMALL)
     try:
-        with pytest.raises(Exception, match=bad.name):
+        with pytest.raises(CorruptSampleError, match=bad.name):  # re-raised from the worker, same type
             run_epoch(strict, 0)
     finally:
         strict.close()
