@@ -9,8 +9,12 @@ code; only where the pixels come from differs:
 - ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first);
 - ``dali``: ``build_dali_loader`` (CPU mode unless a GPU is present), W DALI threads.
 
-``fetch_s`` is the time spent getting the pixels (file read + decode for ``plain``, waiting
-on the cache for the others), summed over workers, per timed batch.
+Each loader first runs one untimed epoch (worker start-up), then rounds of whole epochs
+are timed, interleaved across loaders; the table shows each loader's median round and the
+median of the per-round speedups over ``plain``. ``fetch_ms_per_batch`` is the time spent
+getting the pixels (file read + decode for ``plain``, waiting on the cache for the
+others), summed over workers; ``cpu_ms_per_image`` adds up the CPU time of this process,
+its workers and the Redis servers.
 """
 from __future__ import annotations
 
@@ -37,8 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers / DALI threads")
     parser.add_argument("--size", type=int, default=224, help="crop size")
     parser.add_argument("--batch-size", type=int, default=64, help="batch size")
-    parser.add_argument("--batches", type=int, default=20, help="timed batches per loader and round")
-    parser.add_argument("--warmup-batches", type=int, default=4, help="untimed batches first (worker start-up)")
+    parser.add_argument("--batches", type=int, default=20,
+                        help="timed batches per loader and round, rounded up to whole epochs")
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds per loader; the table shows the median round")
     parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
@@ -121,27 +125,24 @@ def _cpu_seconds(redis_clients) -> float:
     return total
 
 
-def _measure(loader, warmup: int, batches: int, redis_clients, epoch: int) -> tuple[dict, int]:
-    """Time ``batches`` batches after ``warmup`` untimed ones, starting at ``epoch``.
+def _measure(loader, batches: int, redis_clients, epoch: int) -> tuple[dict, int]:
+    """Time whole epochs, starting at ``epoch``, until at least ``batches`` batches were read.
 
+    Whole epochs leave no prefetched work behind to be charged to the next loader.
     Returns the measurements and the epoch to continue from.
     """
-    done, images, t0, wait0, cpu0 = 0, 0, None, 0.0, 0.0
-    while done < warmup + batches:
+    done, images = 0, 0
+    t0, wait0, cpu0 = time.perf_counter(), loader.cache_wait_s, _cpu_seconds(redis_clients)
+    while done < batches:
         loader.set_epoch(epoch)
         for _, labels in loader:
             done += 1
-            if done == warmup:
-                t0, wait0, cpu0 = time.perf_counter(), loader.cache_wait_s, _cpu_seconds(redis_clients)
-            elif done > warmup:
-                images += len(labels)
-            if done == warmup + batches:
-                break
+            images += len(labels)
         epoch += 1
     seconds = time.perf_counter() - t0
     cpu = _cpu_seconds(redis_clients) - cpu0
-    return {"images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * (loader.cache_wait_s - wait0) / batches,
-            "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds}, epoch
+    return {"images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * (loader.cache_wait_s - wait0) / done,
+            "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds, "batches": done}, epoch
 
 
 def _mean_image_px(manifest, probe: int = 32) -> str:
@@ -193,11 +194,12 @@ def main(args: argparse.Namespace) -> int:
     epochs = dict.fromkeys(kinds, 0)
     runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
     try:
+        for kind in kinds:  # untimed: start workers / build the DALI pipeline, one epoch each
+            _, epochs[kind] = _measure(loaders[kind], 1, [], epochs[kind])
         for r in range(args.rounds):  # interleaved rounds: load from other jobs hits every loader alike
             for kind in kinds:
                 clients = redis_clients if kind != "plain" else []
-                warmup = args.warmup_batches if r == 0 else 2
-                result, epochs[kind] = _measure(loaders[kind], warmup, args.batches, clients, epochs[kind])
+                result, epochs[kind] = _measure(loaders[kind], args.batches, clients, epochs[kind])
                 runs[kind].append(result)
                 print(f"round {r + 1}/{args.rounds} {kind}: {result['images_per_s']:.0f} images/s")
     finally:
@@ -205,14 +207,15 @@ def main(args: argparse.Namespace) -> int:
             loader.close()
     rows = []
     for kind in kinds:
-        best = sorted(runs[kind], key=lambda m: m["images_per_s"])[len(runs[kind]) // 2]  # the median round
-        rows.append({"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
-                     "dtype": args.dtype, "rounds": args.rounds, **best,
-                     "images_per_s_all": [m["images_per_s"] for m in runs[kind]]})
-    base = next((r["images_per_s"] for r in rows if r["loader"] == "plain"), None)
-    for r in rows:
-        r["speedup"] = r["images_per_s"] / base if base else float("nan")
-        r["mean_image_px"], r["mean_file_kib"] = mean_px, mean_bytes / 1024
+        median = sorted(runs[kind], key=lambda m: m["images_per_s"])[len(runs[kind]) // 2]
+        row = {"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
+               "dtype": args.dtype, "rounds": args.rounds, **median,
+               "images_per_s_all": [m["images_per_s"] for m in runs[kind]],
+               "mean_image_px": mean_px, "mean_file_kib": mean_bytes / 1024}
+        if "plain" in runs:  # ratio within each round (same load), then the median over rounds
+            ratios = sorted(m["images_per_s"] / p["images_per_s"] for m, p in zip(runs[kind], runs["plain"]))
+            row["speedup"] = ratios[len(ratios) // 2]
+        rows.append(row)
     print(format_table(rows, COLUMNS))
     print(f"machine: {machine_description()}")
     if args.json:
