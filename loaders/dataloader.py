@@ -63,9 +63,10 @@ def _shared_batch(transform, n: int, size: int) -> torch.Tensor | None:
     """In a DataLoader worker: an output batch allocated in shared memory (no copy on send)."""
     if torch.utils.data.get_worker_info() is None:
         return None
-    template = transform.new_batch(n, size)
-    storage = torch.UntypedStorage._new_shared(template.untyped_storage().nbytes())
-    return torch.empty(0, dtype=template.dtype).set_(storage, 0, template.shape, template.stride())
+    layout = torch.channels_last if transform.channels_last else torch.contiguous_format
+    meta = torch.empty((n, 3, size, size), dtype=transform.torch_dtype, memory_format=layout, device="meta")
+    storage = torch.UntypedStorage._new_shared(meta.numel() * meta.element_size())
+    return torch.empty(0, dtype=meta.dtype).set_(storage, 0, meta.shape, meta.stride())
 
 
 class _BatchDataset(torch.utils.data.Dataset):
@@ -113,7 +114,7 @@ class CachedDataLoader:
         self.normalizer = None
         if transform.normalize:
             self.normalizer = RecyclingNormalizer(transform.torch_dtype, transform.channels_last,
-                                                  mean=transform.mean, std=transform.std)
+                                                  mean=transform.mean, std=transform.std, pin_memory=pin_memory)
             transform = dataclasses.replace(transform, normalize=False, dtype="uint8")
         self.transform = transform
         kwargs = {}

@@ -40,16 +40,19 @@ class RecyclingNormalizer:
     Args:
         dtype: output dtype (float32, float16, bfloat16).
         channels_last: output memory format.
+        mean, std: per-channel statistics (default ImageNet's).
         keep: most buffers kept for reuse (default 4).
+        pin_memory: allocate page-locked buffers (fast, asynchronous copies to a GPU).
     """
 
     def __init__(self, dtype: torch.dtype = torch.float32, channels_last: bool = False, *,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, keep: int = 4) -> None:
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, keep: int = 4, pin_memory: bool = False) -> None:
         self.dtype = dtype
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, 3, 1, 1)
         self.bias = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, 3, 1, 1)
         self.keep = keep
+        self.pin_memory = pin_memory
         self._pool: list[torch.Tensor] = []
         self._idle = _idle_refs()
         self.reused = 0
@@ -61,7 +64,7 @@ class RecyclingNormalizer:
                 return buf
         if len(self._pool) >= self.keep:
             self._pool.pop(0)
-        buf = torch.empty(shape, dtype=self.dtype, memory_format=self.memory_format)
+        buf = torch.empty(shape, dtype=self.dtype, memory_format=self.memory_format, pin_memory=self.pin_memory)
         self._pool.append(buf)
         return buf
 
