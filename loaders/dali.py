@@ -164,14 +164,16 @@ class DALILoader:
             self._running = False
 
     def __iter__(self):
+        """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch (images on the
+        GPU with ``device="gpu"``, labels on the CPU)."""
         self._finish_epoch()
+        self.batches_done = self.sampler.start
+        if self.batches_done >= len(self.sampler):  # resumed at the very end of an epoch
+            self.sampler.start = 0
+            return
         if self._started:
             self._iter.reset()  # calls iter(source): the new epoch state is read from here on
         self._started = True
-        self.batches_done = self.sampler.start
-        if self.batches_done >= len(self.sampler):
-            self.sampler.start = 0
-            return
         self._running = True
         for out in self._iter:
             self.batches_done += 1

@@ -114,7 +114,8 @@ class CachedDataLoader:
         self.normalizer = None
         if transform.normalize:
             self.normalizer = RecyclingNormalizer(transform.torch_dtype, transform.channels_last,
-                                                  mean=transform.mean, std=transform.std, pin_memory=pin_memory)
+                                                  mean=transform.mean, std=transform.std,
+                                                  pin_memory=pin_memory and torch.cuda.is_available())
             transform = dataclasses.replace(transform, normalize=False, dtype="uint8")
         self.transform = transform
         kwargs = {}
