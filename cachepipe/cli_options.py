@@ -8,7 +8,7 @@ import argparse
 
 from cachepipe.two_level import TwoLevelCache
 
-__all__ = ["add_cache_arguments", "cache_from_args", "redis_from_args"]
+__all__ = ["add_cache_arguments", "cache_from_args", "check_args", "redis_from_args"]
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +56,18 @@ def redis_from_args(args: argparse.Namespace):
             raise ValueError("--no-l2 cannot be combined with --redis/--redis-cluster")
         return False
     return urls or None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Validate the cache flags without touching the source or Redis.
+
+    Raises:
+        ValueError: a bad flag value (URL scheme, replicas, cache size, memory size...).
+    """
+    from cachepipe.config import CacheConfig
+
+    CacheConfig(args.source, args.cache_dir, redis_from_args(args), args.cache_size, args.prefix,
+                args.replicas, args.l2_memory, args.timeout)
 
 
 def cache_from_args(args: argparse.Namespace) -> TwoLevelCache:

@@ -139,6 +139,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     """
     if workers < 1 or batch_size < 1:
         raise ValueError(f"workers and batch_size must be >= 1, got {workers=} {batch_size=}")
+    if num_nodes > 1 and cache.config.redis is None:
+        raise ValueError("num_nodes > 1 needs a shared L2 (Redis URLs or a cluster): "
+                         "the embedded server is private to one node, so the other nodes' "
+                         "partitions would never reach it")
     t0 = time.perf_counter()
     m = cache.manifest
     l1_todo, l2_todo = plan_warmup(cache, node_rank=node_rank, num_nodes=num_nodes,

@@ -66,7 +66,8 @@ def _cluster_ports(n: int) -> list[int]:
 
 @pytest.fixture
 def redis_cluster(tmp_path):
-    """A real 3-primary Redis Cluster (no replicas) on 127.0.0.1; yields its seed URL."""
+    """A real 3-primary Redis Cluster (no replicas) on 127.0.0.1; yields
+    ``(seed URL, clients, processes)``."""
     import subprocess
     import time
 
@@ -110,7 +111,7 @@ def redis_cluster(tmp_path):
             if time.monotonic() > deadline:
                 raise RuntimeError("redis cluster did not form")
             time.sleep(0.05)
-        yield f"redis-cluster://127.0.0.1:{ports[0]}", clients
+        yield f"redis-cluster://127.0.0.1:{ports[0]}", clients, procs
     finally:
         for p in procs:
             p.kill()

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from cachepipe import TwoLevelCache
+from cachepipe import CacheWarning, TwoLevelCache
 from cachepipe.warmup import warmup
 from tests.cachepipe.conftest import reference_pixels
 
 
 def test_cluster_round_trip_and_spread(source, cache_dir, redis_cluster):
-    url, clients = redis_cluster
+    url, clients, procs = redis_cluster
     with TwoLevelCache(source, cache_dir, url, 32) as cache:
         report = warmup(cache, progress=False)
         n = len(cache)
@@ -21,3 +22,10 @@ def test_cluster_round_trip_and_spread(source, cache_dir, redis_cluster):
         for i in (0, n - 1):
             np.testing.assert_array_equal(got[i], reference_pixels(open(cache.manifest.path(i), "rb").read(), 32))
         assert warmup(cache, progress=False)["nothing_to_do"]
+        procs[2].kill()  # a primary dies: its slots are gone, reads fall back to L1
+        procs[2].wait()
+        with pytest.warns(CacheWarning, match="Redis Cluster .* failed on read"):
+            after = cache.get_many(range(n))
+        st = cache.stats()
+        assert st["l2_errors"] >= 1 and st["l1_hits"] > 0 and st["source_reads"] == n
+        assert all(np.array_equal(a, b) for a, b in zip(got, after))

@@ -131,3 +131,13 @@ def test_save_load_round_trip(source, tmp_path):
     assert (back.samples, back.sizes, back.mtimes, back.classes) == (m.samples, m.sizes, m.mtimes, m.classes)
     with pytest.raises(ValueError, match="verify"):
         Manifest.load_or_scan(source, tmp_path / "c", verify="everything")
+
+
+def test_damaged_saved_manifest_is_rescanned_and_rewritten(source, tmp_path):
+    cache = tmp_path / "c"
+    m = Manifest.load_or_scan(source, cache)
+    saved = cache / m.fingerprint / "manifest.json"
+    saved.write_text(saved.read_text()[:100])  # torn file (e.g. copied half-way)
+    again = Manifest.load_or_scan(source, cache)
+    assert again.fingerprint == m.fingerprint and again.samples == m.samples
+    assert Manifest.load(cache, m.fingerprint).samples == m.samples  # rewritten whole

@@ -75,6 +75,11 @@ def test_missing_or_invalid_source(tmp_path, cache_dir, capsys):
     assert main(["stats", str(tmp_path / "nope"), "--cache-dir", str(cache_dir)]) == 3
 
 
+def test_partitions_need_a_shared_l2(src, cache_dir, capsys):
+    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--num-nodes", "2", "--quiet"]) == 2
+    assert "needs a shared L2" in _err_line(capsys)
+
+
 def test_unreachable_redis(src, cache_dir, redis_server, capsys):
     url = redis_server.url
     redis_server.kill()
@@ -82,7 +87,7 @@ def test_unreachable_redis(src, cache_dir, redis_server, capsys):
     line = _err_line(capsys)
     assert line.startswith(f"cachepipe warmup: error: cannot reach L2 shard {url}") and "refused" in line
     assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--redis", url]) == 4
-    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", "ftp://x"]) == 3
+    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", "ftp://x"]) == 2
     assert "unknown Redis URL scheme" in _err_line(capsys)
 
 
