@@ -73,6 +73,8 @@ def normalize(images: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=
 
 @dataclass(frozen=True)
 class _Base:
+    """Fields and batch machinery shared by the train and validation transforms."""
+
     size: int = 224
     normalize: bool = True
     dtype: str = "float32"
@@ -104,12 +106,10 @@ class _Base:
         bias = torch.tensor([-m / s for m, s in zip(self.mean, self.std)]).view(3, 1, 1)
         return scale, bias
 
-    def new_batch(self, n: int, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def new_batch(self, n: int, size: int) -> torch.Tensor:
         """An empty NCHW output batch in this transform's dtype and memory format."""
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        if out is None:
-            return torch.empty((n, 3, size, size), dtype=_DTYPES[self.dtype], memory_format=fmt)
-        return out
+        return torch.empty((n, 3, size, size), dtype=self.torch_dtype, memory_format=fmt)
 
     def write(self, dst: torch.Tensor, src_u8: torch.Tensor, affine) -> None:
         """Copy one 1x3xHxW uint8 result into ``dst`` (3xHxW), normalising on the way."""
@@ -144,7 +144,7 @@ class _Base:
         """
         size = self.size if size is None else int(size)
         rng = random if rng is None else rng
-        out = self.new_batch(len(samples), size, out)
+        out = self.new_batch(len(samples), size) if out is None else out
         affine = self._affine()
         for n, sample in enumerate(samples):
             self.write(out[n], self._one(_as_hwc_tensor(sample), size, rng), affine)
