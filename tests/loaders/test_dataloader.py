@@ -162,3 +162,12 @@ def test_embedded_redis_default_and_explicit_ranks(source, cache_dir):
     assert loaders[0].dataset.cache.stats()["l2_writes"] > 0  # the embedded server was started and used
     with pytest.raises(ValueError, match="rank"):
         cached_dataloader(source, batch_size=2, train=True, workers=0, cache=False, distributed=(4, 4))
+
+
+def test_spawned_workers_get_a_picklable_dataset(source, cache_dir, redis_server):
+    kwargs = dict(batch_size=6, train=True, cache_dir=cache_dir, redis=[redis_server.url], seed=4, **SMALL)
+    spawned = cached_dataloader(source, workers=1, multiprocessing_context="spawn", **kwargs)
+    try:
+        assert_same_batches(run_epoch(spawned, 0), run_epoch(cached_dataloader(source, workers=0, **kwargs), 0))
+    finally:
+        spawned.close()
