@@ -21,6 +21,7 @@ def test_bench_loader_writes_rows(source, cache_dir, tmp_path):
     rows = json.loads(out.read_text())
     assert [r["loader"] for r in rows] == kinds.split(",")
     for r in rows:
-        assert r["workers"] == 1 and r["size"] == 24 and r["images_per_s"] > 0 and r["cpu_ms_per_image"] > 0
+        assert r["workers"] == 1 and r["size"] == 24 and r["images_per_s"] > 0
+        assert r["cpu_ms_per_image"] >= 0 and r["fetch_ms_per_batch"] >= 0  # CPU ticks are 10 ms: may read 0
         assert r["batches"] >= 2
     assert rows[0]["speedup"] == 1.0
