@@ -124,11 +124,14 @@ def test_corrupt_sample_raises_naming_the_file_or_is_skipped_and_counted(source,
     assert skipping.skipped == [bad_index]
 
 
-def test_bad_arguments(source):
+def test_bad_arguments(source, odd_tree, cache_dir):
     with pytest.raises(ValueError, match="on_error"):
         CachedImageFolder(source, cache=False, on_error="ignore")
     with pytest.raises(ValueError, match="cache_dir"):
         CachedImageFolder(source)
+    other = CachedImageFolder(odd_tree, cache_dir=cache_dir, redis=False).cache
+    with pytest.raises(ValueError, match="serves"):
+        CachedImageFolder(source, cache=other)
 
 
 def test_index_errors_and_repr(source):
