@@ -1,7 +1,7 @@
 """DDP comm hook running any registered exchange algorithm on DDP's gradient buckets."""
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP checks the hook's return annotation object.
 import torch
+import torch.distributed as dist
 
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives.base import nonfinite_anywhere
@@ -52,7 +52,7 @@ class SparseHookState:
             self.exchanger_for(int(i), numel).load_state_dict(s)
 
 
-def sparse_hook(state: SparseHookState, bucket) -> torch.futures.Future:
+def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the bucket's averaged gradient by ``state.algorithm``."""
     buf = bucket.buffer()
     ex = state.exchanger_for(bucket.index(), buf.numel())
@@ -61,7 +61,7 @@ def sparse_hook(state: SparseHookState, bucket) -> torch.futures.Future:
         result = torch.full_like(buf, float("nan"))
     else:
         result = ex.exchange(buf)
-    fut: torch.futures.Future = torch.futures.Future()
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     fut.set_result(result)
     return fut
 

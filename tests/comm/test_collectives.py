@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from tests.comm import reference
-from tests.comm._workers import DENSE, SPARSE, exchanges, make_input
+from tests.comm._workers import DENSE, SPARSE, exchanges, make_input, restore
 from tests.distributed import run_distributed
 
 D, STEPS, DENSITY = 1001, 3, 0.05
@@ -18,7 +18,7 @@ LAYOUTS = [(2, 2), (3, 2), (4, 1)]
 def layout_run(request):
     nodes, local_size = request.param
     world = nodes * local_size
-    results = run_distributed(exchanges, world, nodes, local_size, D, STEPS, DENSITY)
+    results = restore(run_distributed(exchanges, world, nodes, local_size, D, STEPS, DENSITY))
     return nodes, local_size, results
 
 
@@ -89,3 +89,5 @@ def test_no_error_feedback_keeps_no_residual_and_bad_layout_is_explained(layout_
     _, _, results = layout_run
     assert all(r["no_ef_residual"] is None for r in results)
     assert all("nodes * local_size" in r["bad_layout"] for r in results)
+    assert all("not a multiple of local_size" in r["bad_env"] for r in results)
+    assert [r["from_env"] for r in results] == [(1, len(results), r == 0) for r in range(len(results))]
