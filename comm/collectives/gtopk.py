@@ -61,8 +61,8 @@ class GTopKExchanger(Exchanger):
         step = 1
         while step < world:
             if rank % (2 * step) == 0 and rank + step < world:
-                r_val = torch.empty(k, dtype=wire)
-                r_idx = torch.empty(k, dtype=idx_wire)
+                r_val = torch.empty(k, dtype=wire, device=acc.device)
+                r_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
                 dist.recv(r_val, src=rank + step)
                 dist.recv(r_idx, src=rank + step)
                 cur_idx, cur_val, drop_idx, drop_val = merge_topk(
@@ -75,8 +75,8 @@ class GTopKExchanger(Exchanger):
                 notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
                 break
             step *= 2
-        g_val = torch.empty(k, dtype=wire)
-        g_idx = torch.empty(k, dtype=idx_wire)
+        g_val = torch.empty(k, dtype=wire, device=acc.device)
+        g_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
         if rank == 0:
             g_val.copy_(cur_val)
             g_idx.copy_(cur_idx)

@@ -125,6 +125,17 @@ def training(rank, world, nodes, local_size):
         losses.append(loss.item())
     out["losses"] = losses
     out["hook_state_keys"] = sorted(state.state_dict())
+    # an overflow on one rank: the hook skips the bucket everywhere, residuals untouched
+    before = state.state_dict()
+    x, y = _batch(rank, 0)
+    if rank == 0:
+        x[0, 0] = float("inf")
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    after = state.state_dict()
+    out["hook_overflow"] = (state.skipped_buckets, all(bool(torch.isnan(p.grad).all()) for p in model.parameters()),
+                            all(torch.equal(before[i][1]["memory"]["residual"], after[i][1]["memory"]["residual"])
+                                for i in before))
     # 3. GradientExchanger: several fused buckets, small ones hybrid to hier
     net = _model(1)
     ex = GradientExchanger(net.parameters(), "2dtar", topo, bucket_bytes=8 * 64 * 33, hybrid_threshold_bytes=2048)
