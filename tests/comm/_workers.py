@@ -52,6 +52,12 @@ def exchanges(rank, world, nodes, local_size, d, steps, density):
     x = make_input(rank, 0, d, torch.float32)
     for name in DENSE:
         out["dense"][name] = build_exchanger(name, topo).exchange(x)
+    seg = build_exchanger("2dtar", topo)
+    seg.segment_bytes = 4 * 60  # many pipelined segments (NOTE [2dtar pipelining])
+    out["dense"]["2dtar/segmented"] = seg.exchange(x)
+    seg = build_exchanger("hier", topo)
+    seg.segment_bytes = 4 * 70
+    out["dense"]["hier/segmented"] = seg.exchange(x)
     out["dense"]["dense/fp16"] = build_exchanger("dense", topo, value_dtype="fp16").exchange(x)
     for name in SPARSE:
         ex = build_exchanger(name, topo, density=density, selector="exact")
