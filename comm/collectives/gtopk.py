@@ -54,8 +54,9 @@ class GTopKExchanger(Exchanger):
         wire, idx_wire = self.wire_dtype(x), index_dtype(d)
         values, indices = self.topk(acc, k)
         local_sent = values.to(wire).to(acc.dtype)
-        residual = acc.clone()
-        residual[indices] = values - local_sent                     # Alg. 4 line 8 (+ rounding)
+        residual = acc                                               # no copy of d elements
+        if self.memory.enabled:
+            residual[indices] = values - local_sent                 # Alg. 4 line 8 (+ rounding)
         notes: list[tuple[torch.Tensor, torch.Tensor]] = []          # NOTE [gtopk error feedback]
         cur_idx, cur_val = indices, local_sent
         step = 1
@@ -85,8 +86,8 @@ class GTopKExchanger(Exchanger):
             dist.broadcast(g_val, src=0)
             dist.broadcast(g_idx, src=0)
         g_idx = g_idx.long()
-        out = torch.zeros_like(acc)
-        out.index_add_(0, g_idx, g_val.to(acc.dtype))
+        out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
+        out.index_add_(0, g_idx, g_val.to(acc.dtype).div_(world))
         if self.memory.enabled:
             g_mask = torch.zeros(d, dtype=torch.bool, device=acc.device)
             g_mask[g_idx] = True
@@ -96,4 +97,4 @@ class GTopKExchanger(Exchanger):
                 inside = g_mask[note_idx]
                 residual.index_add_(0, note_idx[inside], note_val[inside])
             self.memory.update(residual)
-        return out.div_(world)
+        return out
