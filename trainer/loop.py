@@ -27,7 +27,7 @@ from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
 from trainer.run_config import RunConfig
 from trainer.schedules import lr_at
 
-__all__ = ["train"]
+__all__ = ["train", "run_rank"]
 
 
 def _world() -> tuple[int, int]:
@@ -282,3 +282,17 @@ def train(cfg: RunConfig, on_epoch=None, on_step=None) -> list[dict]:
         if on_epoch:
             on_epoch(row)
     return rows
+
+
+def run_rank(rank: int, world_size: int, cfg: RunConfig) -> list[dict]:
+    """Entry point of one worker process (``trainer.launch.launch_local``): train and,
+    on rank 0, print the per-epoch table."""
+    printed = []
+
+    def show(row):
+        from trainer.progress import print_row
+
+        print_row(row, header=not printed)
+        printed.append(row)
+
+    return train(cfg, on_epoch=show if rank == 0 and cfg.print_table else None)
