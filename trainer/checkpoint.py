@@ -1,8 +1,8 @@
 """Checkpoints: one shared file written by rank 0 plus one small file per rank.
 
-``<out>/checkpoints/last.npz`` holds the model, optimiser, loss scaler, epoch, step,
-partial-epoch accumulators and the recipe; ``rank<R>.step<S>.npz`` holds what differs
-per rank: error-feedback residuals, the sampler position and RNG states. All files are
+``<out>/checkpoints/last.npz`` holds the model, optimiser, loss scaler, epoch, step
+and the recipe; ``rank<R>.step<S>.npz`` holds what differs per rank: error-feedback
+residuals, the sampler position, RNG states and the partial-epoch accumulators. All files are
 written atomically (NOTE [no pickle on disk] in ``trainer.serialize``); the rank files
 of step S are complete before ``last.npz`` names S, so a crash at any moment leaves the
 previous checkpoint loadable.

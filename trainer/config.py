@@ -181,7 +181,7 @@ def from_dict(data: dict, name: str) -> Recipe:
     try:
         kwargs = {key: _section(cls, data.get(key) or {}, f"recipe {name}: {key}") for key, cls in _SECTIONS.items()}
         phases = data.get("phases")
-        _need(isinstance(phases, list) and phases, f"recipe {name}: 'phases' must be a non-empty list")
+        _need(isinstance(phases, (list, tuple)) and phases, f"recipe {name}: 'phases' must be a non-empty list")
         kwargs["phases"] = tuple(_section(PhaseConfig, p, f"recipe {name}: phases[{i}]") for i, p in enumerate(phases))
         return Recipe(name=str(data.get("name", name)), **kwargs)
     except ValueError as exc:

@@ -63,6 +63,37 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
+# Errors a rank raises because a *peer* went away; they are symptoms, not causes.
+_PEER_SYMPTOMS = ("Connection reset", "Connection closed", "Broken pipe", "connection refused", "gloo")
+
+
+def _root_cause(procs, results, values: dict, reports: list, grace: float = 2.0) -> WorkerFailed:
+    """After a first failure, collect reports for ``grace`` seconds and blame the root cause:
+    a rank that died without a report (crash, kill), else one whose error is not a lost
+    peer connection, else the first report."""
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        try:
+            rank, ok, value = results.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if ok:
+            values[rank] = value
+        else:
+            reports.append((rank, value[0]))
+    reported = {r for r, _ in reports}
+    for r, p in enumerate(procs):
+        if r not in values and r not in reported and p.exitcode not in (None, 0):
+            return WorkerFailed(r, _describe_exit(p.exitcode))
+    for r, reason in reports:
+        if not any(s.lower() in reason.lower() for s in _PEER_SYMPTOMS):
+            return WorkerFailed(r, reason)
+    if reports:
+        return WorkerFailed(*reports[0])
+    r = next(r for r, p in enumerate(procs) if r not in values and p.exitcode is not None)
+    return WorkerFailed(r, _describe_exit(procs[r].exitcode))
+
+
 def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads: int = 1, timeout: float | None = None):
     """Run ``fn(rank, world_size, *args)`` in ``nprocs`` spawned processes; return rank 0's value.
 
@@ -94,20 +125,14 @@ def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads:
             try:
                 rank, ok, value = results.get(timeout=0.5)
             except queue.Empty:
-                for r, p in enumerate(procs):
-                    if r not in values and p.exitcode is not None:
-                        # Give a message already in flight a moment to arrive.
-                        try:
-                            rank, ok, value = results.get(timeout=2.0)
-                            break
-                        except queue.Empty:
-                            raise WorkerFailed(r, _describe_exit(p.exitcode)) from None
-                else:
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise WorkerFailed(min(set(range(nprocs)) - set(values)), f"no result after {timeout:.0f} s")
-                    continue
+                dead = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
+                if dead:
+                    raise _root_cause(procs, results, values, []) from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise WorkerFailed(min(set(range(nprocs)) - set(values)), f"no result after {timeout:.0f} s")
+                continue
             if not ok:
-                raise WorkerFailed(rank, value[0])
+                raise _root_cause(procs, results, values, [(rank, value[0])])
             values[rank] = value
     finally:
         for p in procs:

@@ -87,7 +87,7 @@ class _Run:
                                       size=r.train.eval_size or last.size)
         self.phase_index, self.loader, self.exchanger = -1, None, None
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
-        self.identity = {"model": r.model.name, "num_classes": num_classes, "recipe": r.name, "world_size": self.world}
+        self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name, "world_size": self.world}
         self.local = None
         if cfg.resume:
             self._resume()
@@ -117,14 +117,14 @@ class _Run:
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scaler is not None and shared.get("scaler"):
             self.scaler.load_state_dict(shared["scaler"])
-        self.epoch, self.global_step, self.accum = shared["epoch"], shared["step"], shared["accum"]
+        self.epoch, self.global_step, self.accum = shared["epoch"], shared["step"], local["accum"]
         self.local = local
 
     def _checkpoint(self) -> None:
         shared = dict(self.identity, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                       scaler=self.scaler.state_dict() if self.scaler else None, epoch=self.epoch,
-                      accum=self.accum, recipe_config=self.recipe.to_dict())
-        local = {"exchanger": self.exchanger.state_dict(), "phase": self.phase_index,
+                      recipe_config=self.recipe.to_dict())
+        local = {"exchanger": self.exchanger.state_dict(), "phase": self.phase_index, "accum": self.accum,
                  "loader": self.loader.state_dict(), "rng": rng_state()}
         save_checkpoint(self.cfg.out, rank=self.rank, step=self.global_step, shared=shared, local=local)
 
