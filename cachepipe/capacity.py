@@ -1,0 +1,86 @@
+"""Will the work fit? Estimate L2 memory per shard and L1 disk space before writing.
+
+NOTE [L2 sizing]
+The decoded size of a sample depends on its aspect ratio, which only its header tells.
+The estimate reads the headers of up to 32 samples to be written (Pillow reads only the
+header), applies the resize policy, and adds Redis' per-key overhead (~96 bytes + key).
+Needed memory on a shard = samples it must receive x that average x 1.05; it must fit in
+``maxmemory - used_memory`` (or in the machine's memory when maxmemory is 0).
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+
+import numpy as np
+from PIL import Image
+
+from cachepipe.decode import resized_shape
+from cachepipe.l2_codec import encoded_size
+
+__all__ = ["estimate_sample_bytes", "l2_shortfalls", "check_l1_space"]
+
+_KEY_OVERHEAD = 96
+_SAMPLE = 32
+
+
+def estimate_sample_bytes(cache, indices: list[int]) -> int:
+    """Average bytes one sample of ``indices`` takes in Redis (header + pixels + key overhead)."""
+    if not indices:
+        return 0
+    rng = np.random.default_rng(0)
+    pick = sorted(rng.choice(indices, size=min(_SAMPLE, len(indices)), replace=False).tolist())
+    cached = cache.l1.get_many(pick)[0] if cache.l1 is not None else [None] * len(pick)
+    sizes = []
+    for i, data in zip(pick, cached):
+        try:  # Pillow reads only the header; no level is filled here
+            with Image.open(io.BytesIO(data) if data is not None else cache.manifest.path(i)) as img:
+                h, w = resized_shape(img.height, img.width, cache.config.cache_size)
+            sizes.append(encoded_size(h, w))
+        except Exception:  # corrupt files are reported by the warm-up itself
+            continue
+    if not sizes:
+        side = cache.config.cache_size
+        sizes = [encoded_size(side, side)]
+    return int(np.mean(sizes)) + _KEY_OVERHEAD + len(cache.namespace) + 8
+
+
+def l2_shortfalls(store, indices: list[int], per_sample: int) -> list[str]:
+    """One message per shard that cannot take its share of ``indices`` (empty: fits)."""
+    info = store.shard_info()
+    if hasattr(store, "owners"):
+        owners = store.owners(indices)
+        counts = np.bincount(owners.ravel(), minlength=len(info))
+    else:  # a cluster spreads keys over its primaries evenly
+        counts = np.full(len(info), -(-len(indices) // max(1, len(info))))
+    problems = []
+    for row, count in zip(info, counts.tolist()):
+        if not row["reachable"] or count == 0:
+            continue
+        need = int(count * per_sample * 1.05)
+        limit = row["maxmemory"] or row.get("system_memory", 0)
+        if not limit:
+            continue
+        free = limit - row["used_memory"]
+        if need > free:
+            problems.append(
+                f"L2 shard {row['url']} is too small: {count} samples need ~{need / 2**20:.1f} MiB "
+                f"(~{per_sample / 1024:.0f} KiB each) but only {max(free, 0) / 2**20:.1f} MiB of "
+                f"{limit / 2**20:.1f} MiB is free; it needs maxmemory >= "
+                f"{-(-(row['used_memory'] + need) // 2**20)}mb (--l2-memory for the embedded "
+                f"server), or more shards")
+    return problems
+
+
+def check_l1_space(path: str | os.PathLike, need_bytes: int) -> str | None:
+    """A message when the disk holding ``path`` has less than ``need_bytes`` (+5 %) free."""
+    probe = os.fspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe) or "."
+    free = shutil.disk_usage(probe).free
+    need = int(need_bytes * 1.05)
+    if need > free:
+        return (f"L1 needs ~{need / 2**30:.2f} GiB on the disk of {path} but only "
+                f"{free / 2**30:.2f} GiB is free")
+    return None

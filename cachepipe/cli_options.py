@@ -1,0 +1,70 @@
+"""Command-line flags shared by ``cachepipe warmup``, ``stats`` and ``bench cache``.
+
+Only argparse here (no torch), so every command that opens a cache has the same flags.
+"""
+from __future__ import annotations
+
+import argparse
+
+from cachepipe.two_level import TwoLevelCache
+
+__all__ = ["add_cache_arguments", "cache_from_args", "redis_from_args"]
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``SRC --cache-dir --redis --redis-cluster --no-l2 --cache-size --replicas
+    --prefix --l2-memory --timeout --rescan --verify-files``."""
+    parser.add_argument("source", metavar="SRC", help="ImageFolder root: SRC/<class>/<image file>")
+    parser.add_argument("--cache-dir", required=True,
+                        help="local directory for the manifest, the L1 LMDB mirror and the embedded Redis")
+    parser.add_argument("--redis", action="append", metavar="URL", default=None,
+                        help="an L2 shard (redis://host:port/db, unix:///path.sock); repeat for "
+                             "several (client-side rendezvous sharding); redis-cluster://host:port "
+                             "names a Redis Cluster. Default: the embedded server in --cache-dir")
+    parser.add_argument("--redis-cluster", metavar="URL", default=None,
+                        help="a Redis Cluster seed node, redis://host:port (same as "
+                             "--redis redis-cluster://host:port)")
+    parser.add_argument("--no-l2", action="store_true", help="use no L2 (L1 + source only)")
+    parser.add_argument("--cache-size", type=int, default=256,
+                        help="shorter side of cached samples in pixels")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="copies of every L2 value on distinct shards")
+    parser.add_argument("--prefix", default="cachepipe", help="first part of every L2 key")
+    parser.add_argument("--l2-memory", default=None,
+                        help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%% (default: "
+                             "keep a running server's, else 25%% of RAM)")
+    parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
+    parser.add_argument("--rescan", action="store_true",
+                        help="rescan the source instead of reusing the saved manifest")
+    parser.add_argument("--verify-files", action="store_true",
+                        help="stat every file to decide whether the saved manifest is current "
+                             "(catches files edited in place; default: directories only)")
+
+
+def redis_from_args(args: argparse.Namespace):
+    """``None`` (embedded), ``False`` (no L2) or the list of URLs from the flags.
+
+    Raises:
+        ValueError: conflicting flags.
+    """
+    urls = list(args.redis or [])
+    if args.redis_cluster:
+        hostport = args.redis_cluster.split("://", 1)[-1]
+        urls.append(f"redis-cluster://{hostport}")
+    if args.no_l2:
+        if urls:
+            raise ValueError("--no-l2 cannot be combined with --redis/--redis-cluster")
+        return False
+    return urls or None
+
+
+def cache_from_args(args: argparse.Namespace) -> TwoLevelCache:
+    """Open the :class:`TwoLevelCache` the flags describe.
+
+    Raises:
+        FileNotFoundError, ValueError: as :class:`TwoLevelCache`.
+    """
+    return TwoLevelCache(args.source, args.cache_dir, redis_from_args(args), args.cache_size,
+                         prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
+                         timeout=args.timeout, verify="files" if args.verify_files else "dirs",
+                         rescan=args.rescan)

@@ -1,0 +1,107 @@
+"""Decode one image file and resize its shorter side: the reference pixels of the cache.
+
+NOTE [resize policy]
+Every sample is converted to RGB and resized so that its shorter side is exactly
+``cache_size`` pixels, keeping the aspect ratio, with Pillow's antialiased bilinear
+filter. The arithmetic mirrors ``torchvision.transforms.Resize(cache_size,
+max_size=MAX_ASPECT * cache_size)`` on a PIL image (long side truncated with ``int``), so
+a cached sample equals what a torchvision validation pipeline would produce:
+- small images (shorter side < cache_size) are *upscaled*, like ``Resize`` does;
+  ``RandomResizedCrop`` later picks crops by area, so nothing is lost by storing them big;
+- extreme aspect ratios are capped: when the longer side would exceed
+  ``MAX_ASPECT * cache_size`` (8x, e.g. 2048 px at 256), the longer side is set to that
+  and the shorter side shrinks below ``cache_size`` (torchvision's ``max_size`` rule), so
+  one panorama cannot take hundreds of MB of Redis memory;
+- an image already at the target size is returned unchanged.
+No EXIF rotation is applied (torchvision's ``pil_loader`` does not either). JPEG ``draft``
+mode is not used: it changes pixels.
+"""
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from cachepipe.errors import CorruptSampleError
+
+__all__ = ["MAX_ASPECT", "decode_and_resize", "resized_shape"]
+
+MAX_ASPECT = 8
+
+
+def resized_shape(height: int, width: int, cache_size: int) -> tuple[int, int]:
+    """Return ``(new_height, new_width)`` under the resize policy (see NOTE [resize policy]).
+
+    Raises:
+        ValueError: for a non-positive size.
+    """
+    if height < 1 or width < 1 or cache_size < 1:
+        raise ValueError(f"sizes must be >= 1, got {height=}, {width=}, {cache_size=}")
+    short, long = (height, width) if height <= width else (width, height)
+    new_short, new_long = cache_size, int(cache_size * long / short)
+    max_size = MAX_ASPECT * cache_size
+    if new_long > max_size:
+        new_short, new_long = max(1, int(max_size * new_short / new_long)), max_size
+    return (new_short, new_long) if height <= width else (new_long, new_short)
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("I", "I;16", "I;16B", "I;16L", "F"):  # 16-bit / float grayscale
+        arr = np.asarray(img, dtype=np.float64)
+        hi = arr.max() if arr.size else 0.0
+        scale = 255.0 / 65535.0 if hi > 255 else 1.0
+        img = Image.fromarray(np.clip(arr * scale, 0, 255).astype(np.uint8), "L")
+    return img.convert("RGB")  # L, LA, P, PA, RGBA, CMYK, YCbCr, 1 ... as torchvision does
+
+
+def decode_and_resize(data: bytes, cache_size: int, *, index: int | None = None,
+                      path: str | None = None) -> np.ndarray:
+    """Decode an image file's bytes to RGB and resize its shorter side to ``cache_size``.
+
+    The format is taken from the content, not the name, so PNG data in a ``.JPEG`` file
+    decodes; grayscale, CMYK, palette and alpha images become RGB.
+
+    Args:
+        data: the whole file.
+        cache_size: target length of the shorter side in pixels (see NOTE [resize policy]).
+        index: sample index, only used in the error message.
+        path: file path, only used in the error message.
+
+    Returns:
+        A C-contiguous, writable ``(H, W, 3)`` uint8 array.
+
+    Raises:
+        CorruptSampleError: the bytes are not a complete, decodable image.
+        ValueError: ``cache_size < 1``.
+
+    Example:
+        >>> arr = decode_and_resize(open("cat.jpg", "rb").read(), 256)  # doctest: +SKIP
+        >>> min(arr.shape[:2])  # doctest: +SKIP
+        256
+    """
+    if cache_size < 1:
+        raise ValueError(f"cache_size must be >= 1, got {cache_size}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                rgb = _to_rgb(img)
+                h, w = rgb.height, rgb.width
+                nh, nw = resized_shape(h, w, cache_size)
+                if (nh, nw) != (h, w):
+                    rgb = rgb.resize((nw, nh), Image.Resampling.BILINEAR)
+                out = np.array(rgb, dtype=np.uint8)
+    except UnidentifiedImageError:
+        raise CorruptSampleError(f"not an image ({len(data)} bytes)", index=index, path=path) from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError,
+            Image.DecompressionBombWarning, EOFError) as exc:
+        raise CorruptSampleError(f"cannot decode ({type(exc).__name__}: {exc})",
+                                 index=index, path=path) from None
+    if out.ndim != 3 or out.shape[2] != 3:
+        raise CorruptSampleError(f"decoded to shape {out.shape}, not (H, W, 3)", index=index, path=path)
+    return out

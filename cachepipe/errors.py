@@ -1,0 +1,53 @@
+"""Exceptions and warnings raised by cachepipe."""
+from __future__ import annotations
+
+__all__ = ["CacheWarning", "CorruptSampleError", "L1FullError", "L2UnavailableError"]
+
+
+class CacheWarning(RuntimeWarning):
+    """A cache level misbehaved (shard down, OOM, corrupt value) and was bypassed.
+
+    The read still returned the right sample (from another level or the source); the
+    event is also counted in :meth:`cachepipe.TwoLevelCache.stats`.
+    """
+
+
+class CorruptSampleError(ValueError):
+    """A source file is not a decodable image (truncated, not an image, ...).
+
+    Attributes:
+        index: sample index in the manifest, or ``None`` when unknown.
+        path: the file's path (relative to the source root), or ``None``.
+        reason: what the decoder said.
+    """
+
+    def __init__(self, reason: str, *, index: int | None = None, path: str | None = None) -> None:
+        self.index = index
+        self.path = path
+        self.reason = reason
+        where = []
+        if path is not None:
+            where.append(f"file {path!r}")
+        if index is not None:
+            where.append(f"sample {index}")
+        prefix = f"corrupt {', '.join(where)}: " if where else "corrupt image: "
+        super().__init__(prefix + reason)
+
+    def __reduce__(self):  # keep index/path/reason across DataLoader worker pickling
+        return (_rebuild_corrupt, (self.reason, self.index, self.path))
+
+
+def _rebuild_corrupt(reason: str, index: int | None, path: str | None) -> CorruptSampleError:
+    return CorruptSampleError(reason, index=index, path=path)
+
+
+class L1FullError(OSError):
+    """The L1 LMDB mirror cannot take more data (map size reached or disk full).
+
+    The environment stays consistent: the failed transaction is aborted as a whole.
+    """
+
+
+class L2UnavailableError(ConnectionError):
+    """No L2 shard can be reached (raised by checks such as ``cachepipe warmup``, never
+    by reads, which fall back to L1 and the source)."""

@@ -1,0 +1,175 @@
+"""L1: a local-disk LMDB mirror of the source files' raw bytes.
+
+NOTE [L1 layout and safety]
+One LMDB environment per fingerprint at ``<cache_dir>/<fingerprint>/l1``, two named
+databases: ``data`` (key = big-endian u64 index, value = the file's exact bytes) and
+``meta`` (same key, value = size u64 + Adler-32 u32). Both are written in one
+transaction per batch, so an entry is either fully there or absent: killing a writer at
+any moment loses at most the open batch and a re-run resumes from the committed ones.
+Reads verify the size and checksum; a mismatch is a miss, never bad bytes.
+Durability: ``metasync=False`` keeps atomicity and consistency and only lets an OS crash
+(not a process kill) undo the last commit. The map size is sized from the manifest
+(2x the source bytes + 64 MiB, LMDB files are sparse); a full map or disk aborts the
+transaction and raises :class:`~cachepipe.errors.L1FullError` with the numbers.
+Each process opens its own environment lazily (see NOTE [per-process handles] in
+``two_level.py``).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import lmdb
+
+from cachepipe.errors import L1FullError
+
+__all__ = ["L1Mirror"]
+
+_KEY = struct.Struct(">Q")
+# LMDB allows one handle per environment per process: (pid, path) -> open mirror.
+_OPEN: dict[tuple[int, str], "L1Mirror"] = {}
+_META = struct.Struct("<QI")
+
+
+def _checksum(data) -> int:
+    return zlib.adler32(data) & 0xFFFFFFFF
+
+
+class L1Mirror:
+    """LMDB mirror of raw file bytes, keyed by sample index.
+
+    Args:
+        path: environment directory (created).
+        map_size: LMDB map size in bytes.
+        readonly: open without write access (for ``cachepipe stats``).
+
+    Example:
+        >>> l1 = L1Mirror("/cache/0123abcd/l1", map_size=2**30)  # doctest: +SKIP
+        >>> l1.put_many([(0, b"...jpeg bytes...")]); l1.get_many([0])  # doctest: +SKIP
+    """
+
+    @classmethod
+    def shared(cls, path: str | os.PathLike, map_size: int) -> L1Mirror:
+        """The process-wide writable mirror at ``path`` (opened once per process,
+        reference counted by :meth:`close`)."""
+        pid = os.getpid()
+        for old in [k for k in _OPEN if k[0] != pid]:
+            # Inherited through fork: py-lmdb refuses a second open of the same files
+            # until the inherited handle is closed, and its close is fork-aware (it leaves
+            # the parent's reader slots and locks alone).
+            _OPEN.pop(old).env.close()
+        key = (pid, os.path.abspath(os.fspath(path)))
+        mirror = _OPEN.get(key)
+        if mirror is None or mirror._refs == 0:
+            mirror = _OPEN[key] = cls(path, map_size)
+        else:
+            mirror._refs += 1
+        return mirror
+
+    def __init__(self, path: str | os.PathLike, map_size: int, *, readonly: bool = False) -> None:
+        if map_size < 1 << 16:
+            raise ValueError(f"map_size must be >= 64 KiB, got {map_size}")
+        self.path = Path(path)
+        self.map_size = int(map_size)
+        self.readonly = readonly
+        if not readonly:
+            self.path.mkdir(parents=True, exist_ok=True)
+        self.env = lmdb.open(str(self.path), map_size=self.map_size, max_dbs=2, readonly=readonly,
+                             metasync=False, readahead=False, lock=True, create=not readonly)
+        self.data_db = self.env.open_db(b"data", create=not readonly)
+        self.meta_db = self.env.open_db(b"meta", create=not readonly)
+        self._refs = 1
+
+    def get_many(self, indices: Sequence[int]) -> tuple[list[bytes | None], list[int]]:
+        """Read entries in one transaction.
+
+        Returns:
+            ``(values, corrupt)``: ``values[k]`` is the verified bytes of ``indices[k]`` or
+            ``None`` (absent or failed verification); ``corrupt`` lists the indices whose
+            entry failed verification.
+        """
+        out: list[bytes | None] = []
+        corrupt: list[int] = []
+        with self.env.begin(buffers=True) as txn:
+            for i in indices:
+                key = _KEY.pack(i)
+                meta = txn.get(key, db=self.meta_db)
+                if meta is None:
+                    out.append(None)
+                    continue
+                value = txn.get(key, db=self.data_db)
+                size, checksum = _META.unpack(meta)
+                if value is None or len(value) != size or _checksum(value) != checksum:
+                    out.append(None)
+                    corrupt.append(i)
+                    continue
+                out.append(bytes(value))
+        return out, corrupt
+
+    def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
+        """Write ``(index, bytes)`` pairs in one transaction; returns how many.
+
+        Raises:
+            L1FullError: the map or the disk is full (the batch is not written).
+        """
+        if not items:
+            return 0
+        try:
+            with self.env.begin(write=True) as txn:
+                for i, data in items:
+                    key = _KEY.pack(i)
+                    txn.put(key, data, db=self.data_db)
+                    txn.put(key, _META.pack(len(data), _checksum(data)), db=self.meta_db)
+        except lmdb.MapFullError:
+            raise L1FullError(errno.ENOSPC, f"L1 mirror {self.path} is full: its LMDB map size is "
+                              f"{self.map_size / 2**20:.1f} MiB ({self.entries()} entries "
+                              f"stored); nothing of this batch was written") from None
+        except lmdb.Error as exc:
+            if "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+                free = _free_bytes(self.path)
+                raise L1FullError(errno.ENOSPC, f"disk of L1 mirror {self.path} is full "
+                                  f"({free / 2**20:.1f} MiB free); nothing of this batch was "
+                                  f"written") from None
+            raise
+        return len(items)
+
+    def delete(self, indices: Sequence[int]) -> None:
+        """Remove entries (used after a verification failure)."""
+        with self.env.begin(write=True) as txn:
+            for i in indices:
+                key = _KEY.pack(i)
+                txn.delete(key, db=self.meta_db)
+                txn.delete(key, db=self.data_db)
+
+    def present(self) -> set[int]:
+        """Indices with an entry (from ``meta`` only; cheap)."""
+        with self.env.begin() as txn:
+            return {_KEY.unpack(k)[0] for k in txn.cursor(db=self.meta_db).iternext(values=False)}
+
+    def entries(self) -> int:
+        with self.env.begin() as txn:
+            return txn.stat(self.meta_db)["entries"]
+
+    def disk_bytes(self) -> int:
+        return sum(f.stat().st_blocks * 512 for f in self.path.iterdir() if f.is_file())
+
+    def close(self) -> None:
+        """Drop one reference; the environment closes with the last one."""
+        self._refs -= 1
+        if self._refs <= 0:
+            self.env.close()
+            key = (os.getpid(), os.path.abspath(os.fspath(self.path)))
+            if _OPEN.get(key) is self:
+                del _OPEN[key]
+
+
+def _free_bytes(path: Path) -> int:
+    try:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return 0

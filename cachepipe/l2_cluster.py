@@ -1,0 +1,151 @@
+"""L2 over one Redis Cluster (``redis-cluster://host:port``): the cluster places and replicates."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
+from redis.retry import Retry
+
+from cachepipe.backoff import ShardHealth
+from cachepipe.errors import L2UnavailableError
+from cachepipe.l2_store import is_oom, warn_once
+
+__all__ = ["ClusterStore"]
+
+_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError, RedisClusterException,
+           redis.ResponseError)
+_CHUNK = 2048
+
+
+def _node(url: str) -> ClusterNode:
+    hostport = url.split("://", 1)[1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"a cluster URL looks like redis-cluster://host:port, got {url!r}")
+    return ClusterNode(host, int(port))
+
+
+class ClusterStore:
+    """Values in a Redis Cluster; keys hash to slots, MGETs are split per node by redis-py
+    (one pipelined round trip per node per batch). Replication is the cluster's own.
+
+    Args:
+        urls: one or more ``redis-cluster://host:port`` seed nodes.
+        namespace, counters, replicas, timeout: as :class:`~cachepipe.l2_shards.ShardedRedisStore`
+            (``replicas`` must be 1).
+    """
+
+    def __init__(self, urls: Sequence[str], *, namespace: str, counters: Counter,
+                 replicas: int = 1, timeout: float = 1.0) -> None:
+        if replicas != 1:
+            raise ValueError("replicas must be 1 for a Redis Cluster (it replicates by itself)")
+        self.urls = list(urls)
+        self.namespace = namespace
+        self.counters = counters
+        self.timeout = timeout
+        self.health = ShardHealth()
+        self._client: RedisCluster | None = None
+        self._warned: set = set()
+
+    @property
+    def client(self) -> RedisCluster:
+        if self._client is None:
+            self._client = RedisCluster(startup_nodes=[_node(u) for u in self.urls],
+                                        socket_timeout=self.timeout,
+                                        socket_connect_timeout=self.timeout,
+                                        retry=Retry(NoBackoff(), 0), cluster_error_retry_attempts=1)
+        return self._client
+
+    def _failed(self, exc: BaseException, what: str) -> None:
+        self.health.failed(exc)
+        self.counters["l2_errors"] += 1
+        self._client = None  # rediscover the topology next time
+        warn_once(self._warned, "down", f"Redis Cluster {self.urls[0]} failed on {what} "
+                  f"({type(exc).__name__}: {exc}); reading from L1/source and retrying with backoff")
+
+    def get_many(self, indices: Sequence[int]) -> list[bytes | None]:
+        if not indices:
+            return []
+        if not self.health.available():
+            self.counters["l2_skipped"] += len(indices)
+            return [None] * len(indices)
+        try:
+            values = self.client.mget_nonatomic([f"{self.namespace}{i}" for i in indices])
+        except _ERRORS as exc:
+            self._failed(exc, "read")
+            return [None] * len(indices)
+        self.health.succeeded()
+        return list(values)
+
+    def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
+        if not items:
+            return 0
+        if not self.health.available():
+            self.counters["l2_write_errors"] += len(items)
+            return 0
+        try:
+            pipe = self.client.pipeline()
+            for i, v in items:
+                pipe.set(f"{self.namespace}{i}", v)
+            results = pipe.execute(raise_on_error=False)
+        except _ERRORS as exc:
+            self._failed(exc, "write")
+            self.counters["l2_write_errors"] += len(items)
+            return 0
+        self.health.succeeded()
+        ok = 0
+        for r in results:
+            if isinstance(r, Exception):
+                self.counters["l2_write_errors"] += 1
+                if is_oom(r):
+                    self.counters["l2_oom"] += 1
+                    warn_once(self._warned, "oom", f"Redis Cluster {self.urls[0]} is out of memory; "
+                              f"samples it cannot hold are served from L1/source")
+            else:
+                ok += 1
+        return ok
+
+    def missing(self, indices: Sequence[int]) -> list[int]:
+        out = []
+        for start in range(0, len(indices), _CHUNK):
+            chunk = list(indices[start:start + _CHUNK])
+            try:
+                pipe = self.client.pipeline()
+                for i in chunk:
+                    pipe.exists(f"{self.namespace}{i}")
+                found = pipe.execute()
+            except _ERRORS as exc:
+                self._client = None
+                raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
+            out.extend(i for i, f in zip(chunk, found) if not f)
+        return out
+
+    def shard_info(self) -> list[dict]:
+        try:
+            nodes = self.client.get_primaries()
+            rows = []
+            for node in nodes:
+                mem = self.client.info("memory", target_nodes=node)
+                keys = self.client.dbsize(target_nodes=node)
+                rows.append({"url": f"redis://{node.host}:{node.port}", "reachable": True,
+                             "used_memory": int(mem["used_memory"]),
+                             "maxmemory": int(mem.get("maxmemory", 0)), "keys": int(keys),
+                             "policy": str(mem.get("maxmemory_policy", "")),
+                             "system_memory": int(mem.get("total_system_memory", 0)), "error": ""})
+            return rows
+        except _ERRORS as exc:
+            self._client = None
+            return [{"url": self.urls[0], "reachable": False, "used_memory": 0, "maxmemory": 0,
+                     "keys": 0, "policy": "", "error": f"{type(exc).__name__}: {exc}"}]
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # closing a dead cluster must never raise
+                pass
+            self._client = None

@@ -1,0 +1,193 @@
+"""L2 over independent Redis servers: rendezvous-hashed shards with optional replicas."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from cachepipe.backoff import ShardHealth
+from cachepipe.errors import L2UnavailableError
+from cachepipe.hashing import rendezvous_owners, shard_seed
+from cachepipe.l2_store import is_oom, warn_once
+
+__all__ = ["ShardedRedisStore", "make_client"]
+
+_NET_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+_CHUNK = 2048  # keys per EXISTS pipeline
+
+
+def make_client(url: str, timeout: float) -> redis.Redis:
+    """A client with no hidden retries (failures are handled by NOTE [dead shard backoff])."""
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+                                health_check_interval=0)
+
+
+class ShardedRedisStore:
+    """Values spread over ``urls`` by rendezvous hashing of the index, ``replicas`` copies each.
+
+    Reads ask the first owner, then the next replica for what it missed; a write goes to
+    every owner. One MGET / pipeline per shard per batch. See NOTE [rendezvous hashing].
+
+    Args:
+        urls: ``redis://host:port/db``, ``rediss://...`` or ``unix:///path.sock`` URLs.
+        namespace: key prefix ending in ``:``.
+        counters: failure/fallback counters (``l2_errors``, ``l2_oom``, ``l2_skipped``,
+            ``l2_fallbacks``, ``l2_write_errors``).
+        replicas: copies per value, ``1..len(urls)``.
+        timeout: socket timeout in seconds.
+    """
+
+    def __init__(self, urls: Sequence[str], *, namespace: str, counters: Counter,
+                 replicas: int = 1, timeout: float = 1.0) -> None:
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"duplicate shard URLs: {list(urls)}")
+        if not 1 <= replicas <= len(urls):
+            raise ValueError(f"replicas must be in 1..{len(urls)} (the number of shards), got {replicas}")
+        self.urls = list(urls)
+        self.namespace = namespace
+        self.counters = counters
+        self.replicas = replicas
+        self.seeds = [shard_seed(u) for u in self.urls]
+        self.clients = [make_client(u, timeout) for u in self.urls]
+        self.health = [ShardHealth() for _ in self.urls]
+        self._warned: set = set()
+
+    def key(self, index: int) -> str:
+        return f"{self.namespace}{index}"
+
+    def owners(self, indices: Sequence[int]) -> np.ndarray:
+        """``(n, replicas)`` shard positions of ``indices``."""
+        return rendezvous_owners(indices, self.seeds, self.replicas)
+
+    def _failed(self, s: int, exc: BaseException, what: str) -> None:
+        self.health[s].failed(exc)
+        self.counters["l2_errors"] += 1
+        warn_once(self._warned, f"down{s}", f"L2 shard {self.urls[s]} failed on {what} "
+                  f"({type(exc).__name__}: {exc}); reading from replicas/L1/source and retrying "
+                  f"it with backoff")
+
+    def get_many(self, indices: Sequence[int]) -> list[bytes | None]:
+        n = len(indices)
+        out: list[bytes | None] = [None] * n
+        if n == 0:
+            return out
+        idx = np.asarray(indices, dtype=np.int64)
+        owners = self.owners(idx)
+        pending = np.arange(n)
+        for rank in range(self.replicas):
+            if pending.size == 0:
+                break
+            shards = owners[pending, rank]
+            still = []
+            for s in np.unique(shards):
+                pos = pending[shards == s]
+                if not self.health[s].available():
+                    self.counters["l2_skipped"] += len(pos)
+                    still.append(pos)
+                    continue
+                try:
+                    values = self.clients[s].mget([self.key(int(i)) for i in idx[pos]])
+                except _NET_ERRORS as exc:
+                    self._failed(int(s), exc, "read")
+                    still.append(pos)
+                    continue
+                except redis.ResponseError as exc:
+                    self.counters["l2_errors"] += 1
+                    warn_once(self._warned, f"resp{s}", f"L2 shard {self.urls[s]} refused a read: {exc}")
+                    still.append(pos)
+                    continue
+                self.health[s].succeeded()
+                miss = []
+                for p, v in zip(pos.tolist(), values):
+                    if v is None:
+                        miss.append(p)
+                    else:
+                        out[p] = v
+                        if rank:
+                            self.counters["l2_fallbacks"] += 1
+                still.append(np.asarray(miss, dtype=np.int64))
+            pending = np.concatenate(still) if still else np.empty(0, dtype=np.int64)
+        return out
+
+    def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
+        if not items:
+            return 0
+        idx = np.asarray([i for i, _ in items], dtype=np.int64)
+        owners = self.owners(idx)
+        stored = np.zeros(len(items), dtype=bool)
+        for s in np.unique(owners):
+            pos = np.nonzero((owners == s).any(axis=1))[0]
+            if not self.health[s].available():
+                self.counters["l2_write_errors"] += len(pos)
+                continue
+            pipe = self.clients[s].pipeline(transaction=False)
+            for p in pos.tolist():
+                pipe.set(self.key(items[p][0]), items[p][1])
+            try:
+                results = pipe.execute(raise_on_error=False)
+            except _NET_ERRORS as exc:
+                self._failed(int(s), exc, "write")
+                self.counters["l2_write_errors"] += len(pos)
+                continue
+            self.health[s].succeeded()
+            for p, r in zip(pos.tolist(), results):
+                if isinstance(r, Exception):
+                    self.counters["l2_write_errors"] += 1
+                    if is_oom(r):
+                        self.counters["l2_oom"] += 1
+                        warn_once(self._warned, f"oom{s}", f"L2 shard {self.urls[s]} is out of memory "
+                                  f"(maxmemory reached): samples it cannot hold are served from "
+                                  f"L1/source; raise --l2-memory or add shards")
+                    else:
+                        warn_once(self._warned, f"werr{s}", f"L2 shard {self.urls[s]} refused a write: {r}")
+                else:
+                    stored[p] = True
+        return int(stored.sum())
+
+    def missing(self, indices: Sequence[int]) -> list[int]:
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            return []
+        owners = self.owners(idx)
+        lacking = np.zeros(idx.size, dtype=bool)
+        for s in range(len(self.urls)):
+            pos = np.nonzero((owners == s).any(axis=1))[0]
+            for start in range(0, pos.size, _CHUNK):
+                chunk = pos[start:start + _CHUNK]
+                pipe = self.clients[s].pipeline(transaction=False)
+                for p in chunk.tolist():
+                    pipe.exists(self.key(int(idx[p])))
+                try:
+                    found = pipe.execute()
+                except (*_NET_ERRORS, redis.ResponseError) as exc:
+                    raise L2UnavailableError(f"cannot reach L2 shard {self.urls[s]}: {exc}") from None
+                lacking[chunk[~np.asarray(found, dtype=bool)]] = True
+        return idx[lacking].tolist()
+
+    def shard_info(self) -> list[dict]:
+        info = []
+        for url, client in zip(self.urls, self.clients):
+            row = {"url": url, "reachable": False, "used_memory": 0, "maxmemory": 0, "keys": 0,
+                   "policy": "", "error": ""}
+            try:
+                mem = client.info("memory")
+                row.update(reachable=True, used_memory=int(mem["used_memory"]),
+                           maxmemory=int(mem.get("maxmemory", 0)), keys=int(client.dbsize()),
+                           policy=str(mem.get("maxmemory_policy", "")),
+                           system_memory=int(mem.get("total_system_memory", 0)))
+            except (*_NET_ERRORS, redis.ResponseError) as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            info.append(row)
+        return info
+
+    def close(self) -> None:
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception:  # closing a dead connection must never raise
+                pass

@@ -1,0 +1,111 @@
+"""L2 store protocol and the registry that picks an implementation from the Redis URLs.
+
+A store maps sample indices to encoded values (see NOTE [L2 value format]) under one key
+namespace ``<prefix>:<fingerprint>:<cache_size>:``. Implementations never raise on a
+failed read or write: they count it in ``counters`` (a ``collections.Counter``), warn,
+and report a miss. Only the explicit checks (``missing``, ``shard_info``) raise
+:class:`~cachepipe.errors.L2UnavailableError`.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from cachepipe.errors import CacheWarning
+
+__all__ = ["STORES", "SampleStore", "is_oom", "open_store", "store_kind", "warn_once"]
+
+
+@runtime_checkable
+class SampleStore(Protocol):
+    """What the two-level cache needs from L2."""
+
+    def get_many(self, indices: Sequence[int]) -> list[bytes | None]:
+        """Values of ``indices`` (``None`` for a miss or a failed shard); one round trip per shard."""
+
+    def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
+        """Store ``(index, value)`` pairs; returns how many reached at least one shard."""
+
+    def missing(self, indices: Sequence[int]) -> list[int]:
+        """Indices lacking a value on at least one of their shards (raises if a shard is down)."""
+
+    def shard_info(self) -> list[dict]:
+        """Per shard: ``url``, ``reachable``, ``used_memory``, ``maxmemory``, ``keys``, ``error``."""
+
+    def close(self) -> None:
+        """Drop connections."""
+
+
+def is_oom(error: BaseException) -> bool:
+    """Whether a Redis error is a write refused for ``maxmemory``."""
+    from redis.exceptions import OutOfMemoryError
+
+    return isinstance(error, OutOfMemoryError) or "maxmemory" in str(error) or str(error).startswith("OOM")
+
+
+def warn_once(seen: set, key: str, message: str) -> None:
+    """Emit a :class:`CacheWarning` the first time ``key`` is seen by this store."""
+    if key not in seen:
+        seen.add(key)
+        warnings.warn(message, CacheWarning, stacklevel=3)
+
+
+def _sharded(urls, **kw):
+    from cachepipe.l2_shards import ShardedRedisStore
+
+    return ShardedRedisStore(urls, **kw)
+
+
+def _cluster(urls, **kw):
+    from cachepipe.l2_cluster import ClusterStore
+
+    return ClusterStore(urls, **kw)
+
+
+# URL scheme -> factory. NOTE [Redis Cluster URLs]: a cluster is named by the scheme
+# ``redis-cluster://host:port`` (one or more seed nodes); plain ``redis://``,
+# ``rediss://`` and ``unix://`` URLs are independent shards placed by rendezvous hashing.
+STORES = {"redis": _sharded, "rediss": _sharded, "unix": _sharded, "redis-cluster": _cluster}
+
+
+def store_kind(urls: Sequence[str]) -> str:
+    """``"redis"`` or ``"redis-cluster"`` for a list of URLs.
+
+    Raises:
+        ValueError: empty list, unknown scheme (lists the valid ones) or mixed kinds.
+    """
+    if not urls:
+        raise ValueError("need at least one Redis URL")
+    schemes = set()
+    for url in urls:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme not in STORES:
+            raise ValueError(f"unknown Redis URL scheme in {url!r}; valid schemes: "
+                             + ", ".join(f"{s}://" for s in STORES))
+        schemes.add("redis-cluster" if scheme == "redis-cluster" else "redis")
+    if len(schemes) > 1:
+        raise ValueError(f"cannot mix redis-cluster:// and plain shard URLs: {list(urls)}")
+    return schemes.pop()
+
+
+def open_store(urls: Sequence[str], namespace: str, counters: Counter, *, replicas: int = 1,
+               timeout: float = 1.0) -> SampleStore:
+    """Build the store for ``urls`` (see ``STORES``).
+
+    Args:
+        urls: shard URLs, or redis-cluster:// seed URLs.
+        namespace: key prefix ending in ``:``.
+        counters: where failures and fallbacks are counted.
+        replicas: copies of each value (sharded store only; a cluster replicates itself).
+        timeout: socket connect/read timeout in seconds.
+
+    Raises:
+        ValueError: see :func:`store_kind`; ``replicas`` out of range.
+    """
+    kind = store_kind(urls)
+    factory = STORES[urls[0].split("://", 1)[0]]
+    if kind == "redis-cluster" and replicas != 1:
+        raise ValueError("replicas applies to plain shards; a Redis Cluster replicates by itself")
+    return factory(list(urls), namespace=namespace, counters=counters, replicas=replicas, timeout=timeout)

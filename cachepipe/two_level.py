@@ -1,0 +1,345 @@
+"""The two-level cache facade: L2 (Redis, decoded) -> L1 (LMDB, raw bytes) -> source.
+
+NOTE [per-process handles]
+An LMDB environment and Redis sockets must not cross ``fork``. The cache opens them
+lazily on first use and again whenever ``os.getpid()`` changes; handles inherited from
+the parent are parked (never closed in the child, which could disturb the parent's
+locks). Pickling keeps only the :class:`~cachepipe.config.CacheConfig` and the manifest
+fingerprint; the manifest is re-read from the cache directory (no rescan). So one
+instance can be handed to torch DataLoader workers under fork, spawn or forkserver.
+Counters in :meth:`TwoLevelCache.stats` are per process.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from cachepipe.config import CacheConfig
+from cachepipe.decode import decode_and_resize
+from cachepipe.embedded import EmbeddedRedis
+from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
+from cachepipe.l1_mirror import L1Mirror
+from cachepipe.l2_codec import decode_sample, encode_sample
+from cachepipe.l2_store import SampleStore, open_store, warn_once
+from cachepipe.manifest import Manifest
+
+__all__ = ["TwoLevelCache"]
+
+_INHERITED: list = []  # handles from a parent process; see NOTE [per-process handles]
+_SOURCE_THREADS = 8
+
+
+class TwoLevelCache:
+    """Decoded, resized RGB samples of an ImageFolder tree, read L2 -> L1 -> source.
+
+    Each miss fills the levels above it. Failures of a level (shard down, OOM, corrupt
+    value) are counted, warned about once and bypassed; they never give a wrong sample.
+
+    Args:
+        source: ImageFolder root, or a :class:`~cachepipe.Manifest`.
+        cache_dir: holds manifests, the L1 mirror ``<fingerprint>/l1`` and the embedded
+            Redis. Created if missing.
+        redis: ``None`` (default): the embedded server of ``cache_dir`` (started if not
+            running, else reused); a list of ``redis://``/``unix://`` URLs: client-side
+            shards (rendezvous hashing of the index); ``"redis-cluster://host:port"``: a
+            Redis Cluster; ``False``: no L2.
+        cache_size: shorter side of cached samples (see NOTE [resize policy]).
+        prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<index>``.
+        replicas: copies of each L2 value on distinct shards.
+        l2_memory: embedded server's maxmemory (``"4gb"``, ``"25%"``, bytes); ``None`` keeps
+            a running server's setting and starts a new one at 25 % of RAM.
+        timeout: Redis socket timeout in seconds.
+        use_l1: keep the L1 mirror.
+        l1_map_size: LMDB map size in bytes (default: 2x the source bytes + 64 MiB).
+        verify: manifest reuse check, ``"dirs"`` or ``"files"`` (see NOTE [manifest reuse]).
+        rescan: always rescan the source.
+
+    Raises:
+        FileNotFoundError: the source does not exist.
+        ValueError: bad arguments, or a source without classes/images.
+
+    Example:
+        >>> with TwoLevelCache("/data/train", "/local/cache") as cache:  # doctest: +SKIP
+        ...     x = cache.get(0)            # (H, W, 3) uint8, min(H, W) == 256
+        ...     xs = cache.get_many(range(64), errors="skip")
+    """
+
+    def __init__(self, source: str | os.PathLike | Manifest, cache_dir: str | os.PathLike,
+                 redis: None | bool | str | list[str] = None, cache_size: int = 256, *,
+                 prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
+                 timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
+                 verify: str = "dirs", rescan: bool = False) -> None:
+        root = source.root if isinstance(source, Manifest) else source
+        self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
+                                  l2_memory, timeout, use_l1, l1_map_size)
+        if isinstance(source, Manifest):
+            source.save(self.config.cache_dir)
+            self._manifest = source
+        else:
+            self._manifest = Manifest.load_or_scan(root, self.config.cache_dir, verify=verify, rescan=rescan)
+        self._fingerprint = self._manifest.fingerprint
+        self._reset_process_state()
+
+    # -- pickling and per-process state -----------------------------------------------
+    def _reset_process_state(self) -> None:
+        self._pid: int | None = None
+        self._l1: L1Mirror | None = None
+        self._store: SampleStore | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._l1_writable = True
+        self._warned: set = set()
+        self.counters: Counter = Counter()
+
+    def __getstate__(self) -> dict:
+        return {"config": self.config, "fingerprint": self._fingerprint}
+
+    def __setstate__(self, state: dict) -> None:
+        self.config = state["config"]
+        self._fingerprint = state["fingerprint"]
+        self._manifest = None
+        self._reset_process_state()
+
+    def _open(self) -> None:
+        if self._pid == os.getpid():
+            return
+        if self._pid is not None:
+            _INHERITED.append((self._l1, self._store, self._pool))
+            self._reset_process_state()
+        cfg = self.config
+        if cfg.use_l1:
+            map_size = cfg.l1_map_size or 2 * self.manifest.total_bytes + (64 << 20)
+            self._l1 = L1Mirror.shared(self.l1_path, map_size)
+        if cfg.redis is not False:
+            urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
+            self._store = open_store(urls, self.namespace, self.counters,
+                                     replicas=cfg.replicas, timeout=cfg.timeout)
+        self._pid = os.getpid()
+
+    # -- properties --------------------------------------------------------------------
+    @property
+    def manifest(self) -> Manifest:
+        """The source's :class:`~cachepipe.Manifest` (loaded from the cache dir in workers)."""
+        if self._manifest is None:
+            self._manifest = Manifest.load(self.config.cache_dir, self._fingerprint)
+        return self._manifest
+
+    @property
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @property
+    def namespace(self) -> str:
+        """L2 key prefix ``<prefix>:<fingerprint>:<cache_size>:``."""
+        return f"{self.config.prefix}:{self._fingerprint}:{self.config.cache_size}:"
+
+    @property
+    def l1_path(self) -> Path:
+        return Path(self.config.cache_dir) / self._fingerprint / "l1"
+
+    @property
+    def l1(self) -> L1Mirror | None:
+        self._open()
+        return self._l1
+
+    @property
+    def store(self) -> SampleStore | None:
+        self._open()
+        return self._store
+
+    def embedded_server(self, start: bool = False) -> EmbeddedRedis:
+        """The embedded server of ``cache_dir`` (started when ``start``)."""
+        server = EmbeddedRedis(self.config.cache_dir)
+        if start:
+            server.start(self.config.l2_memory)
+        return server
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    # -- reads ---------------------------------------------------------------------------
+    def get(self, index: int) -> np.ndarray:
+        """Sample ``index`` as an ``(H, W, 3)`` uint8 RGB array.
+
+        Raises:
+            IndexError: out of range.
+            CorruptSampleError: the source file cannot be decoded.
+        """
+        return self.get_many([index])[0]
+
+    def get_many(self, indices: Iterable[int], *, errors: str = "raise") -> list[np.ndarray | None]:
+        """Samples of ``indices`` in order, with one L2 round trip per shard.
+
+        Args:
+            indices: sample indices (duplicates allowed).
+            errors: ``"raise"``: a corrupt source file raises :class:`CorruptSampleError`
+                (after the good samples were cached); ``"skip"``: it gives ``None`` and is
+                counted in ``stats()["corrupt"]``.
+
+        Returns:
+            Writable ``(H, W, 3)`` uint8 arrays (``None`` only with ``errors="skip"``).
+
+        Raises:
+            IndexError, CorruptSampleError, ValueError (bad ``errors``).
+        """
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors must be one of 'raise', 'skip'; got {errors!r}")
+        idx = [int(i) for i in indices]
+        n = len(self.manifest)
+        for i in idx:
+            if not 0 <= i < n:
+                raise IndexError(f"sample index {i} out of range for {n} samples")
+        self._open()
+        c = self.counters
+        c["requests"] += len(idx)
+        uniq = list(dict.fromkeys(idx))
+        result: dict[int, np.ndarray] = {}
+        if self._store is not None and uniq:
+            for i, value in zip(uniq, self._store.get_many(uniq)):
+                if value is None:
+                    continue
+                try:
+                    result[i] = decode_sample(value, i)
+                    c["l2_bytes"] += len(value)
+                except ValueError as exc:
+                    c["l2_corrupt"] += 1
+                    warn_once(self._warned, "l2corrupt", f"corrupt L2 value for sample {i} "
+                              f"({exc}); treated as a miss and rewritten")
+            c["l2_hits"] += len(result)
+            c["l2_misses"] += len(uniq) - len(result)
+        need = [i for i in uniq if i not in result]
+        errors_seen: list[CorruptSampleError] = []
+        if need:
+            raw = self._read_raw(need)
+            encoded = []
+            for i in need:
+                try:
+                    if isinstance(raw[i], Exception):
+                        raise CorruptSampleError(f"cannot read the file ({raw[i]})", index=i,
+                                                 path=self.manifest.relpaths[i])
+                    arr = decode_and_resize(raw[i], self.config.cache_size, index=i,
+                                            path=self.manifest.relpaths[i])
+                except CorruptSampleError as exc:
+                    c["corrupt"] += 1
+                    errors_seen.append(exc)
+                    continue
+                result[i] = arr
+                if self._store is not None:
+                    encoded.append((i, encode_sample(i, arr)))
+            if encoded:
+                c["l2_writes"] += self._store.put_many(encoded)
+        if errors_seen and errors == "raise":
+            raise errors_seen[0]
+        out, seen = [], set()
+        for i in idx:
+            arr = result.get(i)
+            out.append(arr.copy() if arr is not None and i in seen else arr)
+            seen.add(i)
+        return out
+
+    def _read_file(self, i: int) -> bytes | Exception:
+        try:
+            with open(self.manifest.path(i), "rb") as f:
+                return f.read()
+        except OSError as exc:
+            return exc
+
+    def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
+        """Raw file bytes from L1, else from the source (filling L1); an unreadable file maps
+        to its ``OSError``."""
+        c, m = self.counters, self.manifest
+        raw: dict[int, bytes] = {}
+        if self._l1 is not None:
+            values, corrupt = self._l1.get_many(need)
+            if corrupt:
+                c["l1_corrupt"] += len(corrupt)
+                warn_once(self._warned, "l1corrupt", f"L1 entries failed verification (e.g. sample "
+                          f"{corrupt[0]}); re-reading them from the source")
+            raw = {i: v for i, v in zip(need, values) if v is not None}
+            c["l1_hits"] += len(raw)
+            c["l1_misses"] += len(need) - len(raw)
+        todo = [i for i in need if i not in raw]
+        if not todo:
+            return raw
+        if len(todo) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(_SOURCE_THREADS, thread_name_prefix="cachepipe-read")
+            files = list(self._pool.map(self._read_file, todo))
+        else:
+            files = [self._read_file(todo[0])]
+        fresh = []
+        for i, data in zip(todo, files):
+            if isinstance(data, Exception):
+                warnings.warn(f"cannot read {m.path(i)}: {data}", CacheWarning, stacklevel=3)
+                c["source_errors"] += 1
+                raw[i] = data
+                continue
+            c["source_reads"] += 1
+            c["source_bytes"] += len(data)
+            if len(data) != m.sizes[i]:
+                c["source_changed"] += 1
+                warn_once(self._warned, "changed", f"{m.relpaths[i]} has {len(data)} bytes, the "
+                          f"manifest says {m.sizes[i]}: the source changed since it was scanned "
+                          f"(rescan to refresh the cache)")
+            raw[i] = data
+            fresh.append((i, data))
+        if self._l1 is not None and fresh and (self._l1_writable or strict_l1):
+            try:
+                c["l1_writes"] += self._l1.put_many(fresh)
+            except L1FullError as exc:
+                if strict_l1:
+                    raise
+                self._l1_writable = False
+                c["l1_write_errors"] += len(fresh)
+                warnings.warn(f"{exc}; L1 writes are off in this process", CacheWarning, stacklevel=3)
+        return raw
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def stats(self) -> dict:
+        """This process's counters.
+
+        Keys: ``requests``, ``l2_hits``, ``l2_misses``, ``l2_bytes``, ``l2_writes``,
+        ``l2_corrupt``, ``l2_errors``, ``l2_skipped`` (reads not sent to a shard in
+        backoff), ``l2_fallbacks`` (served by a replica), ``l2_oom``, ``l2_write_errors``,
+        ``l1_hits``, ``l1_misses``, ``l1_writes``, ``l1_corrupt``, ``l1_write_errors``,
+        ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
+        ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.
+        """
+        keys = ("requests", "l2_hits", "l2_misses", "l2_bytes", "l2_writes", "l2_corrupt",
+                "l2_errors", "l2_skipped", "l2_fallbacks", "l2_oom", "l2_write_errors", "l1_hits",
+                "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors", "source_reads",
+                "source_bytes", "source_errors", "source_changed", "corrupt")
+        out = {k: int(self.counters.get(k, 0)) for k in keys}
+        looked = out["l2_hits"] + out["l2_misses"]
+        out["l2_hit_rate"] = out["l2_hits"] / looked if looked else 0.0
+        out["pid"] = os.getpid()
+        return out
+
+    def close(self) -> None:
+        """Close this process's handles (the cache can be used again: it reopens)."""
+        if self._pid == os.getpid():
+            if self._store is not None:
+                self._store.close()
+            if self._l1 is not None:
+                self._l1.close()
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+        counters = self.counters
+        self._reset_process_state()
+        self.counters = counters
+
+    def __enter__(self) -> TwoLevelCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"TwoLevelCache(source={self.config.source!r}, cache_dir={self.config.cache_dir!r}, "
+                f"redis={self.config.redis!r}, cache_size={self.config.cache_size}, "
+                f"fingerprint={self._fingerprint!r})")

@@ -1,0 +1,30 @@
+"""L2 value format: round trip and rejection of anything that is not exactly right."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cachepipe.l2_codec import HEADER, decode_sample, encode_sample
+
+
+def test_round_trip_and_views():
+    arr = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    value = encode_sample(42, arr)
+    assert len(value) == HEADER.size + arr.nbytes and value[:4] == b"CPL2"
+    out = decode_sample(value, 42)
+    np.testing.assert_array_equal(out, arr)
+    assert out.flags.writeable
+    assert not decode_sample(value, 42, copy=False).flags.writeable
+
+
+def test_rejects_corruption():
+    arr = np.zeros((4, 4, 3), dtype=np.uint8)
+    value = encode_sample(3, arr)
+    flipped = bytearray(value)
+    flipped[-1] ^= 0x10
+    for bad, msg in [(bytes(flipped), "checksum"), (value[:-1], "length"), (value[:10], "shorter"),
+                     (b"XXXX" + value[4:], "magic"), (value, "belongs to sample 3")]:
+        with pytest.raises(ValueError, match=msg):
+            decode_sample(bad, 4 if msg.startswith("belongs") else 3)
+    with pytest.raises(ValueError, match="uint8"):
+        encode_sample(0, arr.astype(np.float32))

@@ -1,0 +1,65 @@
+"""``cachepipe stats SRC --cache-dir DIR``: how much of the source each cache level holds.
+
+Exit status: 0, 3 missing or invalid source, 4 L2 unreachable (the rest is still shown).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["configure", "main"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from cachepipe.cli_options import add_cache_arguments
+
+    add_cache_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2**20:.1f} MiB"
+
+
+def format_coverage(c: dict) -> str:
+    s, l1, l2 = c["source"], c["l1"], c["l2"]
+    lines = [f"source  {s['root']}: {s['samples']} samples, {s['classes']} classes, "
+             f"{_mib(s['bytes'])}, fingerprint {s['fingerprint']}",
+             f"L1      {l1['entries']}/{s['samples']} ({l1['percent']:.1f} %), {_mib(l1['disk_bytes'])} "
+             f"on disk at {l1['path']}",
+             f"L2      {l2['kind']}: {l2['present']}/{s['samples']} ({l2['percent']:.1f} %) under "
+             f"{l2['namespace']}*"]
+    for sh in l2["shards"]:
+        if sh["reachable"]:
+            limit = _mib(sh["maxmemory"]) if sh["maxmemory"] else "no limit"
+            lines.append(f"  shard {sh['url']}: {sh['keys']} keys, {_mib(sh['used_memory'])} used of "
+                         f"{limit} ({sh['policy']})")
+        else:
+            lines.append(f"  shard {sh['url']}: unreachable ({sh['error']})")
+    if l2["error"]:
+        lines.append(f"  {l2['error']}")
+    if c["other_fingerprints"]:
+        lines.append(f"other namespaces in the cache dir (older versions of sources): "
+                     f"{', '.join(c['other_fingerprints'])}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from cachepipe.cli_options import cache_from_args
+    from cachepipe.coverage import coverage
+
+    try:
+        cache = cache_from_args(args)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"cachepipe stats: error: {exc}", file=sys.stderr)
+        return 3
+    with cache:
+        cov = coverage(cache)
+    print(json.dumps(cov, indent=1) if args.json else format_coverage(cov))
+    unreachable = cov["l2"]["error"] and "not running" not in cov["l2"]["error"]
+    if unreachable or any(not sh["reachable"] for sh in cov["l2"]["shards"]):
+        print(f"cachepipe stats: error: L2 unreachable: {cov['l2']['error'] or 'a shard is down'}",
+              file=sys.stderr)
+        return 4
+    return 0

@@ -1,0 +1,116 @@
+"""``cachepipe warmup SRC --cache-dir DIR``: fill L1 (LMDB mirror) and L2 (Redis) before training.
+
+Exit status: 0 done (corrupt files are listed), 1 corrupt files with ``--strict`` or L2
+writes that failed, 2 bad usage, 3 missing or invalid source, 4 unreachable Redis,
+5 L2 too small (the message says how much memory it needs), 6 L1 disk or map full.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+__all__ = ["configure", "main"]
+
+EXIT_CORRUPT, EXIT_SOURCE, EXIT_REDIS, EXIT_L2_SMALL, EXIT_L1_FULL = 1, 3, 4, 5, 6
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from cachepipe.cli_options import add_cache_arguments
+
+    add_cache_arguments(parser)
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                        help="parallel worker processes")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per LMDB transaction / Redis pipeline")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (L2 partition)")
+    parser.add_argument("--num-nodes", type=int, default=1, help="number of nodes sharing L2")
+    parser.add_argument("--l1-scope", choices=["all", "partition"], default="all",
+                        help="mirror the whole source into L1, or only this node's partition")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when any file is corrupt")
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def fail(message: str, code: int) -> int:
+    print(f"cachepipe warmup: error: {message}", file=sys.stderr)
+    return code
+
+
+def _summary(r: dict, node: str) -> str:
+    if r["nothing_to_do"]:
+        line = (f"warmup: nothing to do: L1 and L2 already hold all {r['partition']} samples of "
+                f"{node} ({r['samples']} in total, fingerprint {r['fingerprint']}); "
+                f"checked in {r['seconds']:.2f} s")
+        if r["known_corrupt"]:
+            line += f"; {len(r['known_corrupt'])} known corrupt file(s) skipped"
+        return line
+    lines = [f"warmup: {r['samples']} samples, {r['partition']} in {node} "
+             f"(fingerprint {r['fingerprint']})",
+             f"  L1 written: {r['l1_written']} entries   L2 written: {r['l2_written']} entries",
+             f"  read {r['bytes_read'] / 2**20:.2f} MB from the source in {r['seconds']:.2f} s "
+             f"({r['mb_per_s']:.2f} MB/s)"]
+    if r["l2_write_errors"]:
+        lines.append(f"  L2 write errors: {r['l2_write_errors']} (see warnings above)")
+    lines.append(f"  corrupt files: {len(r['corrupt'])}")
+    lines += [f"    {p}" for p in r["corrupt"][:20]]
+    if len(r["corrupt"]) > 20:
+        lines.append(f"    ... and {len(r['corrupt']) - 20} more (see --json)")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from cachepipe.cli_options import cache_from_args
+    from cachepipe.errors import L1FullError, L2UnavailableError
+    from cachepipe.warmup import L2TooSmallError, warmup
+
+    try:
+        cache = cache_from_args(args)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        return fail(str(exc), EXIT_SOURCE)
+    except ValueError as exc:
+        return fail(str(exc), EXIT_SOURCE)
+    node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
+    try:
+        with cache:
+            if cache.config.redis is not False:
+                try:
+                    store = cache.store
+                except (RuntimeError, FileNotFoundError, OSError) as exc:
+                    return fail(f"cannot start the embedded Redis: {exc}", EXIT_REDIS)
+                down = [r for r in store.shard_info() if not r["reachable"]]
+                if down:
+                    return fail(f"cannot reach L2 shard {down[0]['url']} ({down[0]['error']})"
+                                + (f" and {len(down) - 1} more" if len(down) > 1 else ""), EXIT_REDIS)
+            report = warmup(cache, workers=args.workers, node_rank=args.node_rank,
+                            num_nodes=args.num_nodes, l1_scope=args.l1_scope,
+                            batch_size=args.batch_size, progress=not args.quiet)
+    except L2UnavailableError as exc:
+        return fail(str(exc), EXIT_REDIS)
+    except L2TooSmallError as exc:
+        return fail(str(exc), EXIT_L2_SMALL)
+    except L1FullError as exc:
+        return fail(exc.strerror or str(exc), EXIT_L1_FULL)
+    except ValueError as exc:
+        return fail(str(exc), EXIT_SOURCE)
+    print(_summary(report, node))
+    if args.json:
+        _write_json(args.json, report)
+    if report["l2_write_errors"]:
+        return fail(f"{report['l2_write_errors']} L2 writes failed (out of memory or shard down)",
+                    EXIT_CORRUPT)
+    if args.strict and report["corrupt"] + report.get("known_corrupt", []):
+        return fail(f"{len(set(report['corrupt']) | set(report['known_corrupt']))} corrupt file(s) "
+                    f"(--strict)", EXIT_CORRUPT)
+    return 0
+
+
+def _write_json(path: str, obj: dict) -> None:
+    from pathlib import Path
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, p)
