@@ -1,0 +1,254 @@
+"""``build_dali_loader``: a DALI pipeline fed from the cache through ``external_source``.
+
+NOTE [DALI crop parameters]: crop windows and flips are drawn in Python by the same
+torchvision rule and the same per-batch seed as the torch path (``TrainTransform.plan``),
+then applied by DALI operators: ``fn.resize`` with a pixel ROI does the resized crop
+(antialiased bilinear, on the GPU with ``device="gpu"``) and ``fn.crop_mirror_normalize``
+flips, normalises and transposes to CHW. So both paths sample identical crops for the same
+seed, and the output size is a per-batch tensor argument: ``set_size`` changes it between
+epochs without rebuilding the pipeline (``fn.random_resized_crop``'s ``size`` is not a
+tensor argument in DALI 2.4, and its fallback differs from torchvision's).
+
+NOTE [DALI epochs]: the source snapshots epoch, size and resume position when an epoch's
+first batch is requested, which happens when ``__iter__`` resets DALI, after any
+``set_epoch``/``set_size``. Sharding and the last batch follow NOTE [sharding and the last
+batch] (``loaders.sampler``): every rank gets the same number of batches, and with
+``drop_last=False`` the final partial batch is returned as a smaller batch
+(``LastBatchPolicy.PARTIAL``). Leaving an epoch early drains the at most
+``prefetch_queue_depth`` batches DALI already scheduled.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import numpy as np
+import torch
+
+from loaders._optional import require_dali
+from loaders.crop import CropWindow, center_crop_window
+from loaders.dataloader import resolve_rank
+from loaders.folder import CachedImageFolder
+from loaders.sampler import ShardedBatchSampler
+from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform
+
+__all__ = ["DALILoader", "build_dali_loader"]
+
+_OUT_DTYPES = ("float32", "float16")
+
+
+class _CacheSource:
+    """``external_source`` iterable: one batch per ``__next__`` from the cache (see NOTE [DALI epochs])."""
+
+    def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool) -> None:
+        self.folder, self.sampler, self.train = folder, sampler, train
+        self.crop = TrainTransform()
+        self.val = ValTransform()
+        self._batches = None
+        self.abort = False
+        self.skipped: list[int] = []
+        self.cache_wait_s = 0.0
+
+    def __iter__(self):
+        self._batches, self.abort = None, False
+        return self
+
+    def __next__(self):
+        if self._batches is None:
+            self._batches = iter(self.sampler)
+        if self.abort:
+            raise StopIteration
+        while True:
+            request = next(self._batches)
+            t0 = time.perf_counter()
+            samples, targets, skipped = self.folder.load_many(request)
+            self.cache_wait_s += time.perf_counter() - t0
+            self.skipped.extend(skipped)
+            if samples:
+                break
+        rng = random.Random(request.seed)
+        size = request.size
+        labels = [np.array([t], dtype=np.int64) for t in targets]
+        starts, ends, sizes, mirrors, crop_shapes, crop_positions = [], [], [], [], [], []
+        for s in samples:
+            h, w = s.shape[:2]
+            if self.train:
+                win, flip = self.crop.plan(h, w, rng)
+                sizes.append(np.array([size, size], dtype=np.float32))
+                crop_pos = np.array([0.5, 0.5], dtype=np.float32)
+            else:
+                win, flip = CropWindow(0, 0, h, w), False
+                rh, rw = self.val.resize_to(h, w, size)
+                sizes.append(np.array([rh, rw], dtype=np.float32))
+                c = center_crop_window(rh, rw, size)  # exact torchvision anchor, as a relative position
+                crop_pos = np.array([c.top / (rh - size) if rh > size else 0.5,
+                                     c.left / (rw - size) if rw > size else 0.5], dtype=np.float32)
+            starts.append(np.array([win.top, win.left], dtype=np.float32))
+            ends.append(np.array([win.top + win.height, win.left + win.width], dtype=np.float32))
+            mirrors.append(np.array(int(flip), dtype=np.int32))
+            crop_shapes.append(np.array([size, size], dtype=np.float32))
+            crop_positions.append(crop_pos)
+        return samples, labels, starts, ends, sizes, mirrors, crop_shapes, crop_positions
+
+
+def _pipeline(source, device: str, out_dtype: str, mean, std):
+    from nvidia.dali import fn, types
+
+    images, labels, start, end, size, mirror, crop, crop_pos = fn.external_source(
+        source=source, num_outputs=8, batch=True, cycle="raise",
+        layout=["HWC", "", "", "", "", "", "", ""],
+        dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT, types.FLOAT, types.INT32, types.FLOAT,
+               types.FLOAT])
+    if device == "gpu":
+        images = images.gpu()
+    images = fn.resize(images, roi_start=start, roi_end=end, roi_relative=False, size=size,
+                       antialias=True, interp_type=types.INTERP_LINEAR, dtype=types.UINT8)
+    pos_y, pos_x = crop_pos[0], crop_pos[1]
+    images = fn.crop_mirror_normalize(
+        images, crop=crop, crop_pos_y=pos_y, crop_pos_x=pos_x, mirror=mirror,
+        mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std], output_layout="CHW",
+        dtype=types.FLOAT16 if out_dtype == "float16" else types.FLOAT)
+    return images, labels
+
+
+class DALILoader:
+    """Iterates ``(images NCHW, labels int64)`` from a DALI pipeline; made by ``build_dali_loader``.
+
+    Same interface as ``CachedDataLoader``: ``len``, iteration, ``set_epoch``, ``set_size``,
+    ``state_dict``, ``load_state_dict``, ``close``; ``skipped`` and ``cache_wait_s`` too.
+    """
+
+    def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool, *,
+                 device: str, device_id, workers: int, out_dtype: str, prefetch_queue_depth: int, seed: int) -> None:
+        from nvidia.dali import pipeline_def
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        self.dataset, self.sampler = folder, sampler
+        self.source = _CacheSource(folder, sampler, train)
+        build = pipeline_def(_pipeline, batch_size=sampler.batch_size, num_threads=max(1, workers),
+                             device_id=device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
+        self.pipe = build(self.source, device, out_dtype, IMAGENET_MEAN, IMAGENET_STD)
+        self.pipe.build()
+        self._iter = DALIGenericIterator(self.pipe, ["images", "labels"], last_batch_policy=LastBatchPolicy.PARTIAL,
+                                         auto_reset=False, prepare_first_batch=False)
+        self._started = False
+        self._running = False
+        self.batches_done = 0
+
+    @property
+    def skipped(self) -> list[int]:
+        return self.source.skipped
+
+    @property
+    def cache_wait_s(self) -> float:
+        return self.source.cache_wait_s
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def _finish_epoch(self) -> None:
+        """Drain what DALI already scheduled when the previous pass stopped early."""
+        if self._running:
+            self.source.abort = True
+            for _ in self._iter:
+                pass
+            self._running = False
+
+    def __iter__(self):
+        self._finish_epoch()
+        if self._started:
+            self._iter.reset()  # calls iter(source): the new epoch state is read from here on
+        self._started = True
+        self.batches_done = self.sampler.start
+        if self.batches_done >= len(self.sampler):
+            self.sampler.start = 0
+            return
+        self._running = True
+        for out in self._iter:
+            self.batches_done += 1
+            yield out[0]["images"], out[0]["labels"].view(-1)
+        self._running = False
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def set_size(self, size: int) -> None:
+        self.sampler.set_size(size)
+
+    @property
+    def size(self) -> int:
+        return self.sampler.size
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict(self.batches_done)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._finish_epoch()
+        self.sampler.load_state_dict(state)
+        self.batches_done = self.sampler.start
+
+    def close(self) -> None:
+        self._finish_epoch()
+        del self._iter, self.pipe
+        self.dataset.close()
+
+
+def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, size: int = 224,
+                      device: str = "gpu", shard_id: int | None = None, num_shards: int | None = None,
+                      seed: int = 0, cache_dir=None, redis=None, workers: int = 2, cache=None,
+                      on_error: str = "raise", cache_size: int = 256, drop_last: bool | None = None,
+                      dtype: str = "float32", device_id: int | None = None,
+                      prefetch_queue_depth: int = 2) -> DALILoader:
+    """A DALI loader over the two-level cache yielding ``(images NCHW, labels int64)``, like ``cached_dataloader``.
+
+    Each batch is fetched with ``get_many`` (one MGET per Redis shard) inside
+    ``fn.external_source``; the resized crop, flip, normalisation and HWC->CHW run as DALI
+    operators, on the GPU when ``device="gpu"`` (see NOTE [DALI crop parameters]).
+
+    Args:
+        root: ImageFolder root.
+        batch_size: samples per batch on this shard.
+        train: random-resized-crop + flip with per-epoch shuffling, or resize + center crop.
+        size: crop side (default 224); ``set_size`` changes it between epochs.
+        device: "gpu" (default) or "cpu" (DALI CPU mode, ``device_id=None``).
+        shard_id, num_shards: this rank and the world size; default: torch.distributed's
+            when initialised, else 0 and 1.
+        seed: shuffling, augmentation and DALI seed; equal on every rank.
+        cache_dir, redis, cache, on_error, cache_size: as ``CachedImageFolder``.
+        workers: DALI CPU threads (default 2).
+        drop_last: default True for training, False for validation.
+        dtype: "float32" (default) or "float16" output.
+        device_id: CUDA device (default: the current one) for device="gpu".
+        prefetch_queue_depth: batches DALI keeps in flight (default 2).
+
+    Raises:
+        ImportError: DALI is not installed (names ``pip install 'cachepipe[dali]'``).
+        ValueError: bad arguments, or an empty dataset.
+
+    Example:
+        >>> loader = build_dali_loader("/data/train", batch_size=256, train=True, size=224,
+        ...                            device="gpu", cache_dir="/local/cache")  # doctest: +SKIP
+        >>> for images, labels in loader: ...  # doctest: +SKIP
+    """
+    require_dali()
+    if device not in ("gpu", "cpu"):
+        raise ValueError(f"unknown device {device!r}; valid: ['cpu', 'gpu']")
+    if dtype not in _OUT_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {list(_OUT_DTYPES)}")
+    if (shard_id is None) != (num_shards is None):
+        raise ValueError("pass both shard_id and num_shards, or neither")
+    rank, world = resolve_rank(None if shard_id is None else (shard_id, num_shards))
+    if device == "gpu":
+        if not torch.cuda.is_available():
+            raise ValueError("device='gpu' needs CUDA; pass device='cpu' for DALI CPU mode")
+        device_id = torch.cuda.current_device() if device_id is None else device_id
+    else:
+        device_id = None
+    folder = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
+                               on_error=on_error)
+    drop_last = train if drop_last is None else bool(drop_last)
+    sampler = ShardedBatchSampler(len(folder), batch_size, shuffle=train, seed=seed, rank=rank, world_size=world,
+                                  drop_last=drop_last, size=size)
+    return DALILoader(folder, sampler, train, device=device, device_id=device_id, workers=workers,
+                      out_dtype=dtype, prefetch_queue_depth=prefetch_queue_depth, seed=seed)

@@ -1,0 +1,219 @@
+"""``cached_dataloader``: torch's DataLoader over the cache, batch-at-a-time, rank-sharded and resumable."""
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.utils.data
+
+from loaders.folder import CachedImageFolder
+from loaders.sampler import BatchRequest, ShardedBatchSampler
+from loaders.transforms import make_transform
+
+__all__ = ["CachedDataLoader", "cached_dataloader", "resolve_rank"]
+
+
+def resolve_rank(distributed) -> tuple[int, int]:
+    """(rank, world_size) from ``distributed``: None = torch.distributed if initialised, else (0, 1);
+    False = (0, 1); a (rank, world_size) pair is used as given.
+
+    Raises:
+        ValueError: for anything else or an out-of-range pair.
+    """
+    if distributed is None:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    if distributed is False:
+        return 0, 1
+    try:
+        rank, world = (int(v) for v in distributed)
+    except (TypeError, ValueError):
+        raise ValueError(f"distributed must be None, False or (rank, world_size); got {distributed!r}") from None
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"need 0 <= rank < world_size; got distributed={distributed!r}")
+    return rank, world
+
+
+def _shared_batch(transform, n: int, size: int) -> torch.Tensor | None:
+    """In a DataLoader worker: an output batch allocated in shared memory (no copy on send)."""
+    if torch.utils.data.get_worker_info() is None:
+        return None
+    template = transform.new_batch(n, size)
+    storage = torch.UntypedStorage._new_shared(template.untyped_storage().nbytes())
+    return torch.empty(0, dtype=template.dtype).set_(storage, 0, template.shape, template.stride())
+
+
+class _BatchDataset(torch.utils.data.Dataset):
+    """Adapts a CachedImageFolder to batch requests: fetch once per batch, transform as a batch."""
+
+    def __init__(self, folder: CachedImageFolder, transform) -> None:
+        self.folder, self.transform = folder, transform
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, index):
+        return self.__getitems__(BatchRequest([index]))
+
+    def __getitems__(self, request: BatchRequest):
+        size = request.size if isinstance(request, BatchRequest) else self.transform.size
+        seed = request.seed if isinstance(request, BatchRequest) else None
+        t0 = time.perf_counter()
+        samples, targets, skipped = self.folder.load_many(request)
+        waited = time.perf_counter() - t0
+        images = self.transform.batch(samples, random.Random(seed), size,
+                                      out=_shared_batch(self.transform, len(samples), size))
+        return images, torch.tensor(targets, dtype=torch.int64), torch.tensor(skipped, dtype=torch.int64), waited
+
+
+def _passthrough(batch):
+    return batch
+
+
+class CachedDataLoader:
+    """Iterates ``(images, labels)`` batches of one rank; made by ``cached_dataloader``.
+
+    Attributes:
+        dataset: the ``CachedImageFolder``.
+        sampler: the ``ShardedBatchSampler`` (epoch, size, rank, resume position).
+        loader: the underlying ``torch.utils.data.DataLoader``.
+        skipped: indices of corrupt samples skipped so far (``on_error="skip"``).
+        cache_wait_s: seconds workers spent waiting on the cache, summed over batches.
+    """
+
+    def __init__(self, dataset: CachedImageFolder, transform, sampler: ShardedBatchSampler, *, workers: int,
+                 pin_memory: bool, prefetch_factor: int, multiprocessing_context=None) -> None:
+        self.dataset, self.transform, self.sampler = dataset, transform, sampler
+        kwargs = {}
+        if workers > 0:
+            kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
+                          multiprocessing_context=multiprocessing_context)
+        self.loader = torch.utils.data.DataLoader(_BatchDataset(dataset, transform), batch_sampler=sampler,
+                                                  num_workers=workers, collate_fn=_passthrough,
+                                                  pin_memory=pin_memory, **kwargs)
+        self.skipped: list[int] = []
+        self.cache_wait_s = 0.0
+        self.batches_done = 0
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch."""
+        self.batches_done = self.sampler.start
+        for images, labels, skipped, waited in self.loader:
+            self.batches_done += 1
+            self.cache_wait_s += waited
+            if len(skipped):
+                self.skipped.extend(skipped.tolist())
+            if len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
+                yield images, labels
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s permutation (seeded by ``seed + epoch``, the same on every rank)."""
+        self.sampler.set_epoch(epoch)
+
+    def set_size(self, size: int) -> None:
+        """Crop size from the next batch requested on (progressive resizing, no cache rebuild).
+
+        Call it between epochs: workers may already hold prefetched batches of the old size
+        while an epoch is running.
+        """
+        self.sampler.set_size(size)
+
+    @property
+    def size(self) -> int:
+        return self.sampler.size
+
+    def state_dict(self) -> dict:
+        """Position in the current epoch (batches yielded so far) plus what must match on resume."""
+        return self.sampler.state_dict(self.batches_done)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next iteration yields exactly the batches after the saved position.
+
+        Raises:
+            ValueError: the state belongs to a loader with a different dataset length,
+                batch size, world size or seed.
+        """
+        self.sampler.load_state_dict(state)
+        self.batches_done = self.sampler.start
+
+    def close(self) -> None:
+        """Stop the workers and close the dataset's cache connections."""
+        it = getattr(self.loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self.loader._iterator = None
+        self.dataset.close()
+
+
+def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, size: int = 224,
+                      workers: int = 2, cache_dir=None, redis=None, distributed=None, seed: int = 0,
+                      drop_last: bool | None = None, cache=None, on_error: str = "raise", cache_size: int = 256,
+                      pin_memory: bool | None = None, prefetch_factor: int = 2, dtype: str = "float32",
+                      normalize: bool = True, channels_last: bool = False,
+                      multiprocessing_context=None) -> CachedDataLoader:
+    """A DataLoader over the two-level cache yielding ``(images float NCHW, labels int64)``.
+
+    Training shuffles every epoch (``set_epoch``) with random-resized-crop + flip; validation
+    keeps the dataset order with resize + center crop. Each rank sees its shard (see NOTE
+    [sharding and the last batch] in ``loaders.sampler``). Batches are fetched with one round
+    trip per Redis shard and transformed in the workers (NOTE [batch requests carry the
+    epoch state]), which stay alive across epochs.
+
+    Args:
+        root: ImageFolder root.
+        batch_size: samples per batch on this rank.
+        train: training (shuffle, random crops) or validation pipeline.
+        size: crop side (default 224); change it later with ``set_size``.
+        workers: DataLoader worker processes (default 2; 0 loads in the main process).
+        cache_dir: L1 directory (required unless ``cache`` is given or False).
+        redis: L2 shards: None = embedded server in ``cache_dir``, list of URLs, False = no L2.
+        distributed: None (use torch.distributed when initialised), False, or (rank, world_size).
+        seed: shuffling and augmentation seed; must be equal on every rank.
+        drop_last: default True for training and False for validation.
+        cache: None (build a cache), a ``TwoLevelCache`` to share, or False (decode files).
+        on_error: "raise" or "skip" corrupt samples (counted in ``loader.skipped``).
+        cache_size: shorter side of cached samples (default 256).
+        pin_memory: default: when CUDA is available.
+        prefetch_factor: batches prefetched per worker (default 2).
+        dtype: "float32" (default), "float16", "bfloat16", or "uint8" (with normalize=False:
+            move to the GPU, then ``loaders.transforms.normalize``).
+        normalize: ImageNet mean/std normalisation (default True).
+        channels_last: NHWC memory layout (shape stays NCHW).
+        multiprocessing_context: e.g. "spawn"; default: torch's.
+
+    Returns:
+        A ``CachedDataLoader`` (``len``, iteration, ``set_epoch``, ``set_size``,
+        ``state_dict``, ``load_state_dict``, ``close``).
+
+    Raises:
+        ValueError: bad arguments, an empty dataset, or too few samples for one batch.
+
+    Example:
+        >>> loader = cached_dataloader("/data/train", batch_size=256, train=True, size=224,
+        ...                            workers=8, cache_dir="/local/cache")  # doctest: +SKIP
+        >>> for epoch in range(epochs):  # doctest: +SKIP
+        ...     loader.set_epoch(epoch)
+        ...     for images, labels in loader: ...
+    """
+    if workers < 0:
+        raise ValueError(f"workers must be >= 0, got {workers}")
+    rank, world = resolve_rank(distributed)
+    transform = make_transform(train, size, dtype=dtype, normalize=normalize, channels_last=channels_last)
+    dataset = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
+                                on_error=on_error)
+    drop_last = train if drop_last is None else bool(drop_last)
+    sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, rank=rank,
+                                  world_size=world, drop_last=drop_last, size=size)
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    return CachedDataLoader(dataset, transform, sampler, workers=workers, pin_memory=pin_memory,
+                            prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context)

@@ -1,0 +1,154 @@
+"""Epoch order, rank sharding, batching and resume position, shared by the torch and DALI loaders.
+
+NOTE [batch requests carry the epoch state]: the sampler yields ``BatchRequest`` objects
+(a list of dataset indices plus epoch, batch number, crop size and an augmentation seed).
+DataLoader workers receive each request through their index queue, so ``set_size`` and
+``set_epoch`` reach persistent workers without rebuilding them, and a batch's augmentation
+depends only on (seed, epoch, rank, batch number): the same for any worker count, and
+the same again after resuming.
+
+NOTE [sharding and the last batch]: one permutation per epoch from ``seed + epoch`` (the
+rule and the numbers of ``torch.utils.data.DistributedSampler``), identical on every rank;
+rank r takes every world_size-th index from r. With ``drop_last=True`` the permutation is
+cut to a multiple of world_size and each rank's partial last batch is dropped; with
+``drop_last=False`` it is padded by wrapping around (at most world_size - 1 repeats) and
+the partial last batch is kept. Every rank thus has the same number of batches of the
+same sizes and all ranks stop on the same iteration.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["BatchRequest", "ShardedBatchSampler", "shard_indices"]
+
+
+class BatchRequest(list):
+    """Dataset indices of one batch, with the state needed to transform it (see NOTE above)."""
+
+    def __init__(self, indices, *, epoch: int = 0, number: int = 0, size: int = 224, seed: str = "") -> None:
+        super().__init__(indices)
+        self.epoch, self.number, self.size, self.seed = epoch, number, size, seed
+
+    def __reduce__(self):
+        return (_rebuild_request, (list(self), self.epoch, self.number, self.size, self.seed))
+
+
+def _rebuild_request(indices, epoch, number, size, seed) -> BatchRequest:
+    return BatchRequest(indices, epoch=epoch, number=number, size=size, seed=seed)
+
+
+def shard_indices(num_samples: int, *, epoch: int, seed: int, rank: int, world_size: int,
+                  shuffle: bool, drop_last: bool) -> list[int]:
+    """This rank's sample indices for ``epoch`` (NOTE [sharding and the last batch]).
+
+    Example:
+        >>> shard_indices(5, epoch=0, seed=0, rank=1, world_size=2, shuffle=False, drop_last=False)
+        [1, 3, 0]
+    """
+    if shuffle:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(num_samples, generator=g).tolist()
+    else:
+        order = list(range(num_samples))
+    if drop_last:
+        order = order[:(num_samples // world_size) * world_size]
+    else:
+        total = math.ceil(num_samples / world_size) * world_size
+        while len(order) < total:
+            order += order[:total - len(order)]
+    return order[rank::world_size]
+
+
+class ShardedBatchSampler:
+    """Batches of this rank's share of each epoch; a ``batch_sampler`` for torch's DataLoader.
+
+    Args:
+        num_samples: dataset length (>= 1).
+        batch_size: samples per batch (>= 1).
+        shuffle: reshuffle every epoch (training) or keep the dataset order (validation).
+        seed: base of every epoch's permutation and augmentation; equal on all ranks.
+        rank: this process's rank in [0, world_size).
+        world_size: number of ranks (>= 1).
+        drop_last: see NOTE [sharding and the last batch].
+        size: crop size carried by every request (progressive resizing: ``set_size``).
+
+    Raises:
+        ValueError: for out-of-range arguments, or when no full batch exists with
+            ``drop_last=True``.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, drop_last: bool = False, size: int = 224) -> None:
+        if num_samples < 1 or batch_size < 1:
+            raise ValueError(f"need num_samples >= 1 and batch_size >= 1; got {num_samples=}, {batch_size=}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size; got {rank=}, {world_size=}")
+        if drop_last and num_samples // world_size < batch_size:
+            raise ValueError(f"{num_samples} samples over {world_size} rank(s) give no full batch of "
+                             f"{batch_size} with drop_last=True; lower batch_size or pass drop_last=False")
+        self.num_samples, self.batch_size = num_samples, batch_size
+        self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.size = size
+        self.start = 0  # first batch of the next pass over ``self.epoch`` (resume)
+
+    # ---- epoch state --------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose permutation the next pass uses (keeps a resume position of that epoch)."""
+        if epoch != self.epoch:
+            self.start = 0
+        self.epoch = int(epoch)
+
+    def set_size(self, size: int) -> None:
+        """Crop size for batches requested from now on."""
+        if int(size) < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = int(size)
+
+    def per_rank(self) -> int:
+        """Samples this rank sees per epoch."""
+        if self.drop_last:
+            return self.num_samples // self.world_size
+        return math.ceil(self.num_samples / self.world_size)
+
+    def __len__(self) -> int:
+        n = self.per_rank()
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def request(self, indices: list[int], number: int) -> BatchRequest:
+        return BatchRequest(indices, epoch=self.epoch, number=number, size=self.size,
+                            seed=f"{self.seed}/{self.epoch}/{self.rank}/{number}")
+
+    def __iter__(self) -> Iterator[BatchRequest]:
+        order = shard_indices(self.num_samples, epoch=self.epoch, seed=self.seed, rank=self.rank,
+                              world_size=self.world_size, shuffle=self.shuffle, drop_last=self.drop_last)
+        start, self.start = self.start, 0
+        for number in range(start, len(self)):
+            yield self.request(order[number * self.batch_size:(number + 1) * self.batch_size], number)
+
+    # ---- resume -------------------------------------------------------------------------
+    def state_dict(self, batches_done: int) -> dict:
+        """Position after ``batches_done`` batches of the current epoch."""
+        return {"epoch": self.epoch, "batches_done": int(batches_done), "seed": self.seed, "size": self.size,
+                "num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next pass yields the batches after ``state["batches_done"]``.
+
+        Raises:
+            ValueError: when the state was saved with a different dataset length, batch size,
+                world size or seed (the remaining samples would not be the same).
+        """
+        for key in ("seed", "num_samples", "batch_size", "world_size"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this loader has "
+                                 f"{getattr(self, key)!r}")
+        if not 0 <= state["batches_done"] <= len(self):
+            raise ValueError(f"batches_done={state['batches_done']} outside [0, {len(self)}]")
+        self.epoch, self.size = int(state["epoch"]), int(state["size"])
+        self.start = int(state["batches_done"])
