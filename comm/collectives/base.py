@@ -1,0 +1,137 @@
+"""The exchanger protocol shared by every collective, and the helpers they share.
+
+An exchanger turns one worker's flat gradient into the average over all workers (as
+DDP's all-reduce hook would), possibly sparsified, keeping its own residual memory.
+"""
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+
+from comm.residual import ResidualMemory
+from comm.topology import Topology
+
+__all__ = ["Exchanger", "WIRE_DTYPES", "all_gather_flat", "reduce_scatter_flat", "nonfinite_anywhere", "k_for",
+           "index_dtype", "pad_to_multiple"]
+
+WIRE_DTYPES = {None: None, "fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
+               "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+class Exchanger:
+    """Base class: ``exchange(flat) -> averaged flat`` plus residual ``state_dict``.
+
+    Args:
+        topology: the :class:`comm.Topology` to exchange over.
+        density: fraction ``rho`` of entries a sparse algorithm sends (``0 < rho <= 1``);
+            ignored by dense algorithms.
+        selector: top-k selector name from ``comm.topk.SELECTORS`` (sparse algorithms).
+        error_feedback: keep what was not applied and add it back next step.
+        value_dtype: dtype of values on the wire (``torch.float16``/``bfloat16``/``float32``
+            or ``"fp16"``/``"bf16"``); ``None`` sends the input's dtype.
+
+    Raises:
+        ValueError: for a density outside (0, 1], an unknown selector or wire dtype.
+    """
+
+    name: ClassVar[str] = "base"
+    sparse: ClassVar[bool] = False
+
+    def __init__(self, topology: Topology, *, density: float | None = None, selector: str = "mstopk",
+                 error_feedback: bool = True, value_dtype=None):
+        self.topology = topology
+        if isinstance(value_dtype, str) or value_dtype is None:
+            if value_dtype not in WIRE_DTYPES:
+                raise ValueError(f"unknown value_dtype {value_dtype!r}; valid: {sorted(k for k in WIRE_DTYPES if k)}")
+            value_dtype = WIRE_DTYPES[value_dtype]
+        elif value_dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            raise ValueError(f"value_dtype must be a float dtype, got {value_dtype!r}")
+        self.value_dtype = value_dtype
+        self.error_feedback = bool(error_feedback)
+        self.memory = ResidualMemory(enabled=self.error_feedback and self.sparse)
+        self.density = density
+        self.selector_name = selector
+        if self.sparse:
+            if density is None or not (0.0 < float(density) <= 1.0):
+                raise ValueError(f"{self.name} needs a density in (0, 1], got {density!r}")
+            from comm.topk import get_selector
+
+            self.select = get_selector(selector)
+        self.generator: torch.Generator | None = None
+
+    def exchange(self, flat: torch.Tensor) -> torch.Tensor:
+        """Return the average over all workers of ``flat`` (same shape and dtype).
+
+        Raises:
+            ValueError: if ``flat`` is not a floating-point tensor.
+        """
+        if not flat.is_floating_point():
+            raise ValueError(f"gradient exchange needs a float tensor, got {flat.dtype}")
+        out = self._exchange(flat.detach().reshape(-1))
+        return out.to(flat.dtype).view(flat.shape)
+
+    def _exchange(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def wire_dtype(self, x: torch.Tensor) -> torch.dtype:
+        return self.value_dtype or x.dtype
+
+    def topk(self, acc: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the configured selector; indices come back as int64."""
+        values, indices = self.select(acc, k, generator=self.generator)
+        return values, indices.long()
+
+    def state_dict(self) -> dict:
+        return {"algorithm": self.name, "memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("algorithm") != self.name:
+            raise ValueError(f"state of algorithm {state.get('algorithm')!r} cannot load into {self.name!r}")
+        self.memory.load_state_dict(state["memory"])
+
+
+def k_for(numel: int, density: float) -> int:
+    """Entries a sparse exchange keeps: ``ceil(density * numel)``, at least 1, at most numel."""
+    return max(1, min(numel, math.ceil(float(density) * numel - 1e-9)))
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 indices on the wire when they fit (half the bytes of int64)."""
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+def all_gather_flat(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """All-gather equal-sized 1-D tensors into one ``size * numel`` tensor (rank order)."""
+    out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
+    if size == 1:
+        return out.copy_(x)
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, x.contiguous(), group=group)
+    return out
+
+
+def reduce_scatter_flat(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """Sum ``x`` over ``group`` and keep this member's ``1/size`` slice (numel divisible by size)."""
+    if size == 1:
+        return x.clone()
+    out = torch.empty(x.numel() // size, dtype=x.dtype, device=x.device)
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, x.contiguous(), group=group)
+    return out
+
+
+def pad_to_multiple(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` followed by zeros up to a multiple of ``n`` elements (a copy)."""
+    padded = torch.zeros(-(-x.numel() // n) * n, dtype=x.dtype, device=x.device)
+    padded[: x.numel()] = x
+    return padded
+
+
+def nonfinite_anywhere(t: torch.Tensor, group=None) -> bool:
+    """Whether any worker's ``t`` holds inf/NaN (one 1-element all-reduce; collective)."""
+    flag = torch.tensor([0.0 if bool(torch.isfinite(t).all()) else 1.0], device=t.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item() > 0)

@@ -1,0 +1,99 @@
+"""``gtopk``: gTop-k S-SGD with gTopKAllReduce (Algorithms 3 and 4 of the ICDCS'19 paper).
+
+Each worker selects its local top-k. In round ``r`` (``step = 2**r``) every worker whose
+rank is a multiple of ``2 * step`` receives the ``k`` pairs of rank ``+ step`` (when it
+exists) and keeps the top-k of the merged sparse sum; the sender is done. After
+``ceil(log2 P)`` rounds rank 0 holds the global top-k, which it broadcasts. Ranks without
+a partner in a round simply carry their set forward, so any world size works.
+
+NOTE [gtopk error feedback]: as Algorithm 4: ``residual = acc`` minus the local
+selection (line 8) plus the local selections that missed the global mask (line 10).
+That rule alone loses the partial sums a merge drops at an index that a later merge
+selects again (its contributors see ``gMask = 1``). So each merging worker also notes
+what it dropped, and each sender the rounding error of a narrower wire dtype, and after
+the broadcast adds those notes to its residual at indices inside the global mask only
+(outside it, the contributors already keep their own values by line 10). Then
+``sum(inputs) + sum(old residuals) == P * output + sum(new residuals)`` holds exactly.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from comm.collectives.base import Exchanger, index_dtype, k_for
+
+__all__ = ["GTopKExchanger", "merge_topk"]
+
+
+def merge_topk(idx_a, val_a, idx_b, val_b, k: int):
+    """The paper's top-k operation on two sparse vectors (Definition 1).
+
+    Returns ``(kept_idx, kept_val, dropped_idx, dropped_val)`` of the summed union; the
+    kept part holds the ``k`` largest magnitudes (exact ``torch.topk``).
+    """
+    idx = torch.cat([idx_a, idx_b])
+    uniq, inverse = torch.unique(idx, return_inverse=True)
+    summed = torch.zeros(uniq.numel(), dtype=val_a.dtype, device=val_a.device)
+    summed.index_add_(0, inverse, torch.cat([val_a, val_b]))
+    keep = torch.zeros(uniq.numel(), dtype=torch.bool, device=val_a.device)
+    keep[torch.topk(summed.abs(), min(k, uniq.numel()), sorted=False).indices] = True
+    return uniq[keep], summed[keep], uniq[~keep], summed[~keep]
+
+
+class GTopKExchanger(Exchanger):
+    """gTopKAllReduce over the default group: tree of pairwise top-k merges + broadcast."""
+
+    name = "gtopk"
+    sparse = True
+
+    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.topology
+        rank, world = t.rank, t.world_size
+        acc = self.memory.compensate(x)
+        d, k = acc.numel(), k_for(acc.numel(), self.density)
+        wire, idx_wire = self.wire_dtype(x), index_dtype(d)
+        values, indices = self.topk(acc, k)
+        local_sent = values.to(wire).to(acc.dtype)
+        residual = acc.clone()
+        residual[indices] = values - local_sent                     # Alg. 4 line 8 (+ rounding)
+        notes: list[tuple[torch.Tensor, torch.Tensor]] = []          # NOTE [gtopk error feedback]
+        cur_idx, cur_val = indices, local_sent
+        step = 1
+        while step < world:
+            if rank % (2 * step) == 0 and rank + step < world:
+                r_val = torch.empty(k, dtype=wire)
+                r_idx = torch.empty(k, dtype=idx_wire)
+                dist.recv(r_val, src=rank + step)
+                dist.recv(r_idx, src=rank + step)
+                cur_idx, cur_val, drop_idx, drop_val = merge_topk(
+                    cur_idx, cur_val, r_idx.long(), r_val.to(acc.dtype), k)
+                notes.append((drop_idx, drop_val))
+            elif rank % (2 * step) == step:
+                sent = cur_val.to(wire)
+                dist.send(sent, dst=rank - step)
+                dist.send(cur_idx.to(idx_wire), dst=rank - step)
+                notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
+                break
+            step *= 2
+        g_val = torch.empty(k, dtype=wire)
+        g_idx = torch.empty(k, dtype=idx_wire)
+        if rank == 0:
+            g_val.copy_(cur_val)
+            g_idx.copy_(cur_idx)
+            notes.append((cur_idx, cur_val - g_val.to(acc.dtype)))
+        if world > 1:
+            dist.broadcast(g_val, src=0)
+            dist.broadcast(g_idx, src=0)
+        g_idx = g_idx.long()
+        out = torch.zeros_like(acc)
+        out.index_add_(0, g_idx, g_val.to(acc.dtype))
+        if self.memory.enabled:
+            g_mask = torch.zeros(d, dtype=torch.bool, device=acc.device)
+            g_mask[g_idx] = True
+            missed = ~g_mask[indices]
+            residual.index_add_(0, indices[missed], local_sent[missed])  # Alg. 4 line 10
+            for note_idx, note_val in notes:
+                inside = g_mask[note_idx]
+                residual.index_add_(0, note_idx[inside], note_val[inside])
+            self.memory.update(residual)
+        return out.div_(world)

@@ -1,0 +1,161 @@
+"""Alpha-beta cost model of every exchange algorithm, and a fit of its parameters.
+
+Each algorithm's time is linear in five parameters (:class:`LinkParams`): the latency
+``alpha`` and per-byte time ``beta`` of the intra- and inter-node links, and ``gamma``,
+the top-k selection time per input element. ``coefficients`` returns the multipliers
+of each parameter (from the papers' formulas), ``predict`` their dot product with
+given parameters, and ``fit`` least-squares parameters from measured exchanges, so a
+user can predict where sparse beats dense on their cluster.
+
+NOTE [shared inter-node link]: the papers give each inter-node stream the full link; on
+clouds (and in ``cachepipe bench comm``) the ``n`` workers of a node share one NIC, so
+by default the bytes of concurrent per-local-rank streams add up on the node's link.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+__all__ = ["LinkParams", "PARAMS", "coefficients", "predict", "fit"]
+
+PARAMS = ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """Cost model parameters (seconds, seconds per byte, seconds per element).
+
+    Raises:
+        ValueError: if any parameter is negative.
+    """
+
+    alpha_intra: float = 2e-5
+    beta_intra: float = 1 / 10e9
+    alpha_inter: float = 1e-4
+    beta_inter: float = 8 / 1e9
+    gamma: float = 0.0
+
+    def __post_init__(self):
+        for k, v in asdict(self).items():
+            if v < 0 or not math.isfinite(v):
+                raise ValueError(f"{k} must be a finite number >= 0, got {v}")
+
+    @classmethod
+    def from_bandwidth(cls, inter_mbit: float, intra_gbit: float = 80.0, **kw) -> "LinkParams":
+        """Parameters from nominal link rates (Mbit/s between nodes, Gbit/s inside)."""
+        return cls(beta_inter=8 / (inter_mbit * 1e6), beta_intra=8 / (intra_gbit * 1e9), **kw)
+
+
+def _log2(x: int) -> int:
+    return math.ceil(math.log2(x)) if x > 1 else 0
+
+
+def coefficients(algorithm: str, numel: int, density: float | None, nodes: int, local_size: int, *,
+                 value_bytes: int = 4, index_bytes: int = 4, shared_inter_link: bool = True) -> dict[str, float]:
+    """Multipliers of each of ``PARAMS`` in the time of one exchange.
+
+    Raises:
+        ValueError: unknown algorithm, or a sparse one without a density in (0, 1].
+    """
+    if algorithm not in _FORMULAS:
+        raise ValueError(f"no cost model for {algorithm!r}; valid: {sorted(_FORMULAS)}")
+    if algorithm in _SPARSE and (density is None or not 0 < density <= 1):
+        raise ValueError(f"{algorithm} needs a density in (0, 1], got {density!r}")
+    c = dict.fromkeys(PARAMS, 0.0)
+    m, n, d = nodes, local_size, numel
+    share = n if shared_inter_link else 1
+    _FORMULAS[algorithm](c, m=m, n=n, d=d, b=value_bytes, bi=index_bytes, rho=density, share=share)
+    return c
+
+
+def _ring(c, level: str, steps: int, nbytes: float) -> None:
+    c[f"alpha_{level}"] += steps
+    c[f"beta_{level}"] += nbytes
+
+
+def _dense(c, m, n, d, b, share, **_):
+    p = m * n  # one flat ring; each node's link carries one ring edge
+    _ring(c, "inter" if m > 1 else "intra", 2 * (p - 1), 2 * (p - 1) / p * d * b)
+
+
+def _hier(c, m, n, d, b, **_):
+    _ring(c, "intra", 2 * _log2(n), 2 * _log2(n) * d * b)        # tree reduce + broadcast
+    _ring(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d * b)      # ring among leaders
+
+
+def _torus2d(c, m, n, d, b, share, **_):
+    _ring(c, "intra", 2 * (n - 1), 2 * (n - 1) / n * d * b)      # reduce-scatter + all-gather
+    _ring(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d / n * b * share)
+
+
+def _topk_ag(c, m, n, d, b, bi, rho, **_):
+    p, k = m * n, math.ceil(rho * d)
+    c["gamma"] += d
+    _ring(c, "inter" if m > 1 else "intra", p - 1, (p - 1) * k * (b + bi))
+
+
+def _gtopk(c, m, n, d, b, bi, rho, **_):
+    p, k = m * n, math.ceil(rho * d)
+    c["gamma"] += d
+    intra = min(_log2(n), _log2(p))
+    inter = _log2(p) - intra
+    for level, rounds in (("intra", intra), ("inter", inter)):  # tree of merges, then broadcast
+        _ring(c, level, 2 * rounds, 2 * rounds * k * (b + bi))
+
+
+def _hitopk(c, m, n, d, b, bi, rho, share, **_):
+    kt = math.ceil(rho * d / n)
+    _ring(c, "intra", n - 1, (n - 1) / n * d * 4)                 # Eq. (7), fp32 reduce-scatter
+    c["gamma"] += d / n                                           # Eq. (8)
+    _ring(c, "inter", _log2(m), (m - 1) * kt * (b + bi) * share)  # Eq. (9)
+    _ring(c, "intra", _log2(n), (n - 1) * m * kt * (b + bi))      # Eq. (10)
+
+
+_FORMULAS = {"dense": _dense, "hier": _hier, "2dtar": _torus2d, "topk_ag": _topk_ag, "gtopk": _gtopk,
+             "hitopk": _hitopk}
+_SPARSE = {"topk_ag", "gtopk", "hitopk"}
+
+
+def predict(algorithm: str, numel: int, density: float | None, nodes: int, local_size: int,
+            params: LinkParams, **kw) -> float:
+    """Predicted seconds of one exchange of ``numel`` elements.
+
+    Example:
+        >>> p = LinkParams.from_bandwidth(inter_mbit=200)
+        >>> predict("hitopk", 25_557_032, 0.01, 2, 2, p) < predict("dense", 25_557_032, None, 2, 2, p)
+        True
+    """
+    c = coefficients(algorithm, numel, density, nodes, local_size, **kw)
+    return float(sum(c[k] * getattr(params, k) for k in PARAMS))
+
+
+def fit(rows: Iterable[Mapping], **kw) -> LinkParams:
+    """Non-negative least-squares parameters from measured exchanges.
+
+    Args:
+        rows: dicts with ``algorithm, numel, density, nodes, local_size, median_s``.
+        **kw: passed to :func:`coefficients` (``value_bytes``, ``index_bytes``, ...).
+
+    Raises:
+        ValueError: if ``rows`` is empty.
+    """
+    rows = list(rows)
+    if not rows:
+        raise ValueError("fit needs at least one measured exchange")
+    a = np.array([[coefficients(r["algorithm"], r["numel"], r.get("density"), r["nodes"], r["local_size"],
+                                **kw)[k] for k in PARAMS] for r in rows])
+    y = np.array([float(r["median_s"]) for r in rows])
+    # relative error matters: weight each row by 1/time so small exchanges count too
+    w = 1.0 / np.maximum(y, 1e-6)
+    active = [j for j in range(len(PARAMS)) if a[:, j].any()]
+    x = np.zeros(len(PARAMS))
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all():
+            x[active] = sol
+            break
+        active = [j for j, s in zip(active, sol) if s > 0]
+    return LinkParams(**dict(zip(PARAMS, x.tolist())))

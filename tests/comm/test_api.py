@@ -1,0 +1,54 @@
+"""Argument checking and the cost model (no process group needed)."""
+from __future__ import annotations
+
+import pytest
+
+import comm
+from comm import cost_model
+
+
+def test_public_names():
+    assert set(comm.ALGORITHMS) == {"dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk"}
+    for name in comm.__all__:
+        assert hasattr(comm, name)
+
+
+def test_topology_needs_an_initialised_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        comm.Topology(nodes=1, local_size=1)
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(ValueError, match="hitopk"):
+        comm.build_exchanger("ring", None)
+    with pytest.raises(ValueError, match="exact"):
+        comm.build_exchanger("topk_ag", None, density=0.1, selector="no-such-selector")
+    with pytest.raises(ValueError, match="density"):
+        comm.build_exchanger("gtopk", None, density=1.5, selector="exact")
+    with pytest.raises(ValueError, match="value_dtype"):
+        comm.build_exchanger("dense", None, value_dtype="fp8")
+
+
+def test_cost_model_orders_algorithms_like_the_papers():
+    p = cost_model.LinkParams.from_bandwidth(inter_mbit=200)
+    d = 25_557_032
+    t = {a: cost_model.predict(a, d, 0.01, 2, 2, p) for a in comm.ALGORITHMS}
+    assert t["hitopk"] < t["topk_ag"] < t["2dtar"] < t["dense"]
+    # the all-gather of topk_ag grows with P, hitopk's with the number of nodes only
+    assert cost_model.predict("topk_ag", d, 0.01, 4, 8, p) > 4 * cost_model.predict("hitopk", d, 0.01, 4, 8, p)
+    with pytest.raises(ValueError, match="density"):
+        cost_model.predict("hitopk", d, None, 2, 2, p)
+
+
+def test_cost_model_fit_recovers_parameters():
+    true = cost_model.LinkParams(alpha_intra=1e-5, beta_intra=2e-10, alpha_inter=3e-4, beta_inter=4e-8, gamma=5e-9)
+    rows = [dict(algorithm=a, numel=n, density=0.01, nodes=m, local_size=l,
+                 median_s=cost_model.predict(a, n, 0.01, m, l, true))
+            for a in comm.ALGORITHMS for n in (10_000, 1_000_000, 20_000_000) for m, l in ((2, 2), (4, 2), (3, 1))]
+    got = cost_model.fit(rows)
+    for name in cost_model.PARAMS:
+        assert getattr(got, name) == pytest.approx(getattr(true, name), rel=1e-3)
+    with pytest.raises(ValueError):
+        cost_model.fit([])
+    with pytest.raises(ValueError, match="alpha_inter"):
+        cost_model.LinkParams(alpha_inter=-1)
