@@ -10,7 +10,7 @@ all-gather. To follow a plan exactly, give DDP buckets no larger than the planne
 (small ``bucket_cap_mb``) or use :class:`comm.omgs.OMGSExchanger` instead. Residuals are
 kept per parameter, so DDP's bucket rebuild after the first iteration does not mix them.
 """
-from __future__ import annotations
+# no `from __future__ import annotations`: DDP checks the hook annotations at runtime
 
 from collections.abc import Sequence
 

@@ -15,7 +15,7 @@ from comm.omgs.model import groups_from_plan, selected_count
 from comm.omgs.planner import lags_plan
 from comm.topk import get_selector
 
-__all__ = ["OMGSExchanger", "resolve_group", "ordered_params"]
+__all__ = ["OMGSExchanger", "resolve_group", "ordered_params", "broadcast_plan"]
 
 
 def resolve_group(topology=None):
@@ -33,6 +33,32 @@ def ordered_params(model) -> list[torch.nn.Parameter]:
     """Trainable parameters in forward order: ``model.parameters()`` or an explicit list."""
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else list(model)
     return [p for p in params if p.requires_grad]
+
+
+def broadcast_plan(plan: Sequence[bool], topology=None, src: int = 0) -> list[bool]:
+    """Rank ``src``'s plan on every rank (plans computed from per-rank timings differ).
+
+    Collective: every rank calls it with a plan of the same length.
+    """
+    flags = torch.tensor([bool(m) for m in plan], dtype=torch.uint8)
+    dist.broadcast(flags, src=src, group=resolve_group(topology))
+    return [bool(f) for f in flags.tolist()]
+
+
+def _check_same_layout(groups, group) -> None:
+    """NOTE [same plan everywhere]: all-gather sizes must match on every rank, so the
+    exchanger refuses to start when ranks disagree on the groups (one collective)."""
+    sizes = torch.tensor([len(groups)] + [g.numel for g in groups], dtype=torch.int64)
+    length = torch.tensor([sizes.numel()])
+    dist.all_reduce(length, op=dist.ReduceOp.MAX, group=group)
+    padded = torch.full((int(length),), -1, dtype=torch.int64)
+    padded[:sizes.numel()] = sizes
+    lo = padded.clone()
+    dist.all_reduce(padded, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
+    if not torch.equal(padded, lo):
+        raise ValueError("ranks disagree on the OMGS groups (plan or parameter order); "
+                         "compute the plan once and share it, e.g. with broadcast_plan()")
 
 
 class _Group:
@@ -98,6 +124,7 @@ class OMGSExchanger:
         device = self.params[0].device
         self.groups = [_Group(self.params[s:e], selected_count(sum(p.numel() for p in self.params[s:e]), density),
                               device) for s, e in groups_from_plan(self.plan)]
+        _check_same_layout(self.groups, self.group)
         self._next = len(self.groups) - 1  # next group to launch (backward order)
         self._enabled = True
         self.stats = {"compress_s": 0.0, "wait_s": 0.0}
