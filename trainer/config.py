@@ -91,7 +91,12 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class PhaseConfig:
-    """A run of epochs at one image size, per-worker batch size and exchange algorithm."""
+    """A run of epochs at one image size, per-worker batch size and exchange algorithm.
+
+    ``hybrid_bytes``: fused gradient buckets smaller than this use the dense ``hier``
+    all-reduce whatever ``comm`` says (Jizhi's hybrid choice by size); 0 sends every
+    bucket with ``comm``.
+    """
 
     epochs: int = 1
     size: int = 224
@@ -99,6 +104,7 @@ class PhaseConfig:
     comm: str = "dense"
     density: float = 0.01
     selector: str = "mstopk"
+    hybrid_bytes: int = 2**20
 
     def __post_init__(self):
         _need(self.epochs >= 1, f"phase epochs must be >= 1; got {self.epochs}")
@@ -106,6 +112,7 @@ class PhaseConfig:
         _need(self.batch_size >= 1, f"phase batch_size must be >= 1; got {self.batch_size}")
         _need(self.comm in COMM_NAMES, f"phase comm {self.comm!r} is unknown; valid: {list(COMM_NAMES)}")
         _need(0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
+        _need(self.hybrid_bytes >= 0, f"phase hybrid_bytes must be >= 0; got {self.hybrid_bytes}")
         _need(self.selector in SELECTOR_NAMES, f"phase selector {self.selector!r} is unknown; valid: {list(SELECTOR_NAMES)}")
 
 

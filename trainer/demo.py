@@ -11,42 +11,37 @@ import argparse
 import time
 from pathlib import Path
 
-__all__ = ["DEMO_NODES", "DEMO_LOCAL_SIZE", "run_demo", "prepare_cache"]
+__all__ = ["DEMO_NODES", "DEMO_LOCAL_SIZE", "run_demo", "prepare_cache", "stop_embedded"]
 
 DEMO_NODES, DEMO_LOCAL_SIZE = 2, 2
 
 
 def prepare_cache(data: Path, cache_dir: Path, redis: list[str] | None, cache_size: int) -> tuple[str, tuple | None]:
-    """Warm the two-level cache for ``data`` and return ``(loader kind, redis URLs)``.
+    """Warm the two-level cache (both splits) and return ``(loader kind, redis URLs)``.
 
-    Falls back to the in-memory loader (and says so) when this checkout has no cached
-    loader yet.
+    With ``redis`` None the embedded Redis server is started in ``cache_dir`` (it keeps
+    running for the training processes; NOTE [embedded server] in ``cachepipe.embedded``).
     """
-    try:
-        import loaders
-
-        cached = getattr(loaders, "cached_dataloader", None)
-    except ImportError:  # pragma: no cover
-        cached = None
-    if cached is None:
-        print("demo: loaders.cached_dataloader is not in this checkout; reading through the in-memory loader")
-        return "memory", None
-    from cachepipe import TwoLevelCache  # noqa: F401 - the cache package is required here
-    from tools.warmup import warm
+    from cachepipe import TwoLevelCache
+    from cachepipe.warmup import warmup
 
     start = time.perf_counter()
-    urls = warm(data, cache_dir=cache_dir, redis=redis, cache_size=cache_size)
-    print(f"demo: cache warmed in {time.perf_counter() - start:.1f} s ({cache_dir})")
-    return "torch", tuple(urls) if urls else (tuple(redis) if redis else None)
+    counts = []
+    for split in ("train", "val"):
+        with TwoLevelCache(data / split, cache_dir, redis=list(redis) if redis else None,
+                           cache_size=cache_size) as cache:
+            report = warmup(cache, workers=1, progress=False)
+            counts.append(report["samples"])
+    print(f"demo: warmed L1 (LMDB) + L2 (Redis) with {counts[0]} train + {counts[1]} val samples at "
+          f"{cache_size} px in {time.perf_counter() - start:.1f} s ({cache_dir})")
+    return "torch", tuple(redis) if redis else None
 
 
-def _available(comm_name: str) -> bool:
-    try:
-        import comm
+def stop_embedded(cache_dir: Path) -> None:
+    """Stop the embedded Redis server the demo started in ``cache_dir``."""
+    from cachepipe import EmbeddedRedis
 
-        return comm_name == "dense" or hasattr(comm, "GradientExchanger")
-    except ImportError:  # pragma: no cover
-        return False
+    EmbeddedRedis(cache_dir).stop()
 
 
 def run_demo(args: argparse.Namespace, recipe) -> int:
@@ -54,7 +49,6 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     from cachepipe.demo_data import make_dataset
     from trainer.launch import launch_local
     from trainer.loop import run_rank
-    from trainer.recipes import override
     from trainer.run_config import RunConfig
 
     base = Path(args.demo_dir)
@@ -65,13 +59,10 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
                      val_per_class=args.demo_val_per_class, size=recipe.train.cache_size, seed=0)
         print(f"demo: wrote the dataset to {data} in {time.perf_counter() - start:.1f} s")
     cache_dir = Path(args.cache_dir) if args.cache_dir else base / "cache"
-    loader, redis = prepare_cache(data, cache_dir, args.redis, recipe.train.cache_size)
-    if args.loader != "torch":  # an explicit choice wins
-        loader = args.loader
-    missing = sorted({p.comm for p in recipe.phases if not _available(p.comm)})
-    if missing:
-        print(f"demo: {missing} not in this checkout (needs comm.GradientExchanger); using dense")
-        recipe = override(recipe, comm="dense")
+    if args.loader == "memory":
+        loader, redis = "memory", None
+    else:
+        loader, redis = prepare_cache(data, cache_dir, args.redis, recipe.train.cache_size)
     out = Path(args.out) if args.out != "runs/train" else base / "run"
     cfg = RunConfig(recipe=recipe, data=str(data), out=str(out), loader=loader, cache_dir=str(cache_dir),
                     redis=redis, ckpt_every=args.ckpt_every, resume=args.resume, nodes=DEMO_NODES,
@@ -82,7 +73,11 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
           f"{DEMO_NODES} nodes x {DEMO_LOCAL_SIZE}, comm {phase.comm}"
           + (f" (density {phase.density}, {phase.selector})" if phase.comm != "dense" else "") + f", loader {loader}")
     start = time.perf_counter()
-    rows = launch_local(run_rank, nprocs, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)
+    try:
+        rows = launch_local(run_rank, nprocs, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)
+    finally:
+        if loader != "memory" and not redis:
+            stop_embedded(cache_dir)
     if rows:
         print(f"demo: final top-1 {rows[-1]['val_top1']:.1f}%, top-5 {rows[-1]['val_top5']:.1f}% in "
               f"{time.perf_counter() - start:.0f} s; metrics in {out / 'metrics.jsonl'} "

@@ -1,15 +1,16 @@
 """Gradient exchange for the training loop: one object per phase with ``synchronize()``.
 
-``build_exchange(name, model, topology, density=..., selector=...)`` returns an object
-that averages every ``p.grad`` across ranks in place (``synchronize()``), exposes
-``state_dict()`` / ``load_state_dict()`` (error-feedback residuals) and, when it can
-tell them apart, ``last_timings = {"compress": s, "communicate": s}`` for the time
-breakdown. Names: ``dense``, ``hier``, ``2dtar``, ``topk_ag``, ``gtopk``, ``hitopk``
-(``comm.GradientExchanger``) and ``omgs`` (``comm.omgs.OMGSExchanger``). Without the
-collectives package, ``dense`` falls back to a fused ``torch.distributed.all_reduce``.
+``build_exchange(name, model, topology, density=..., selector=...)`` returns a
+``PhaseExchange`` that averages every ``p.grad`` across ranks in place
+(``synchronize()``), saves and restores error-feedback residuals (``state_dict()``),
+reports ``last_timings = {"compress": s, "communicate": s}`` for the time breakdown and
+releases its hooks (``close()``). Names: ``dense``, ``hier``, ``2dtar``, ``topk_ag``,
+``gtopk``, ``hitopk`` (``comm.GradientExchanger``, fused buckets) and ``omgs``
+(``comm.omgs.OMGSExchanger``, layer-wise and pipelined with backward).
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -17,108 +18,128 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["LocalTopology", "topology_for", "build_exchange", "DenseAllReduce"]
+__all__ = ["LocalTopology", "topology_for", "build_exchange", "PhaseExchange"]
 
 
 @dataclass(frozen=True)
 class LocalTopology:
-    """``nodes`` x ``local_size`` ranks (used when ``comm.Topology`` is unavailable)."""
+    """The topology of a single process without a process group."""
 
     nodes: int = 1
     local_size: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.local_size
+    world_size: int = 1
 
 
 def topology_for(world_size: int, nodes: int | None = None, local_size: int | None = None):
-    """The topology of this job: explicit ``nodes``/``local_size`` or torchrun's environment.
+    """This job's ``comm.Topology``: explicit ``nodes``/``local_size`` or torchrun's environment.
+
+    Collective when a process group exists (it creates the node-level subgroups).
 
     Raises:
         ValueError: when nodes x local_size differs from the world size (says what to pass).
     """
+    for name, v in (("nodes", nodes), ("local_size", local_size)):
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {v}")
+    n = nodes or (world_size // local_size if local_size else None)
+    ls = local_size or (world_size // nodes if nodes else None)
+    if n is not None and (n * ls != world_size):
+        raise ValueError(f"topology {n} nodes x {ls} workers = {n * ls} ranks, but the world size is "
+                         f"{world_size}; pass --nodes/--local-size whose product is {world_size}")
+    if not (dist.is_available() and dist.is_initialized()):
+        return LocalTopology()
+    from comm import Topology
+
     if nodes is None and local_size is None:
-        try:
-            from comm import Topology
-
-            return Topology.from_env()
-        except ImportError:
-            import os
-
-            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if nodes is None:
-        nodes = max(1, world_size // local_size)
-    if local_size is None:
-        local_size = max(1, world_size // nodes)
-    if nodes * local_size != world_size:
-        raise ValueError(f"topology {nodes} nodes x {local_size} workers = {nodes * local_size} ranks, but the world "
-                         f"size is {world_size}; pass --nodes/--local-size whose product is {world_size}")
-    try:
-        from comm import Topology
-
-        return Topology(nodes=nodes, local_size=local_size)
-    except ImportError:
-        return LocalTopology(nodes=nodes, local_size=local_size)
+        return Topology.from_env()
+    return Topology(nodes=n, local_size=ls)
 
 
-class DenseAllReduce:
-    """Average gradients with one fused all-reduce (sum / world) per bucket of ``bucket_bytes``."""
+def _timed(select, bucket: list):
+    """Wrap a top-k selector so the time spent selecting is added to ``bucket[0]``."""
 
-    def __init__(self, params, bucket_bytes: int = 25 * 2**20):
-        self.params = [p for p in params if p.requires_grad]
-        self.bucket_bytes = bucket_bytes
+    @functools.wraps(select)
+    def run(x, k, *args, **kwargs):
+        start = time.perf_counter()
+        out = select(x, k, *args, **kwargs)
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        bucket[0] += time.perf_counter() - start
+        return out
+
+    return run
+
+
+class PhaseExchange:
+    """Adapter that gives every exchanger the loop's small interface.
+
+    Args:
+        inner: ``comm.GradientExchanger`` or ``comm.omgs.OMGSExchanger`` (or None on a
+            single process: ``synchronize`` is then a no-op).
+    """
+
+    def __init__(self, inner=None):
+        self.inner = inner
         self.last_timings = {"compress": 0.0, "communicate": 0.0}
+        self._select_s = [0.0]
+        for ex in getattr(inner, "exchangers", []):  # GradientExchanger: time top-k selection
+            if getattr(ex, "sparse", False):
+                ex.select = _timed(ex.select, self._select_s)
 
     def synchronize(self) -> None:
+        if self.inner is None:
+            return
+        stats = getattr(self.inner, "stats", None)
+        before = dict(stats) if stats else None
+        self._select_s[0] = 0.0
         start = time.perf_counter()
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if world > 1 and grads:
-            bucket, size = [], 0
-            for g in grads + [None]:
-                if g is not None:
-                    bucket.append(g)
-                    size += g.numel() * g.element_size()
-                if bucket and (g is None or size >= self.bucket_bytes):
-                    flat = torch.cat([b.reshape(-1) for b in bucket])
-                    dist.all_reduce(flat)
-                    flat.div_(world)
-                    offset = 0
-                    for b in bucket:
-                        b.copy_(flat[offset:offset + b.numel()].view_as(b))
-                        offset += b.numel()
-                    bucket, size = [], 0
-        self.last_timings = {"compress": 0.0, "communicate": time.perf_counter() - start}
+        self.inner.synchronize()
+        total = time.perf_counter() - start
+        if before is not None:  # OMGS: most compression overlaps backward; count the part in here
+            compress = stats["compress_s"] - before["compress_s"]
+        else:
+            compress = self._select_s[0]
+        self.last_timings = {"compress": compress, "communicate": max(total - compress, 0.0)}
 
     def state_dict(self) -> dict:
-        return {}
+        return self.inner.state_dict() if self.inner is not None else {}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        if self.inner is not None and state:
+            self.inner.load_state_dict(state)
+
+    def close(self) -> None:
+        remove = getattr(self.inner, "remove", None)
+        if callable(remove):
+            remove()
 
 
-def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str):
+def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
+                   pipelined: bool = True, hybrid_bytes: int = 2**20) -> PhaseExchange:
     """The exchanger for phase algorithm ``name`` (see the module docstring).
 
+    Args:
+        hybrid_bytes: buckets smaller than this use dense ``hier`` (0: never).
+        pipelined: OMGS only: exchange during backward (False with fp16 loss scaling,
+            whose overflow check must come before any exchange).
+
     Raises:
-        ValueError: for an unknown name, or one whose package this checkout lacks.
+        ValueError: for an unknown name (lists the valid ones) or a bad density/selector.
     """
-    try:
-        import comm
-    except ImportError:  # pragma: no cover
-        comm = None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        from trainer.config import COMM_NAMES
+
+        if name not in COMM_NAMES:
+            raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
+        return PhaseExchange(None)
     if name == "omgs":
-        try:
-            from comm.omgs import OMGSExchanger
-        except ImportError:
-            raise ValueError("--comm omgs needs comm.omgs.OMGSExchanger, which this checkout lacks") from None
-        return OMGSExchanger(model, topology=topology, density=density, selector=selector)
-    exchanger_cls = getattr(comm, "GradientExchanger", None)
-    if exchanger_cls is None:
-        if name == "dense":
-            return DenseAllReduce(model.parameters())
-        raise ValueError(f"--comm {name} needs comm.GradientExchanger (the collectives package), which this "
-                         f"checkout lacks; use --comm dense")
-    return exchanger_cls([p for p in model.parameters() if p.requires_grad], name, topology, density=density,
-                         selector=selector, error_feedback=True)
+        from comm.omgs import OMGSExchanger
+
+        return PhaseExchange(OMGSExchanger(model, None, density=density, selector=selector, pipelined=pipelined))
+    from comm import GradientExchanger
+
+    # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
+    # before the exchange, so the exchanger's own check is off.
+    return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
+                                           density=density, selector=selector, error_feedback=True,
+                                           skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes))

@@ -86,6 +86,7 @@ class _Run:
         self.val_loader = make_loader(self.spec, train=False, batch_size=r.train.eval_batch_size or last.batch_size,
                                       size=r.train.eval_size or last.size)
         self.phase_index, self.loader, self.exchanger = -1, None, None
+        self.cache_seen = [0.0] * len(CACHE_COUNTERS)
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name, "world_size": self.world}
         self.local = None
@@ -106,9 +107,15 @@ class _Run:
         if index == self.phase_index:
             return
         self.phase_index = index
+        if self.exchanger is not None:
+            self.exchanger.close()
+        if self.loader is not None and hasattr(self.loader, "close"):
+            self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
+        self.cache_seen = _cache_counts(self.loader)
         self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                        selector=phase.selector)
+                                        selector=phase.selector, pipelined=self.scaler is None,
+                                        hybrid_bytes=phase.hybrid_bytes)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
 
     def _resume(self) -> None:
@@ -168,6 +175,14 @@ class _Run:
             self.optimizer.zero_grad(set_to_none=True)
         return float(loss.detach())
 
+    def close(self) -> None:
+        """Release loader workers, cache connections and exchanger hooks."""
+        for loader in (self.loader, self.val_loader):
+            if loader is not None and hasattr(loader, "close"):
+                loader.close()
+        if self.exchanger is not None:
+            self.exchanger.close()
+
     def run_epoch(self, on_step=None) -> bool:
         """Train the rest of the current epoch; False when stopped by ``stop_after_steps``."""
         self._enter_phase(self.epoch)
@@ -224,9 +239,15 @@ class _Run:
         breakdown.load_state_dict(self.accum["breakdown"])
         row["time_per_iter"] = breakdown.per_iteration()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
-        stats = _cache_stats(self.loader)
-        if stats:
-            row["cache"] = stats
+        counts = _cache_counts(self.loader)
+        delta = torch.tensor([c - p for c, p in zip(counts, self.cache_seen)], dtype=torch.float64)
+        self.cache_seen = counts
+        if dist.is_initialized():
+            on = delta.to(self.device) if dist.get_backend() == "nccl" else delta
+            dist.all_reduce(on)
+            delta = on.cpu()
+        if self.spec.kind != "memory":
+            row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta.tolist())}
         self.epoch += 1
         self.accum = self._fresh_accum()
         self._checkpoint()
@@ -247,15 +268,18 @@ def _schedule_kwargs(s) -> dict:
             "final_lr": s.final_lr, "power": s.power, "milestones": s.milestones, "gamma": s.gamma}
 
 
-def _cache_stats(loader) -> dict | None:
-    for owner in (loader, getattr(loader, "dataset", None), getattr(loader, "cache", None)):
-        fn = getattr(owner, "cache_stats", None) or getattr(getattr(owner, "cache", None), "stats", None)
-        if callable(fn):
-            try:
-                return fn()
-            except Exception:  # noqa: BLE001 - statistics are informative only
-                return None
-    return None
+CACHE_COUNTERS = ("l2_hits", "l1_hits", "source_reads")
+
+
+def _cache_counts(loader) -> list[float]:
+    """Cumulative (L2 hits, L1 hits, source reads) of this process's cache, zeros if none.
+
+    NOTE [cache counters]: the cache counts per process; with DataLoader workers > 0 the
+    reads happen in the workers and these main-process counters stay at zero.
+    """
+    cache = getattr(getattr(loader, "dataset", None), "cache", None)
+    stats = cache.stats() if cache is not None and hasattr(cache, "stats") else {}
+    return [float(stats.get(k, 0)) for k in CACHE_COUNTERS]
 
 
 def train(cfg: RunConfig, on_epoch=None, on_step=None) -> list[dict]:
@@ -274,13 +298,16 @@ def train(cfg: RunConfig, on_epoch=None, on_step=None) -> list[dict]:
     """
     run = _Run(cfg)
     rows = []
-    while run.epoch < run.recipe.total_epochs:
-        if not run.run_epoch(on_step):
-            break
-        row = run.finish_epoch()
-        rows.append(row)
-        if on_epoch:
-            on_epoch(row)
+    try:
+        while run.epoch < run.recipe.total_epochs:
+            if not run.run_epoch(on_step):
+                break
+            row = run.finish_epoch()
+            rows.append(row)
+            if on_epoch:
+                on_epoch(row)
+    finally:
+        run.close()
     return rows
 
 

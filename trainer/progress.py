@@ -12,13 +12,7 @@ HEADER = (f"{'epoch':>5} {'px':>4} {'comm':>7} {'loss':>7} {'top1':>6} {'top5':>
 def _hits(cache: dict | None) -> str:
     if not cache:
         return "-"
-    def pick(*names):
-        for n in names:
-            if n in cache:
-                v = cache[n]
-                return v.get("hits", v) if isinstance(v, dict) else v
-        return "-"
-    return f"{pick('l2_hits', 'l2')}/{pick('l1_hits', 'l1')}/{pick('source_reads', 'source', 'misses')}"
+    return f"{cache.get('l2_hits', 0)}/{cache.get('l1_hits', 0)}/{cache.get('source_reads', 0)}"
 
 
 def format_row(row: dict) -> str:

@@ -21,7 +21,7 @@ def _cli(*args, timeout=240):
 def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     demo = tmp_path / "demo"
     res = _cli("train", "--demo", "--demo-dir", demo, "--demo-classes", 4, "--demo-per-class", 16,
-               "--demo-val-per-class", 4, "--epochs", 2)
+               "--demo-val-per-class", 4, "--epochs", 2, "--batch-size", 8)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "2 nodes x 2" in res.stdout and "top1" in res.stdout
     rows = [json.loads(line) for line in (demo / "run/metrics.jsonl").read_text().splitlines()]
@@ -30,6 +30,10 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
         assert key in rows[0]
     assert 0 <= rows[-1]["val_top1"] <= rows[-1]["val_top5"] <= 100
     assert rows[-1]["val_images"] == 16
+    # 64 images / 4 ranks / batch 8 = 2 steps of 32 images per epoch, all read from warmed L2
+    assert rows[0]["cache"] == {"l2_hits": 64, "l1_hits": 0, "source_reads": 0}
+    assert rows[-1]["comm"] == "hitopk" and rows[-1]["density"] == 0.01
+    assert not list((demo / "cache").glob("redis/redis.pid"))  # the demo stopped its Redis
     rep = _cli("report", demo / "run", tmp_path / "other_name_for_same_run", "--out", tmp_path / "rep")
     assert rep.returncode == 1 and "other_name_for_same_run does not exist" in rep.stderr
     rep = _cli("report", demo / "run", "--out", tmp_path / "rep")

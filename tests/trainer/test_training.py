@@ -11,7 +11,7 @@ from trainer.run_config import RunConfig
 from trainer.serialize import load_state
 
 ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk"]
-RESUME_COMM = "dense"  # error-feedback residuals are part of the state when sparse
+RESUME_COMM = "hitopk"  # sparse, so error-feedback residuals are part of the resumed state
 
 
 def _assert_same(a, b, where="state"):

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from trainer.data.memory import IMAGE_SUFFIXES, MemoryLoader, SyntheticLoader, load_split
 
-__all__ = ["LOADERS", "LoaderSpec", "make_loader", "check_data_root", "count_classes", "MemoryLoader", "SyntheticLoader"]
+__all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "LoaderSpec", "make_loader", "check_data_root", "count_classes", "MemoryLoader", "SyntheticLoader"]
 
 LOADERS = ("torch", "dali", "memory")
+DEFAULT_CACHE_DIR = "cachepipe-cache"
 
 
 @dataclass(frozen=True)
@@ -87,23 +88,24 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
         images, labels = _DECODED[key]
         return MemoryLoader(images, labels, batch_size=batch_size, train=train, size=size,
                             rank=spec.rank, world_size=spec.world_size, seed=spec.seed)
-    try:
-        import loaders
-    except ImportError:  # pragma: no cover - the package is part of the repository
-        loaders = None
+    import loaders
+
     # NOTE [loader contract]: the cached loaders shard by (rank, world_size) themselves and
-    # give every rank the same number of training batches; see loaders.cached_dataloader.
-    distributed = (spec.rank, spec.world_size) if spec.world_size > 1 else None
-    redis = list(spec.redis) if spec.redis is not None else None
+    # give every rank the same number of batches (loaders.sampler); they read the split
+    # folder root/train or root/val through the two-level cache in cache_dir.
+    split = str(Path(spec.root) / ("train" if train else "val"))
+    redis = list(spec.redis) if spec.redis else None
+    cache_dir = spec.cache_dir or DEFAULT_CACHE_DIR
     if spec.kind == "torch":
-        fn = getattr(loaders, "cached_dataloader", None)
-        if fn is None:
-            raise ValueError("--loader torch needs loaders.cached_dataloader, which this checkout lacks; use --loader memory")
-        return fn(spec.root, batch_size=batch_size, train=train, size=size, workers=spec.workers,
-                  cache_dir=spec.cache_dir, redis=redis, distributed=distributed, seed=spec.seed,
-                  drop_last=train, cache_size=spec.cache_size)
-    fn = getattr(loaders, "build_dali_loader", None)
-    if fn is None:
-        raise ValueError("--loader dali needs loaders.build_dali_loader and nvidia-dali (pip install 'cachepipe[dali]')")
-    return fn(spec.root, batch_size=batch_size, train=train, size=size, device=spec.device, shard_id=spec.rank,
-              num_shards=spec.world_size, seed=spec.seed, cache_dir=spec.cache_dir, redis=redis, workers=spec.workers)
+        return loaders.cached_dataloader(split, batch_size=batch_size, train=train, size=size, workers=spec.workers,
+                                         cache_dir=cache_dir, redis=redis, distributed=(spec.rank, spec.world_size),
+                                         seed=spec.seed, cache_size=spec.cache_size,
+                                         channels_last=spec.device.startswith("cuda"))
+    if not loaders.dali_available():
+        raise ValueError("--loader dali needs nvidia-dali: pip install 'cachepipe[dali]' (or use --loader torch)")
+    on_gpu = spec.device.startswith("cuda")
+    return loaders.build_dali_loader(split, batch_size=batch_size, train=train, size=size,
+                                     device="gpu" if on_gpu else "cpu", shard_id=spec.rank,
+                                     num_shards=spec.world_size, seed=spec.seed, cache_dir=cache_dir, redis=redis,
+                                     workers=max(spec.workers, 1), cache_size=spec.cache_size,
+                                     device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None)
