@@ -20,7 +20,8 @@ __all__ = ["configure", "main"]
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="ImageFolder root with train/ and val/ (default with --demo: DEMO_DIR/data)")
     parser.add_argument("--recipe", default="dawnbench28", help="shipped recipe name (dawnbench28, resnet50-90ep, demo) or a .yaml path")
-    parser.add_argument("--out", default="runs/train", help="run directory: metrics.jsonl and checkpoints/")
+    parser.add_argument("--out", default=None, help="run directory: metrics.jsonl and checkpoints/ (default: the --resume "
+                        "directory, else runs/train; with --demo DEMO_DIR/run)")
     parser.add_argument("--cache-dir", default=None, help="cache directory (L1 mirror, embedded Redis); default: the loader's")
     parser.add_argument("--redis", action="append", default=None, metavar="URL",
                         help="L2 Redis URL, repeat per node; default: the embedded server")
@@ -116,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
 
         check_data_root(args.data)
         recipe = _recipe(args)
-        cfg = RunConfig(recipe=recipe, data=args.data, out=args.out, loader=args.loader, cache_dir=args.cache_dir,
+        cfg = RunConfig(recipe=recipe, data=args.data, out=args.out or args.resume or "runs/train", loader=args.loader, cache_dir=args.cache_dir,
                         redis=tuple(args.redis) if args.redis else None, ckpt_every=args.ckpt_every,
                         resume=args.resume, nodes=args.nodes, local_size=args.local_size, device=args.device,
                         stop_after_steps=args.stop_after_steps)
@@ -124,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
             return _run_torchrun(cfg)
         _check_topology(args.nprocs, args.nodes, args.local_size)
         _run_local(cfg, args.nprocs, args.threads)
-        print(f"metrics: {Path(args.out) / 'metrics.jsonl'}")
+        print(f"metrics: {Path(cfg.out) / 'metrics.jsonl'}")
         return 0
     except (ValueError, WorkerFailed) as exc:
         print(f"cachepipe train: error: {exc}", file=sys.stderr)

@@ -150,8 +150,8 @@ class Recipe:
     def __post_init__(self):
         object.__setattr__(self, "phases", tuple(self.phases))
         _need(len(self.phases) >= 1, f"recipe {self.name!r} needs at least one phase")
-        _need(self.schedule.warmup_epochs < self.total_epochs or self.schedule.warmup_epochs == 0,
-              f"schedule.warmup_epochs ({self.schedule.warmup_epochs}) must be less than the total epochs ({self.total_epochs})")
+        _need(self.schedule.warmup_epochs <= self.total_epochs,
+              f"schedule.warmup_epochs ({self.schedule.warmup_epochs}) must not exceed the total epochs ({self.total_epochs})")
         _need(max(self.schedule.milestones, default=0) <= self.total_epochs,
               f"schedule.milestones must lie within the {self.total_epochs} epochs; got {list(self.schedule.milestones)}")
 

@@ -63,7 +63,7 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
         loader, redis = "memory", None
     else:
         loader, redis = prepare_cache(data, cache_dir, args.redis, recipe.train.cache_size)
-    out = Path(args.out) if args.out != "runs/train" else base / "run"
+    out = Path(args.out) if args.out else base / "run"
     cfg = RunConfig(recipe=recipe, data=str(data), out=str(out), loader=loader, cache_dir=str(cache_dir),
                     redis=redis, ckpt_every=args.ckpt_every, resume=args.resume, nodes=DEMO_NODES,
                     local_size=DEMO_LOCAL_SIZE, device="cpu", stop_after_steps=args.stop_after_steps)

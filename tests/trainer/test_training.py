@@ -10,7 +10,7 @@ from trainer.recipes import load_recipe, override
 from trainer.run_config import RunConfig
 from trainer.serialize import load_state
 
-ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk"]
+ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs"]
 RESUME_COMM = "hitopk"  # sparse, so error-feedback residuals are part of the resumed state
 
 
