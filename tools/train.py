@@ -117,7 +117,8 @@ def main(args: argparse.Namespace) -> int:
 
         check_data_root(args.data)
         recipe = _recipe(args)
-        cfg = RunConfig(recipe=recipe, data=args.data, out=args.out or args.resume or "runs/train", loader=args.loader, cache_dir=args.cache_dir,
+        out = args.out or args.resume or "runs/train"
+        cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader, cache_dir=args.cache_dir,
                         redis=tuple(args.redis) if args.redis else None, ckpt_every=args.ckpt_every,
                         resume=args.resume, nodes=args.nodes, local_size=args.local_size, device=args.device,
                         stop_after_steps=args.stop_after_steps)

@@ -7,19 +7,19 @@ schedule at fractional epochs; phases change image size, batch size and algorith
 """
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from trainer import models
 from trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainer.data import LoaderSpec, check_data_root, make_loader
+from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, cache_counts,
+                                 pick_device, world)
 from trainer.evaluate import evaluate
 from trainer.exchange import build_exchange, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
@@ -30,41 +30,13 @@ from trainer.schedules import lr_at
 __all__ = ["train", "run_rank"]
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _device(cfg: RunConfig) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local % torch.cuda.device_count())
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _broadcast_model(model: nn.Module) -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        for t in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(t.data, src=0)
-
-
-def _all_true(flag: bool, device: torch.device) -> bool:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return flag
-    t = torch.tensor([0.0 if flag else 1.0], device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t)
-    return t.item() == 0
-
-
 class _Run:
     """State of one rank's run (kept on an object so the step code stays short)."""
 
     def __init__(self, cfg: RunConfig):
         self.cfg, self.recipe = cfg, cfg.recipe
-        self.rank, self.world = _world()
-        self.device = _device(cfg)
+        self.rank, self.world = world()
+        self.device = pick_device(cfg.device)
         r = self.recipe
         num_classes = check_data_root(cfg.data) if r.model.num_classes == 0 else r.model.num_classes
         torch.manual_seed(r.train.seed)
@@ -75,7 +47,7 @@ class _Run:
         self.channels_last = r.train.channels_last and self.device.type == "cuda"
         if self.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        _broadcast_model(self.model)
+        broadcast_model(self.model)
         self.optimizer = build_optimizer(r.optim, self.model, self.device)
         self.scaler = make_scaler(r.train.amp, self.device)
         self.autocast = autocast_for(r.train.amp, self.device)
@@ -112,7 +84,7 @@ class _Run:
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
-        self.cache_seen = _cache_counts(self.loader)
+        self.cache_seen = cache_counts(self.loader)
         self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
                                         selector=phase.selector, pipelined=self.scaler is None,
                                         hybrid_bytes=phase.hybrid_bytes)
@@ -153,7 +125,7 @@ class _Run:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
             local_ok = all(bool(torch.isfinite(p.grad).all()) for p in self.model.parameters() if p.grad is not None)
-            finite = _all_true(local_ok, self.device)
+            finite = all_true(local_ok, self.device)
         if finite:
             start = time.perf_counter()
             self.exchanger.synchronize()
@@ -224,12 +196,9 @@ class _Run:
     def finish_epoch(self) -> dict:
         """Evaluate, log, checkpoint; returns the epoch's metrics row (same on all ranks)."""
         index, phase = self.recipe.phase_of(self.epoch)
-        loss = torch.tensor([self.accum["loss_sum"], float(self.accum["batches"])], dtype=torch.float64)
-        if dist.is_initialized():
-            on = loss.to(self.device) if dist.get_backend() == "nccl" else loss
-            dist.all_reduce(on)
-            loss = on.cpu()
-        _broadcast_model_buffers(self.model)
+        loss = all_sum(torch.tensor([self.accum["loss_sum"], float(self.accum["batches"])], dtype=torch.float64),
+                       self.device)
+        broadcast_buffers(self.model)
         row = {"epoch": self.epoch, "phase": index, "size": phase.size, "batch_size": phase.batch_size,
                "comm": phase.comm, "density": phase.density if phase.comm in ("topk_ag", "gtopk", "hitopk", "omgs") else 1.0,
                "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss[0].item() / max(loss[1].item(), 1.0),
@@ -239,13 +208,10 @@ class _Run:
         breakdown.load_state_dict(self.accum["breakdown"])
         row["time_per_iter"] = breakdown.per_iteration()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
-        counts = _cache_counts(self.loader)
-        delta = torch.tensor([c - p for c, p in zip(counts, self.cache_seen)], dtype=torch.float64)
+        counts = cache_counts(self.loader)
+        delta = all_sum(torch.tensor([c - p for c, p in zip(counts, self.cache_seen)], dtype=torch.float64),
+                        self.device)
         self.cache_seen = counts
-        if dist.is_initialized():
-            on = delta.to(self.device) if dist.get_backend() == "nccl" else delta
-            dist.all_reduce(on)
-            delta = on.cpu()
         if self.spec.kind != "memory":
             row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta.tolist())}
         self.epoch += 1
@@ -256,30 +222,9 @@ class _Run:
         return row
 
 
-def _broadcast_model_buffers(model: nn.Module) -> None:
-    # BN running statistics differ per rank; evaluate (and save) rank 0's everywhere.
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        for b in model.buffers():
-            dist.broadcast(b.data, src=0)
-
-
 def _schedule_kwargs(s) -> dict:
     return {"warmup_epochs": s.warmup_epochs, "warmup_start": s.warmup_start, "decay": s.decay,
             "final_lr": s.final_lr, "power": s.power, "milestones": s.milestones, "gamma": s.gamma}
-
-
-CACHE_COUNTERS = ("l2_hits", "l1_hits", "source_reads")
-
-
-def _cache_counts(loader) -> list[float]:
-    """Cumulative (L2 hits, L1 hits, source reads) of this process's cache, zeros if none.
-
-    NOTE [cache counters]: the cache counts per process; with DataLoader workers > 0 the
-    reads happen in the workers and these main-process counters stay at zero.
-    """
-    cache = getattr(getattr(loader, "dataset", None), "cache", None)
-    stats = cache.stats() if cache is not None and hasattr(cache, "stats") else {}
-    return [float(stats.get(k, 0)) for k in CACHE_COUNTERS]
 
 
 def train(cfg: RunConfig, on_epoch=None, on_step=None) -> list[dict]:
