@@ -22,7 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", default="dawnbench28", help="shipped recipe name (dawnbench28, resnet50-90ep, demo) or a .yaml path")
     parser.add_argument("--out", default=None, help="run directory: metrics.jsonl and checkpoints/ (default: the --resume "
                         "directory, else runs/train; with --demo DEMO_DIR/run)")
-    parser.add_argument("--cache-dir", default=None, help="cache directory (L1 mirror, embedded Redis); default: the loader's")
+    parser.add_argument("--cache-dir", default=None,
+                        help="L1 LMDB mirror and embedded Redis directory (None: ./cachepipe-cache; --demo: DEMO_DIR/cache)")
     parser.add_argument("--redis", action="append", default=None, metavar="URL",
                         help="L2 Redis URL, repeat per node; default: the embedded server")
     parser.add_argument("--loader", default="torch", choices=["torch", "dali", "memory"],
