@@ -32,7 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=None, help="crop size in px (default: 224 on GPU, 56 on CPU)")
     parser.add_argument("--cache-size", type=int, default=None, help="cached shorter side (default: 256 on GPU, 64 on CPU)")
     parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: 128 on GPU, 32 on CPU)")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per source")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per source and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds; each times every source in turn, the median round is reported (robust to load)")
     parser.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first")
     parser.add_argument("--workers", type=int, default=2, help="loader worker processes / DALI threads")
     parser.add_argument("--amp", default="bf16", choices=["off", "bf16", "fp16"], help="autocast dtype on CUDA")
@@ -132,24 +134,29 @@ def main(args: argparse.Namespace) -> int:
                 warmup(cache, workers=1, progress=False)
             if not args.redis:
                 stack.callback(EmbeddedRedis(cache_dir).stop)
-        rows = []
+        runners, rows = {}, []
         for name in args.sources:
             torch.manual_seed(0)
             model = models.create(model_name, num_classes=num_classes).to(device)
             if channels_last:
                 model = model.to(memory_format=torch.channels_last)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            criterion = torch.nn.CrossEntropyLoss()
             loader = _make(name, data, cache_dir, args, batch, size, cache_size, num_classes, device)
             if loader is None:
                 rows.append({"source": name, "note": "nvidia-dali not installed"})
                 continue
-            try:
-                rows.append(_time_source(name, _cycle(loader), model, optimizer, criterion, autocast, device,
-                                         channels_last, args.steps, args.warmup_steps))
-            finally:
-                if hasattr(loader, "close"):
-                    loader.close()
+            if hasattr(loader, "close"):
+                stack.callback(loader.close)
+            runners[name] = (_cycle(loader), model, optimizer)
+        timings: dict[str, list[dict]] = {name: [] for name in runners}
+        for r in range(args.rounds):  # interleaved, so a load spike hits every source alike
+            for name, (batches, model, optimizer) in runners.items():
+                timings[name].append(_time_source(name, batches, model, optimizer, torch.nn.CrossEntropyLoss(),
+                                                  autocast, device, channels_last, args.steps,
+                                                  args.warmup_steps if r == 0 else 1))
+        for name, results in timings.items():
+            results.sort(key=lambda t: t["images_per_s"])
+            rows.append(dict(results[len(results) // 2], rounds=len(results)))
     base = next((r["images_per_s"] for r in rows if r["source"] == "synthetic"), None)
     for r in rows:
         r.update(model=model_name, size=size, batch=batch, device=device.type,
