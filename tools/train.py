@@ -48,6 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nprocs", type=int, default=1, help="local worker processes when not under torchrun")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per local worker (0: cores / nprocs)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    parser.add_argument("--ddp", action="store_true",
+                        help="exchange inside backward with DDP (sparse algorithms as a DDP comm hook) instead of "
+                             "the standalone exchanger after backward (no omgs)")
     parser.add_argument("--stop-after-steps", type=int, default=0, help="checkpoint and stop at this global step (0: never)")
     demo = parser.add_argument_group("demo")
     demo.add_argument("--demo", action="store_true", help="run the self-contained CPU demo (4 workers, 2 nodes x 2)")
@@ -122,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader, cache_dir=args.cache_dir,
                         redis=tuple(args.redis) if args.redis else None, ckpt_every=args.ckpt_every,
                         resume=args.resume, nodes=args.nodes, local_size=args.local_size, device=args.device,
-                        stop_after_steps=args.stop_after_steps)
+                        stop_after_steps=args.stop_after_steps, ddp=args.ddp)
         if _under_torchrun():
             return _run_torchrun(cfg)
         _check_topology(args.nprocs, args.nodes, args.local_size)

@@ -7,6 +7,8 @@ reports ``last_timings = {"compress": s, "communicate": s}`` for the time breakd
 releases its hooks (``close()``). Names: ``dense``, ``hier``, ``2dtar``, ``topk_ag``,
 ``gtopk``, ``hitopk`` (``comm.GradientExchanger``, fused buckets) and ``omgs``
 (``comm.omgs.OMGSExchanger``, layer-wise and pipelined with backward).
+``build_ddp_exchange`` instead wraps the model in DDP and exchanges inside backward
+(DDP's all-reduce for ``dense``, ``comm.register_sparse_hook`` for the others).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["LocalTopology", "topology_for", "build_exchange", "PhaseExchange"]
+__all__ = ["LocalTopology", "topology_for", "build_exchange", "build_ddp_exchange", "PhaseExchange", "DDPExchange"]
 
 
 @dataclass(frozen=True)
@@ -143,3 +145,49 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
     return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
                                            density=density, selector=selector, error_feedback=True,
                                            skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes))
+
+
+class DDPExchange:
+    """Exchange inside backward: DDP's bucketed all-reduce, or a ``comm`` sparse comm hook.
+
+    ``synchronize()`` has nothing left to do (DDP has averaged ``p.grad`` when backward
+    returns), so communication that backward does not hide shows up in ``compute``.
+    ``module`` is the DDP wrapper the forward pass must go through.
+    """
+
+    def __init__(self, module: nn.Module, hook_state=None):
+        self.module, self.hook_state = module, hook_state
+        self.last_timings = {"compress": 0.0, "communicate": 0.0}
+
+    def synchronize(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return self.hook_state.state_dict() if self.hook_state is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.hook_state is not None and state:
+            self.hook_state.load_state_dict(state)
+
+    def close(self) -> None:
+        self.module = self.hook_state = None  # drops the reducer and its autograd hooks
+
+
+def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str) -> DDPExchange:
+    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``.
+
+    Raises:
+        ValueError: for ``omgs`` (it has its own backward pipeline: use the standalone
+            exchanger) or an unknown name.
+    """
+    if name == "omgs":
+        raise ValueError("--comm omgs pipelines its own exchange with backward; run it without --ddp")
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+    if name == "dense":
+        return DDPExchange(ddp)
+    from comm import register_sparse_hook
+
+    return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))

@@ -21,7 +21,7 @@ from trainer.data import LoaderSpec, check_data_root, make_loader
 from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, cache_counts,
                                  pick_device, world)
 from trainer.evaluate import evaluate
-from trainer.exchange import build_exchange, topology_for
+from trainer.exchange import build_ddp_exchange, build_exchange, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
 from trainer.run_config import RunConfig
@@ -85,9 +85,15 @@ class _Run:
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
         self.cache_seen = cache_counts(self.loader)
-        self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                        selector=phase.selector, pipelined=self.scaler is None,
-                                        hybrid_bytes=phase.hybrid_bytes)
+        if self.cfg.ddp and self.world > 1:
+            self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
+                                                selector=phase.selector)
+            self.forward_model = self.exchanger.module
+        else:
+            self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
+                                            selector=phase.selector, pipelined=self.scaler is None,
+                                            hybrid_bytes=phase.hybrid_bytes)
+            self.forward_model = self.model
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
 
     def _resume(self) -> None:
@@ -116,7 +122,7 @@ class _Run:
             if self.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             with self.autocast():
-                loss = self.criterion(self.model(images), labels)
+                loss = self.criterion(self.forward_model(images), labels)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         # NOTE [skipped steps keep residuals clean]: with fp16 the gradients are unscaled
         # before the exchange and all ranks agree on finiteness first; a step with an

@@ -27,6 +27,8 @@ class RunConfig:
         stop_after_steps: stop (after a checkpoint) at this global step; 0 = never. For
             tests of resume and for time-boxed runs.
         print_table: rank 0 prints one table row per epoch.
+        ddp: exchange inside backward through DistributedDataParallel (sparse algorithms
+            as its comm hook) instead of the standalone exchanger after backward.
     """
 
     recipe: Recipe
@@ -42,6 +44,7 @@ class RunConfig:
     device: str = "auto"
     stop_after_steps: int = 0
     print_table: bool = True
+    ddp: bool = False
 
     def __post_init__(self):
         if self.loader not in LOADERS:

@@ -11,6 +11,7 @@ from trainer.run_config import RunConfig
 from trainer.serialize import load_state
 
 ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs"]
+DDP_ALGORITHMS = ["dense", "hitopk"]  # also run inside backward as DDP (comm hook)
 RESUME_COMM = "hitopk"  # sparse, so error-feedback residuals are part of the resumed state
 
 
@@ -40,16 +41,18 @@ def _train_each_algorithm(rank, world, data, out):
     from trainer.loop import train
 
     losses = {}
-    for comm in ALGORITHMS:
-        cfg = RunConfig(recipe=_recipe(3, comm), data=str(data), out=f"{out}/{comm}", loader="memory",
-                        nodes=2, local_size=2, device="cpu")
-        losses[comm] = [row["train_loss"] for row in train(cfg)]
+    for ddp, comm in [(False, c) for c in ALGORITHMS] + [(True, c) for c in DDP_ALGORITHMS]:
+        name = f"ddp-{comm}" if ddp else comm
+        cfg = RunConfig(recipe=_recipe(3, comm), data=str(data), out=f"{out}/{name}", loader="memory",
+                        nodes=2, local_size=2, device="cpu", ddp=ddp)
+        losses[name] = [row["train_loss"] for row in train(cfg)]
     return losses
 
 
 def test_every_exchange_algorithm_lowers_the_loss(small_dataset, tmp_path):
     losses = run_distributed(_train_each_algorithm, 4, small_dataset, tmp_path, timeout=240)
     assert losses[0] == losses[3]  # every rank reports the same (reduced) loss
+    assert len(losses[0]) == len(ALGORITHMS) + len(DDP_ALGORITHMS)
     for comm, per_epoch in losses[0].items():
         assert per_epoch[-1] < per_epoch[0] and per_epoch[-1] < 0.9 * math.log(4), (comm, per_epoch)
 
