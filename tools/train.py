@@ -19,7 +19,8 @@ __all__ = ["configure", "main"]
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="ImageFolder root with train/ and val/ (default with --demo: DEMO_DIR/data)")
-    parser.add_argument("--recipe", default="dawnbench28", help="shipped recipe name (dawnbench28, resnet50-90ep, demo) or a .yaml path")
+    parser.add_argument("--recipe", default="dawnbench28",
+                        help="shipped recipe name (dawnbench28, resnet50-90ep, demo) or a .yaml path")
     parser.add_argument("--out", default=None, help="run directory: metrics.jsonl and checkpoints/ (default: the --resume "
                         "directory, else runs/train; with --demo DEMO_DIR/run)")
     parser.add_argument("--cache-dir", default=None,
@@ -30,7 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="torch: cached DataLoader; dali: DALI pipeline from the cache; memory: decode into RAM (no cache)")
     group = parser.add_argument_group("recipe overrides (every phase)")
     group.add_argument("--epochs", type=int, default=None, help="epochs of every phase (default: the recipe's)")
-    group.add_argument("--comm", default=None, help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs")
+    group.add_argument("--comm", default=None,
+                       help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs")
     group.add_argument("--density", type=float, default=None, help="top-k density of every phase, in (0, 1]")
     group.add_argument("--selector", default=None, help="top-k selector of every phase: exact, dgc, mstopk")
     group.add_argument("--batch-size", type=int, default=None, help="per-worker batch size of every phase")

@@ -130,7 +130,8 @@ class TrainConfig:
 
     def __post_init__(self):
         _need(self.amp in AMP_MODES, f"train.amp {self.amp!r} is unknown; valid: {list(AMP_MODES)}")
-        _need(self.eval_size == 0 or 16 <= self.eval_size <= 1024, f"train.eval_size must be 0 or in [16, 1024]; got {self.eval_size}")
+        _need(self.eval_size == 0 or 16 <= self.eval_size <= 1024,
+              f"train.eval_size must be 0 or in [16, 1024]; got {self.eval_size}")
         _need(self.eval_batch_size >= 0, f"train.eval_batch_size must be >= 0; got {self.eval_batch_size}")
         _need(self.cache_size >= 16, f"train.cache_size must be >= 16; got {self.cache_size}")
         _need(self.workers >= 0, f"train.workers must be >= 0; got {self.workers}")

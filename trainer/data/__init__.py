@@ -15,7 +15,8 @@ from pathlib import Path
 
 from trainer.data.memory import IMAGE_SUFFIXES, MemoryLoader, SyntheticLoader, load_split
 
-__all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "LoaderSpec", "make_loader", "check_data_root", "count_classes", "MemoryLoader", "SyntheticLoader"]
+__all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "LoaderSpec", "make_loader", "check_data_root", "count_classes",
+           "MemoryLoader", "SyntheticLoader"]
 
 LOADERS = ("torch", "dali", "memory")
 DEFAULT_CACHE_DIR = "cachepipe-cache"
