@@ -8,7 +8,7 @@ import argparse
 
 from cachepipe.two_level import TwoLevelCache
 
-__all__ = ["add_cache_arguments", "cache_from_args", "redis_from_args"]
+__all__ = ["add_cache_arguments", "cache_from_args", "check_args", "redis_from_args"]
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis", action="append", metavar="URL", default=None,
                         help="an L2 shard (redis://host:port/db, unix:///path.sock); repeat for "
                              "several (client-side rendezvous sharding); redis-cluster://host:port "
-                             "names a Redis Cluster. Default: the embedded server in --cache-dir")
+                             "names a Redis Cluster; unset: the embedded server in --cache-dir")
     parser.add_argument("--redis-cluster", metavar="URL", default=None,
                         help="a Redis Cluster seed node, redis://host:port (same as "
                              "--redis redis-cluster://host:port)")
@@ -31,14 +31,14 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         help="copies of every L2 value on distinct shards")
     parser.add_argument("--prefix", default="cachepipe", help="first part of every L2 key")
     parser.add_argument("--l2-memory", default=None,
-                        help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%% (default: "
-                             "keep a running server's, else 25%% of RAM)")
+                        help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%%; unset: "
+                             "keep a running server's, else 25%% of RAM")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
     parser.add_argument("--rescan", action="store_true",
                         help="rescan the source instead of reusing the saved manifest")
     parser.add_argument("--verify-files", action="store_true",
                         help="stat every file to decide whether the saved manifest is current "
-                             "(catches files edited in place; default: directories only)")
+                             "(catches files edited in place; otherwise directories only)")
 
 
 def redis_from_args(args: argparse.Namespace):
@@ -56,6 +56,18 @@ def redis_from_args(args: argparse.Namespace):
             raise ValueError("--no-l2 cannot be combined with --redis/--redis-cluster")
         return False
     return urls or None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Validate the cache flags without touching the source or Redis.
+
+    Raises:
+        ValueError: a bad flag value (URL scheme, replicas, cache size, memory size...).
+    """
+    from cachepipe.config import CacheConfig
+
+    CacheConfig(args.source, args.cache_dir, redis_from_args(args), args.cache_size, args.prefix,
+                args.replicas, args.l2_memory, args.timeout)
 
 
 def cache_from_args(args: argparse.Namespace) -> TwoLevelCache:

@@ -1,7 +1,6 @@
 """How much of a source each cache level holds (for ``cachepipe stats``); starts nothing."""
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -30,10 +29,11 @@ def coverage(cache) -> dict:
                       "bytes": m.total_bytes, "fingerprint": m.fingerprint}}
     l1 = {"path": str(cache.l1_path), "entries": 0, "percent": 0.0, "disk_bytes": 0}
     if cfg.use_l1 and (cache.l1_path / "data.mdb").exists():
-        mirror = L1Mirror(cache.l1_path, 1 << 20, readonly=True) if cache._l1 is None else cache._l1
-        present = mirror.present()
-        l1.update(entries=sum(1 for i in present if i < n), disk_bytes=mirror.disk_bytes())
-        if mirror is not cache._l1:
+        mirror = L1Mirror.shared(cache.l1_path, 1 << 20)  # LMDB keeps the file's larger map
+        try:
+            present = mirror.present()
+            l1.update(entries=sum(1 for i in present if i < n), disk_bytes=mirror.disk_bytes())
+        finally:
             mirror.close()
     l1["percent"] = 100.0 * l1["entries"] / n if n else 0.0
     out["l1"] = l1

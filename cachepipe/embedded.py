@@ -168,7 +168,7 @@ class EmbeddedRedis:
                 if l2_memory is not None:
                     self.client().config_set("maxmemory", maxmemory)
                 return False
-            self.stale_removed = self._cleanup_stale()
+            self._cleanup_stale()
             args = [find_redis_server(), "--port", "0", "--unixsocket", str(self.socket_path),
                     "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
                     "--maxmemory", str(maxmemory), "--maxmemory-policy", "noeviction",

@@ -3,7 +3,7 @@
 NOTE [L1 layout and safety]
 One LMDB environment per fingerprint at ``<cache_dir>/<fingerprint>/l1``, two named
 databases: ``data`` (key = big-endian u64 index, value = the file's exact bytes) and
-``meta`` (same key, value = size u64 + Adler-32 u32). Both are written in one
+``meta`` (same key, value = size u64 + checksum u64, see NOTE [checksum]). Both are written in one
 transaction per batch, so an entry is either fully there or absent: killing a writer at
 any moment loses at most the open batch and a re-run resumes from the committed ones.
 Reads verify the size and checksum; a mismatch is a miss, never bad bytes.
@@ -19,12 +19,12 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import lmdb
 
+from cachepipe.checksum import checksum64
 from cachepipe.errors import L1FullError
 
 __all__ = ["L1Mirror"]
@@ -32,11 +32,10 @@ __all__ = ["L1Mirror"]
 _KEY = struct.Struct(">Q")
 # LMDB allows one handle per environment per process: (pid, path) -> open mirror.
 _OPEN: dict[tuple[int, str], "L1Mirror"] = {}
-_META = struct.Struct("<QI")
+_META = struct.Struct("<QQ")
 
 
-def _checksum(data) -> int:
-    return zlib.adler32(data) & 0xFFFFFFFF
+_checksum = checksum64
 
 
 class L1Mirror:
@@ -80,8 +79,17 @@ class L1Mirror:
             self.path.mkdir(parents=True, exist_ok=True)
         self.env = lmdb.open(str(self.path), map_size=self.map_size, max_dbs=2, readonly=readonly,
                              metasync=False, readahead=False, lock=True, create=not readonly)
-        self.data_db = self.env.open_db(b"data", create=not readonly)
-        self.meta_db = self.env.open_db(b"meta", create=not readonly)
+        self.empty = False
+        if readonly:
+            try:
+                self.data_db = self.env.open_db(b"data", create=False)
+                self.meta_db = self.env.open_db(b"meta", create=False)
+            except lmdb.NotFoundError:  # a writer is creating it right now
+                self.empty, self.data_db, self.meta_db = True, None, None
+        else:
+            with self.env.begin(write=True) as txn:  # both databases appear together
+                self.data_db = self.env.open_db(b"data", txn=txn)
+                self.meta_db = self.env.open_db(b"meta", txn=txn)
         self._refs = 1
 
     def get_many(self, indices: Sequence[int]) -> tuple[list[bytes | None], list[int]]:
@@ -102,7 +110,7 @@ class L1Mirror:
                     out.append(None)
                     continue
                 value = txn.get(key, db=self.data_db)
-                size, checksum = _META.unpack(meta)
+                size, checksum = _META.unpack(meta) if len(meta) == _META.size else (-1, 0)
                 if value is None or len(value) != size or _checksum(value) != checksum:
                     out.append(None)
                     corrupt.append(i)
@@ -147,10 +155,14 @@ class L1Mirror:
 
     def present(self) -> set[int]:
         """Indices with an entry (from ``meta`` only; cheap)."""
+        if self.empty:
+            return set()
         with self.env.begin() as txn:
             return {_KEY.unpack(k)[0] for k in txn.cursor(db=self.meta_db).iternext(values=False)}
 
     def entries(self) -> int:
+        if self.empty:
+            return 0
         with self.env.begin() as txn:
             return txn.stat(self.meta_db)["entries"]
 

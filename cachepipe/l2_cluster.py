@@ -57,7 +57,7 @@ class ClusterStore:
             self._client = RedisCluster(startup_nodes=[_node(u) for u in self.urls],
                                         socket_timeout=self.timeout,
                                         socket_connect_timeout=self.timeout,
-                                        retry=Retry(NoBackoff(), 0), cluster_error_retry_attempts=1)
+                                        retry=Retry(NoBackoff(), 0))
         return self._client
 
     def _failed(self, exc: BaseException, what: str) -> None:

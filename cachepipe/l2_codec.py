@@ -5,7 +5,7 @@ A value is a 32-byte little-endian header followed by the raw ``H*W*C`` uint8 pi
 HWC order::
 
     magic b"CPL2" | version u16 | channels u16 | height u32 | width u32
-    | index u64 | checksum u32 (Adler-32 of the pixels) | reserved u32
+    | index u64 | checksum u64 (of the pixels, NOTE [checksum] in checksum.py)
 
 The index in the header guards against a value stored under the wrong key; the checksum
 against torn or foreign values. Any mismatch makes :func:`decode_sample` raise
@@ -14,15 +14,16 @@ against torn or foreign values. Any mismatch makes :func:`decode_sample` raise
 from __future__ import annotations
 
 import struct
-import zlib
 
 import numpy as np
+
+from cachepipe.checksum import checksum64
 
 __all__ = ["HEADER", "MAGIC", "VERSION", "decode_sample", "encode_sample", "encoded_size"]
 
 MAGIC = b"CPL2"
 VERSION = 1
-HEADER = struct.Struct("<4sHHIIQII")
+HEADER = struct.Struct("<4sHHIIQQ")
 
 
 def encoded_size(height: int, width: int, channels: int = 3) -> int:
@@ -40,7 +41,7 @@ def encode_sample(index: int, pixels: np.ndarray) -> bytes:
         raise ValueError(f"need an (H, W, C) uint8 array, got {pixels.dtype} {pixels.shape}")
     h, w, c = pixels.shape
     body = np.ascontiguousarray(pixels).data
-    header = HEADER.pack(MAGIC, VERSION, c, h, w, index, zlib.adler32(body) & 0xFFFFFFFF, 0)
+    header = HEADER.pack(MAGIC, VERSION, c, h, w, index, checksum64(body))
     return header + bytes(body)
 
 
@@ -57,7 +58,7 @@ def decode_sample(value: bytes, index: int, *, copy: bool = True) -> np.ndarray:
     """
     if len(value) < HEADER.size:
         raise ValueError(f"value of {len(value)} bytes is shorter than the header")
-    magic, version, c, h, w, idx, checksum, _ = HEADER.unpack_from(value)
+    magic, version, c, h, w, idx, checksum = HEADER.unpack_from(value)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"bad magic/version {magic!r}/{version}")
     if idx != index:
@@ -65,7 +66,7 @@ def decode_sample(value: bytes, index: int, *, copy: bool = True) -> np.ndarray:
     if len(value) != HEADER.size + h * w * c:
         raise ValueError(f"length {len(value)} does not match {h}x{w}x{c}")
     body = memoryview(value)[HEADER.size:]
-    if zlib.adler32(body) & 0xFFFFFFFF != checksum:
+    if checksum64(body) != checksum:
         raise ValueError("checksum mismatch")
     arr = np.frombuffer(body, dtype=np.uint8).reshape(h, w, c)
     return arr.copy() if copy else arr

@@ -18,13 +18,14 @@ __all__ = ["ShardedRedisStore", "make_client"]
 
 _NET_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 _CHUNK = 2048  # keys per EXISTS pipeline
+_READ_SIZE = 1 << 20  # values are ~200 KB: read big chunks (64 KB default: 4x more syscalls)
 
 
 def make_client(url: str, timeout: float) -> redis.Redis:
     """A client with no hidden retries (failures are handled by NOTE [dead shard backoff])."""
     return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-                                health_check_interval=0)
+                                health_check_interval=0, socket_read_size=_READ_SIZE)
 
 
 class ShardedRedisStore:

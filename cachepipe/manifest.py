@@ -49,6 +49,15 @@ def _source_key(root: str) -> str:
     return hashlib.sha256(root.encode()).hexdigest()[:16]
 
 
+def _readable(path: Path) -> bool:
+    try:
+        with open(path) as f:
+            Manifest.from_json(json.load(f))
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 class Manifest:
     """An ImageFolder tree (``<root>/<class>/**/<file>``) frozen into a sample list.
 
@@ -241,15 +250,22 @@ class Manifest:
             raise FileNotFoundError(f"source {root!r} does not exist or is not a directory")
         pointer = Path(cache_dir) / "sources" / f"{_source_key(root)}.json"
         if not rescan and pointer.exists():
+            fingerprint = None
             try:
                 with open(pointer) as f:
                     ptr = json.load(f)
-                m = cls.load(cache_dir, ptr["fingerprint"])
+                fingerprint = ptr["fingerprint"]
+                m = cls.load(cache_dir, fingerprint)
                 m.dir_mtimes, m.scanned_at = ptr["dir_mtimes"], ptr["scanned_at"]
                 if m.root == root and m._unchanged(verify):
                     return m
-            except (OSError, ValueError, KeyError):
-                pass  # unreadable or stale pointer: rescan
+            except (OSError, ValueError, KeyError, TypeError):
+                # unreadable pointer or manifest: drop them so the rescan rewrites them
+                pointer.unlink(missing_ok=True)
+                if isinstance(fingerprint, str):
+                    bad = Path(cache_dir) / fingerprint / "manifest.json"
+                    if not _readable(bad):
+                        bad.unlink(missing_ok=True)
         m = cls.scan(root)
         m.save(cache_dir)
         return m

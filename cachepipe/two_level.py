@@ -12,10 +12,8 @@ Counters in :meth:`TwoLevelCache.stats` are per process.
 from __future__ import annotations
 
 import os
-import warnings
 from collections import Counter
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +21,13 @@ import numpy as np
 from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
+from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
 from cachepipe.l2_store import SampleStore, open_store, warn_once
 from cachepipe.manifest import Manifest
+from cachepipe.raw_levels import RawLevels
+from cachepipe.source import STAT_KEYS
 
 __all__ = ["TwoLevelCache"]
 
@@ -91,8 +91,7 @@ class TwoLevelCache:
         self._pid: int | None = None
         self._l1: L1Mirror | None = None
         self._store: SampleStore | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._l1_writable = True
+        self._raw: RawLevels | None = None
         self._warned: set = set()
         self.counters: Counter = Counter()
 
@@ -109,12 +108,13 @@ class TwoLevelCache:
         if self._pid == os.getpid():
             return
         if self._pid is not None:
-            _INHERITED.append((self._l1, self._store, self._pool))
+            _INHERITED.append((self._l1, self._store, self._raw))
             self._reset_process_state()
         cfg = self.config
         if cfg.use_l1:
             map_size = cfg.l1_map_size or 2 * self.manifest.total_bytes + (64 << 20)
             self._l1 = L1Mirror.shared(self.l1_path, map_size)
+        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS)
         if cfg.redis is not False:
             urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
             self._store = open_store(urls, self.namespace, self.counters,
@@ -172,7 +172,8 @@ class TwoLevelCache:
         """
         return self.get_many([index])[0]
 
-    def get_many(self, indices: Iterable[int], *, errors: str = "raise") -> list[np.ndarray | None]:
+    def get_many(self, indices: Iterable[int], *, errors: str = "raise",
+                 copy: bool = True) -> list[np.ndarray | None]:
         """Samples of ``indices`` in order, with one L2 round trip per shard.
 
         Args:
@@ -180,9 +181,12 @@ class TwoLevelCache:
             errors: ``"raise"``: a corrupt source file raises :class:`CorruptSampleError`
                 (after the good samples were cached); ``"skip"``: it gives ``None`` and is
                 counted in ``stats()["corrupt"]``.
+            copy: ``False`` returns L2 hits as read-only views of the Redis reply (one
+                copy less per sample, for callers that crop or convert anyway).
 
         Returns:
-            Writable ``(H, W, 3)`` uint8 arrays (``None`` only with ``errors="skip"``).
+            ``(H, W, 3)`` uint8 arrays, writable unless ``copy=False`` (``None`` only with
+            ``errors="skip"``).
 
         Raises:
             IndexError, CorruptSampleError, ValueError (bad ``errors``).
@@ -200,11 +204,15 @@ class TwoLevelCache:
         uniq = list(dict.fromkeys(idx))
         result: dict[int, np.ndarray] = {}
         if self._store is not None and uniq:
+            self._revive_embedded()
             for i, value in zip(uniq, self._store.get_many(uniq)):
                 if value is None:
                     continue
                 try:
-                    result[i] = decode_sample(value, i)
+                    arr = decode_sample(value, i, copy=copy)
+                    if arr.shape[2] != 3:
+                        raise ValueError(f"{arr.shape[2]} channels, not 3")
+                    result[i] = arr
                     c["l2_bytes"] += len(value)
                 except ValueError as exc:
                     c["l2_corrupt"] += 1
@@ -215,7 +223,7 @@ class TwoLevelCache:
         need = [i for i in uniq if i not in result]
         errors_seen: list[CorruptSampleError] = []
         if need:
-            raw = self._read_raw(need)
+            raw = self._raw.read(need)
             encoded = []
             for i in need:
                 try:
@@ -242,62 +250,21 @@ class TwoLevelCache:
             seen.add(i)
         return out
 
-    def _read_file(self, i: int) -> bytes | Exception:
-        try:
-            with open(self.manifest.path(i), "rb") as f:
-                return f.read()
-        except OSError as exc:
-            return exc
+    def _revive_embedded(self) -> None:
+        """Restart the embedded server when it died and its backoff window is over
+        (it starts empty and refills from L1 as samples are read)."""
+        health = getattr(self._store, "health", None)
+        if self.config.redis is None and health and health[0].failures and health[0].available():
+            try:
+                if self.embedded_server(start=True):
+                    self.counters["l2_restarts"] += 1
+            except (RuntimeError, OSError):
+                pass  # still down: the read below fails fast and backs off again
 
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
-        """Raw file bytes from L1, else from the source (filling L1); an unreadable file maps
-        to its ``OSError``."""
-        c, m = self.counters, self.manifest
-        raw: dict[int, bytes] = {}
-        if self._l1 is not None:
-            values, corrupt = self._l1.get_many(need)
-            if corrupt:
-                c["l1_corrupt"] += len(corrupt)
-                warn_once(self._warned, "l1corrupt", f"L1 entries failed verification (e.g. sample "
-                          f"{corrupt[0]}); re-reading them from the source")
-            raw = {i: v for i, v in zip(need, values) if v is not None}
-            c["l1_hits"] += len(raw)
-            c["l1_misses"] += len(need) - len(raw)
-        todo = [i for i in need if i not in raw]
-        if not todo:
-            return raw
-        if len(todo) > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(_SOURCE_THREADS, thread_name_prefix="cachepipe-read")
-            files = list(self._pool.map(self._read_file, todo))
-        else:
-            files = [self._read_file(todo[0])]
-        fresh = []
-        for i, data in zip(todo, files):
-            if isinstance(data, Exception):
-                warnings.warn(f"cannot read {m.path(i)}: {data}", CacheWarning, stacklevel=3)
-                c["source_errors"] += 1
-                raw[i] = data
-                continue
-            c["source_reads"] += 1
-            c["source_bytes"] += len(data)
-            if len(data) != m.sizes[i]:
-                c["source_changed"] += 1
-                warn_once(self._warned, "changed", f"{m.relpaths[i]} has {len(data)} bytes, the "
-                          f"manifest says {m.sizes[i]}: the source changed since it was scanned "
-                          f"(rescan to refresh the cache)")
-            raw[i] = data
-            fresh.append((i, data))
-        if self._l1 is not None and fresh and (self._l1_writable or strict_l1):
-            try:
-                c["l1_writes"] += self._l1.put_many(fresh)
-            except L1FullError as exc:
-                if strict_l1:
-                    raise
-                self._l1_writable = False
-                c["l1_write_errors"] += len(fresh)
-                warnings.warn(f"{exc}; L1 writes are off in this process", CacheWarning, stacklevel=3)
-        return raw
+        """Raw bytes via L1, else the source (see :class:`~cachepipe.raw_levels.RawLevels`)."""
+        self._open()
+        return self._raw.read(need, strict_l1=strict_l1)
 
     # -- bookkeeping ---------------------------------------------------------------------
     def stats(self) -> dict:
@@ -306,15 +273,12 @@ class TwoLevelCache:
         Keys: ``requests``, ``l2_hits``, ``l2_misses``, ``l2_bytes``, ``l2_writes``,
         ``l2_corrupt``, ``l2_errors``, ``l2_skipped`` (reads not sent to a shard in
         backoff), ``l2_fallbacks`` (served by a replica), ``l2_oom``, ``l2_write_errors``,
+        ``l2_restarts`` (embedded server restarted after it died),
         ``l1_hits``, ``l1_misses``, ``l1_writes``, ``l1_corrupt``, ``l1_write_errors``,
         ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
         ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.
         """
-        keys = ("requests", "l2_hits", "l2_misses", "l2_bytes", "l2_writes", "l2_corrupt",
-                "l2_errors", "l2_skipped", "l2_fallbacks", "l2_oom", "l2_write_errors", "l1_hits",
-                "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors", "source_reads",
-                "source_bytes", "source_errors", "source_changed", "corrupt")
-        out = {k: int(self.counters.get(k, 0)) for k in keys}
+        out = {k: int(self.counters.get(k, 0)) for k in STAT_KEYS}
         looked = out["l2_hits"] + out["l2_misses"]
         out["l2_hit_rate"] = out["l2_hits"] / looked if looked else 0.0
         out["pid"] = os.getpid()
@@ -327,8 +291,8 @@ class TwoLevelCache:
                 self._store.close()
             if self._l1 is not None:
                 self._l1.close()
-            if self._pool is not None:
-                self._pool.shutdown(wait=False)
+            if self._raw is not None:
+                self._raw.close()
         counters = self.counters
         self._reset_process_state()
         self.counters = counters

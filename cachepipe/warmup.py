@@ -51,8 +51,10 @@ def _record_corrupt(cache, indices: set[int]) -> None:
     os.replace(tmp, path)
 
 
-def plan_warmup(cache, *, node_rank: int = 0, num_nodes: int = 1, l1_scope: str = "all"):
-    """Return ``(l1_todo, l2_todo)``: sorted indices missing from L1 and from L2.
+def plan_warmup(cache, *, node_rank: int = 0, num_nodes: int = 1, l1_scope: str = "all",
+                limit: int | None = None):
+    """Return ``(l1_todo, l2_todo)``: sorted indices missing from L1 and from L2
+    (among the first ``limit`` samples when given).
 
     Raises:
         ValueError: bad partition arguments or ``l1_scope``.
@@ -62,7 +64,7 @@ def plan_warmup(cache, *, node_rank: int = 0, num_nodes: int = 1, l1_scope: str 
         raise ValueError(f"need 0 <= node_rank < num_nodes, got {node_rank=} {num_nodes=}")
     if l1_scope not in ("all", "partition"):
         raise ValueError(f"l1_scope must be one of 'all', 'partition'; got {l1_scope!r}")
-    n = len(cache)
+    n = len(cache) if limit is None else min(limit, len(cache))
     part = list(range(node_rank, n, num_nodes))
     l1_todo: list[int] = []
     if cache.l1 is not None:
@@ -113,7 +115,8 @@ def _run_chunk(args) -> dict:
 
 def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
            l1_scope: str = "all", batch_size: int = 64, progress: bool = True,
-           check_capacity: bool = True, on_progress: Callable[[int], None] | None = None) -> dict:
+           check_capacity: bool = True, on_progress: Callable[[int], None] | None = None,
+           limit: int | None = None) -> dict:
     """Fill ``cache`` (a :class:`~cachepipe.TwoLevelCache`) for this node.
 
     Args:
@@ -124,6 +127,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         progress: show a tqdm bar on stderr.
         check_capacity: refuse to start when L1 disk or L2 memory is too small.
         on_progress: called with the number of samples finished after every batch.
+        limit: only warm the first ``limit`` samples (benchmarks, smoke tests).
 
     Returns:
         Summary dict: ``samples``, ``partition``, ``l1_todo``, ``l2_todo``, ``l1_written``,
@@ -135,9 +139,14 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     """
     if workers < 1 or batch_size < 1:
         raise ValueError(f"workers and batch_size must be >= 1, got {workers=} {batch_size=}")
+    if num_nodes > 1 and cache.config.redis is None:
+        raise ValueError("num_nodes > 1 needs a shared L2 (Redis URLs or a cluster): "
+                         "the embedded server is private to one node, so the other nodes' "
+                         "partitions would never reach it")
     t0 = time.perf_counter()
     m = cache.manifest
-    l1_todo, l2_todo = plan_warmup(cache, node_rank=node_rank, num_nodes=num_nodes, l1_scope=l1_scope)
+    l1_todo, l2_todo = plan_warmup(cache, node_rank=node_rank, num_nodes=num_nodes,
+                                   l1_scope=l1_scope, limit=limit)
     report = {"samples": len(m), "partition": len(range(node_rank, len(m), num_nodes)),
               "fingerprint": m.fingerprint, "l1_todo": len(l1_todo), "l2_todo": len(l2_todo),
               "l1_written": 0, "l2_written": 0, "bytes_read": 0, "l2_write_errors": 0,

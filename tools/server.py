@@ -16,8 +16,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["start", "stop", "status"], help="what to do")
     parser.add_argument("--cache-dir", required=True, help="the cache directory")
     parser.add_argument("--l2-memory", default=None,
-                        help="maxmemory for start, e.g. 4gb, 25%% (default: keep a running "
-                             "server's, else 25%% of RAM)")
+                        help="maxmemory for start, e.g. 4gb, 25%%; unset: keep a running "
+                             "server's, else 25%% of RAM")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
 
 

@@ -1,6 +1,6 @@
 """``cachepipe stats SRC --cache-dir DIR``: how much of the source each cache level holds.
 
-Exit status: 0, 3 missing or invalid source, 4 L2 unreachable (the rest is still shown).
+Exit status: 0, 2 bad flag values, 3 missing or invalid source, 4 L2 unreachable (the rest is still shown).
 """
 from __future__ import annotations
 
@@ -46,9 +46,14 @@ def format_coverage(c: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_from_args
+    from cachepipe.cli_options import cache_from_args, check_args
     from cachepipe.coverage import coverage
 
+    try:
+        check_args(args)
+    except ValueError as exc:
+        print(f"cachepipe stats: error: {exc}", file=sys.stderr)
+        return 2
     try:
         cache = cache_from_args(args)
     except (FileNotFoundError, ValueError) as exc:

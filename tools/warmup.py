@@ -1,7 +1,7 @@
 """``cachepipe warmup SRC --cache-dir DIR``: fill L1 (LMDB mirror) and L2 (Redis) before training.
 
 Exit status: 0 done (corrupt files are listed), 1 corrupt files with ``--strict`` or L2
-writes that failed, 2 bad usage, 3 missing or invalid source, 4 unreachable Redis,
+writes that failed, 2 bad usage (flag values, URL schemes), 3 missing or invalid source, 4 unreachable Redis,
 5 L2 too small (the message says how much memory it needs), 6 L1 disk or map full.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 __all__ = ["configure", "main"]
 
-EXIT_CORRUPT, EXIT_SOURCE, EXIT_REDIS, EXIT_L2_SMALL, EXIT_L1_FULL = 1, 3, 4, 5, 6
+EXIT_CORRUPT, EXIT_USAGE, EXIT_SOURCE, EXIT_REDIS, EXIT_L2_SMALL, EXIT_L1_FULL = 1, 2, 3, 4, 5, 6
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     add_cache_arguments(parser)
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
-                        help="parallel worker processes")
+                        help="parallel worker processes (min(8, CPU count))")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="samples per LMDB transaction / Redis pipeline")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (L2 partition)")
@@ -61,15 +61,20 @@ def _summary(r: dict, node: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_from_args
+    from cachepipe.cli_options import cache_from_args, check_args, redis_from_args
     from cachepipe.errors import L1FullError, L2UnavailableError
     from cachepipe.warmup import L2TooSmallError, warmup
 
     try:
-        cache = cache_from_args(args)
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        return fail(str(exc), EXIT_SOURCE)
+        check_args(args)
+        if args.num_nodes > 1 and redis_from_args(args) is None:
+            raise ValueError("--num-nodes > 1 needs a shared L2 (--redis URL ... or --redis-cluster "
+                             "URL): the embedded server is private to one node")
     except ValueError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    try:
+        cache = cache_from_args(args)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         return fail(str(exc), EXIT_SOURCE)
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
     try:
@@ -93,8 +98,11 @@ def main(args: argparse.Namespace) -> int:
     except L1FullError as exc:
         return fail(exc.strerror or str(exc), EXIT_L1_FULL)
     except ValueError as exc:
-        return fail(str(exc), EXIT_SOURCE)
+        return fail(str(exc), EXIT_USAGE)
     print(_summary(report, node))
+    if cache.config.redis is None:
+        print(f"  L2 is the embedded Redis at {cache.embedded_server().url}; it keeps running for "
+              f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")
     if args.json:
         _write_json(args.json, report)
     if report["l2_write_errors"]:

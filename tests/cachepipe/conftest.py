@@ -42,3 +42,77 @@ def reference_pixels(data: bytes, size: int) -> np.ndarray:
 def truncate(path, keep: float = 0.5) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _cluster_ports(n: int) -> list[int]:
+    """Free ports whose cluster bus ports (port + 10000) are valid and free too."""
+    import random
+    import socket
+
+    ports: list[int] = []
+    for port in random.sample(range(20000, 55000), 2000):
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        if all(abs(port - p) not in (0, 10000) for p in ports):
+            ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError("no free port pairs for Redis Cluster nodes")
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    """A real 3-primary Redis Cluster (no replicas) on 127.0.0.1; yields
+    ``(seed URL, clients, processes)``."""
+    import subprocess
+    import time
+
+    import redis
+
+    from cachepipe.redis_binary import find_redis_server
+
+    procs, ports = [], _cluster_ports(3)
+    for port in ports:
+        d = tmp_path / f"cluster{port}"
+        d.mkdir()
+        procs.append(subprocess.Popen(
+            [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", str(d / "nodes.conf"), "--save", "", "--appendonly", "no",
+             "--dir", str(d), "--logfile", str(d / "log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        clients = [redis.Redis(host="127.0.0.1", port=p, retry=Retry(NoBackoff(), 0)) for p in ports]
+        deadline = time.monotonic() + 30  # generous: CI machines are shared and loaded
+        for c, proc, port in zip(clients, procs, ports):
+            while True:
+                try:
+                    c.ping()
+                    break
+                except redis.ConnectionError:
+                    log = tmp_path / f"cluster{port}" / "log"
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"cluster node {port} did not start: "
+                                           f"{log.read_text()[-300:] if log.exists() else ''}")
+                    time.sleep(0.02)
+        bounds = [0, 5461, 10923, 16384]
+        for k, c in enumerate(clients):
+            c.execute_command("CLUSTER", "ADDSLOTS", *range(bounds[k], bounds[k + 1]))
+        for p in ports[1:]:
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", p)
+        while not all(c.cluster("info")["cluster_state"] == "ok" and
+                      int(c.cluster("info")["cluster_known_nodes"]) == 3 for c in clients):
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis cluster did not form")
+            time.sleep(0.05)
+        yield f"redis-cluster://127.0.0.1:{ports[0]}", clients, procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

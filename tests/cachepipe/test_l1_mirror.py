@@ -6,9 +6,7 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 
-import lmdb
 import pytest
 
 from cachepipe import L1FullError

@@ -114,7 +114,9 @@ def test_reuse_without_rescan_and_change_detection(source, tmp_path, monkeypatch
 
 def test_racy_directory_forces_rescan(source, tmp_path, monkeypatch):
     cache = tmp_path / "c"
-    Manifest.load_or_scan(source, cache)  # directories were just written: racy
+    for dirpath, _, _ in os.walk(source):
+        os.utime(dirpath)  # modified "now", like a directory written just before the scan
+    Manifest.load_or_scan(source, cache)  # racy: the next call cannot trust these mtimes
     calls = []
     real_scan = Manifest.scan.__func__
     monkeypatch.setattr(Manifest, "scan", classmethod(lambda cls, r: calls.append(r) or real_scan(cls, r)))
@@ -129,3 +131,13 @@ def test_save_load_round_trip(source, tmp_path):
     assert (back.samples, back.sizes, back.mtimes, back.classes) == (m.samples, m.sizes, m.mtimes, m.classes)
     with pytest.raises(ValueError, match="verify"):
         Manifest.load_or_scan(source, tmp_path / "c", verify="everything")
+
+
+def test_damaged_saved_manifest_is_rescanned_and_rewritten(source, tmp_path):
+    cache = tmp_path / "c"
+    m = Manifest.load_or_scan(source, cache)
+    saved = cache / m.fingerprint / "manifest.json"
+    saved.write_text(saved.read_text()[:100])  # torn file (e.g. copied half-way)
+    again = Manifest.load_or_scan(source, cache)
+    assert again.fingerprint == m.fingerprint and again.samples == m.samples
+    assert Manifest.load(cache, m.fingerprint).samples == m.samples  # rewritten whole

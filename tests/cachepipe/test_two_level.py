@@ -37,6 +37,9 @@ def test_round_trip_through_every_level(source, cache_dir, redis_server):
         for a, b, c in zip(first, again, third):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(a, c)
+        views = cache.get_many(range(n), copy=False)
+        assert cache.stats()["l2_hits"] == 2 * n and not views[0].flags.writeable
+        np.testing.assert_array_equal(views[5], first[5])
         dup = cache.get_many([3, 3])
         assert dup[0] is not dup[1]
         np.testing.assert_array_equal(cache.get(3), first[3])
@@ -190,3 +193,57 @@ def test_bad_arguments(source, cache_dir):
         TwoLevelCache(source, cache_dir, False, 0)
     with pytest.raises(FileNotFoundError):
         TwoLevelCache(source / "nope", cache_dir, False)
+
+
+def test_hung_shard_times_out_and_is_backed_off(source, cache_dir, redis_servers):
+    import signal
+    import time
+
+    servers = redis_servers(2)
+    with TwoLevelCache(source, cache_dir, [s.url for s in servers], SIZE, replicas=2, timeout=0.3) as cache:
+        n = len(cache)
+        expected = cache.get_many(range(n))
+        servers[0].proc.send_signal(signal.SIGSTOP)  # alive but silent, like a wedged node
+        try:
+            with pytest.warns(CacheWarning, match="TimeoutError|Timeout"):
+                got = cache.get_many(range(n))
+            t0 = time.monotonic()
+            again = cache.get_many(range(n))  # in backoff: no second timeout
+            assert time.monotonic() - t0 < 0.3
+        finally:
+            servers[0].proc.send_signal(signal.SIGCONT)
+        st = cache.stats()
+        assert st["l2_errors"] == 1 and st["l2_skipped"] > 0 and st["source_reads"] == n
+        for a, b, c in zip(expected, got, again):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, c)
+
+
+def test_embedded_server_that_died_is_restarted(source, cache_dir):
+    with TwoLevelCache(source, cache_dir, None, SIZE, l2_memory="32mb") as cache:
+        expected = cache.get_many(range(6))
+        cache.embedded_server().stop()  # e.g. `cachepipe server stop` during training
+        with pytest.warns(CacheWarning, match="failed on read"):
+            got = cache.get_many(range(6))  # served by L1 meanwhile
+        cache._store.health[0].retry_at = 0  # the backoff window is over
+        again = cache.get_many(range(6))
+        assert cache.embedded_server().ping() and cache.stats()["l2_restarts"] == 1
+        assert cache.get_many(range(6)) and cache.stats()["l2_hits"] == 6  # refilled
+        for a, b, c in zip(expected, got, again):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(a, c)
+
+
+def test_full_l1_map_warns_in_reads_and_fails_warmup(source, cache_dir):
+    from cachepipe import L1FullError
+    from cachepipe.warmup import warmup
+
+    with TwoLevelCache(source, cache_dir, False, SIZE, l1_map_size=1 << 16) as cache:
+        n = len(cache)
+        with pytest.warns(CacheWarning, match="is full.*L1 writes are off"):
+            got = cache.get_many(range(n))
+        assert cache.stats()["l1_write_errors"] > 0
+        for i in (0, n - 1):
+            np.testing.assert_array_equal(got[i], _expected(cache, i))
+        with pytest.raises(L1FullError, match="map size is 0.1 MiB"):
+            warmup(cache, progress=False)

@@ -1,0 +1,115 @@
+"""``cachepipe make-dataset / warmup / stats / server``: exit codes, messages, JSON."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from cachepipe.embedded import EmbeddedRedis
+from tools.cli import main
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    path = tmp_path / "cache"
+    yield path
+    EmbeddedRedis(path).stop()
+
+
+@pytest.fixture
+def src(tiny_dataset, tmp_path):
+    dst = tmp_path / "src"
+    shutil.copytree(tiny_dataset / "train", dst)
+    return dst
+
+
+def _err_line(capsys):
+    err = capsys.readouterr().err.strip().splitlines()
+    return err[-1] if err else ""
+
+
+def test_make_dataset(tmp_path, capsys):
+    assert main(["make-dataset", str(tmp_path / "d"), "--classes", "3", "--per-class", "2",
+                 "--val-per-class", "1", "--size", "20"]) == 0
+    assert "wrote 6 training images" in capsys.readouterr().out
+    assert len(list((tmp_path / "d" / "train").rglob("*.JPEG"))) == 6
+    assert len(list((tmp_path / "d" / "val").rglob("*.JPEG"))) == 3
+    assert main(["make-dataset", str(tmp_path / "e"), "--classes", "1"]) == 2
+    assert "classes >= 2" in _err_line(capsys)
+
+
+def test_warmup_embedded_then_nothing_to_do_then_stats_and_server(src, cache_dir, tmp_path, capsys):
+    out_json = tmp_path / "w.json"
+    args = ["warmup", str(src), "--cache-dir", str(cache_dir), "--cache-size", "32",
+            "--l2-memory", "64mb", "--quiet"]
+    assert main(args + ["--workers", "2", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "L1 written: 24 entries   L2 written: 24 entries" in out and "corrupt files: 0" in out
+    report = json.loads(out_json.read_text())
+    assert (report["samples"], report["l1_written"], report["l2_written"], report["corrupt"]) == (24, 24, 24, [])
+    assert report["seconds"] > 0
+    assert main(args + ["--workers", "1"]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--cache-size", "32", "--json"]) == 0
+    cov = json.loads(capsys.readouterr().out)
+    assert cov["l1"]["entries"] == 24 and cov["l2"]["present"] == 24 and cov["l2"]["kind"] == "embedded"
+    assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--cache-size", "64"]) == 0
+    assert "L2      embedded: 0/24 (0.0 %)" in capsys.readouterr().out  # another size: another namespace
+    assert main(["server", "status", "--cache-dir", str(cache_dir)]) == 0
+    assert "running: pid" in capsys.readouterr().out
+    assert main(["server", "stop", "--cache-dir", str(cache_dir)]) == 0
+    assert main(["server", "status", "--cache-dir", str(cache_dir)]) == 1
+    assert main(["server", "start", "--cache-dir", str(cache_dir), "--l2-memory", "16mb"]) == 0
+    assert "started: pid" in capsys.readouterr().out
+
+
+def test_missing_or_invalid_source(tmp_path, cache_dir, capsys):
+    assert main(["warmup", str(tmp_path / "nope"), "--cache-dir", str(cache_dir)]) == 3
+    assert _err_line(capsys) == (f"cachepipe warmup: error: source '{tmp_path / 'nope'}' does not "
+                                 f"exist or is not a directory")
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "a.jpg").write_bytes(b"x")
+    assert main(["warmup", str(tmp_path / "flat"), "--cache-dir", str(cache_dir)]) == 3
+    assert "no class folders" in _err_line(capsys)
+    assert main(["stats", str(tmp_path / "nope"), "--cache-dir", str(cache_dir)]) == 3
+
+
+def test_partitions_need_a_shared_l2(src, cache_dir, capsys):
+    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--num-nodes", "2", "--quiet"]) == 2
+    assert "needs a shared L2" in _err_line(capsys)
+
+
+def test_unreachable_redis(src, cache_dir, redis_server, capsys):
+    url = redis_server.url
+    redis_server.kill()
+    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", url, "--quiet"]) == 4
+    line = _err_line(capsys)
+    assert line.startswith(f"cachepipe warmup: error: cannot reach L2 shard {url}") and "refused" in line
+    assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--redis", url]) == 4
+    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", "ftp://x"]) == 2
+    assert "unknown Redis URL scheme" in _err_line(capsys)
+
+
+def test_l2_too_small_says_how_much_it_needs(src, cache_dir, redis_servers, capsys):
+    server = redis_servers(1, maxmemory="3mb")[0]
+    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", server.url,
+                 "--workers", "1", "--quiet"]) == 5
+    line = _err_line(capsys)
+    assert f"L2 shard {server.url} is too small: 24 samples need ~" in line
+    assert "needs maxmemory >=" in line
+    assert server.client().dbsize() == 0  # refused before writing anything
+
+
+def test_strict_makes_corrupt_files_an_error(src, cache_dir, redis_server, capsys):
+    victim = sorted(src.rglob("*.JPEG"))[3]
+    victim.write_bytes(victim.read_bytes()[:200])
+    rel = str(victim.relative_to(src))
+    args = ["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", redis_server.url,
+            "--workers", "1", "--quiet", "--cache-size", "32"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "corrupt files: 1" in out and rel in out
+    assert main(args + ["--strict"]) == 1
+    captured = capsys.readouterr()
+    assert "nothing to do" in captured.out and "1 corrupt file(s) (--strict)" in captured.err
