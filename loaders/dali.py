@@ -35,7 +35,7 @@ from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValT
 
 __all__ = ["DALILoader", "build_dali_loader"]
 
-_OUT_DTYPES = ("float32", "float16")
+_OUT_DTYPES = ("float32", "float16", "uint8")
 
 
 class _CacheSource:
@@ -67,29 +67,35 @@ class _CacheSource:
             self.skipped.extend(skipped)
             if samples:
                 break
-        rng = random.Random(request.seed)
-        size = request.size
-        labels = [np.array([t], dtype=np.int64) for t in targets]
-        starts, ends, sizes, mirrors, crop_shapes, crop_positions = [], [], [], [], [], []
-        for s in samples:
-            h, w = s.shape[:2]
+        return (samples,) + self.plan(samples, targets, request.size, random.Random(request.seed))
+
+    def plan(self, samples, targets, size: int, rng: random.Random) -> tuple[np.ndarray, ...]:
+        """Per-sample operator arguments as one (N, k) array each (DALI takes a uniform batch as one array).
+
+        Returns labels (N, 1), ROI start and end (N, 2) as (y, x), resize target (N, 2) as
+        (h, w), mirror flags (N,), crop shape (N, 2) and relative crop position (N, 2).
+        """
+        n = len(samples)
+        labels = np.asarray(targets, dtype=np.int64).reshape(n, 1)
+        roi = np.zeros((n, 4), dtype=np.float32)
+        resize = np.full((n, 2), size, dtype=np.float32)
+        mirror = np.zeros(n, dtype=np.int32)
+        crop = np.full((n, 2), size, dtype=np.float32)
+        crop_pos = np.full((n, 2), 0.5, dtype=np.float32)
+        for k, sample in enumerate(samples):
+            h, w = sample.shape[:2]
             if self.train:
                 win, flip = self.crop.plan(h, w, rng)
-                sizes.append(np.array([size, size], dtype=np.float32))
-                crop_pos = np.array([0.5, 0.5], dtype=np.float32)
+                mirror[k] = flip
             else:
-                win, flip = CropWindow(0, 0, h, w), False
+                win = CropWindow(0, 0, h, w)
                 rh, rw = self.val.resize_to(h, w, size)
-                sizes.append(np.array([rh, rw], dtype=np.float32))
-                c = center_crop_window(rh, rw, size)  # exact torchvision anchor, as a relative position
-                crop_pos = np.array([c.top / (rh - size) if rh > size else 0.5,
-                                     c.left / (rw - size) if rw > size else 0.5], dtype=np.float32)
-            starts.append(np.array([win.top, win.left], dtype=np.float32))
-            ends.append(np.array([win.top + win.height, win.left + win.width], dtype=np.float32))
-            mirrors.append(np.array(int(flip), dtype=np.int32))
-            crop_shapes.append(np.array([size, size], dtype=np.float32))
-            crop_positions.append(crop_pos)
-        return samples, labels, starts, ends, sizes, mirrors, crop_shapes, crop_positions
+                resize[k] = rh, rw
+                c = center_crop_window(rh, rw, size)  # torchvision's anchor, as a relative position
+                crop_pos[k] = (c.top / (rh - size) if rh > size else 0.5,
+                               c.left / (rw - size) if rw > size else 0.5)
+            roi[k] = win.top, win.left, win.top + win.height, win.left + win.width
+        return labels, roi[:, :2].copy(), roi[:, 2:].copy(), resize, mirror, crop, crop_pos
 
 
 def _pipeline(source, device: str, out_dtype: str, mean, std):
@@ -105,10 +111,12 @@ def _pipeline(source, device: str, out_dtype: str, mean, std):
     images = fn.resize(images, roi_start=start, roi_end=end, roi_relative=False, size=size,
                        antialias=True, interp_type=types.INTERP_LINEAR, dtype=types.UINT8)
     pos_y, pos_x = crop_pos[0], crop_pos[1]
+    if out_dtype == "uint8":  # raw pixels: normalise on the GPU later (loaders.transforms.normalize)
+        mean, std = (0.0, 0.0, 0.0), (1 / 255.0,) * 3
     images = fn.crop_mirror_normalize(
         images, crop=crop, crop_pos_y=pos_y, crop_pos_x=pos_x, mirror=mirror,
         mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std], output_layout="CHW",
-        dtype=types.FLOAT16 if out_dtype == "float16" else types.FLOAT)
+        dtype={"float16": types.FLOAT16, "uint8": types.UINT8}.get(out_dtype, types.FLOAT))
     return images, labels
 
 
@@ -156,14 +164,16 @@ class DALILoader:
             self._running = False
 
     def __iter__(self):
+        """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch (images on the
+        GPU with ``device="gpu"``, labels on the CPU)."""
         self._finish_epoch()
+        self.batches_done = self.sampler.start
+        if self.batches_done >= len(self.sampler):  # resumed at the very end of an epoch
+            self.sampler.start = 0
+            return
         if self._started:
             self._iter.reset()  # calls iter(source): the new epoch state is read from here on
         self._started = True
-        self.batches_done = self.sampler.start
-        if self.batches_done >= len(self.sampler):
-            self.sampler.start = 0
-            return
         self._running = True
         for out in self._iter:
             self.batches_done += 1
@@ -218,7 +228,8 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         cache_dir, redis, cache, on_error, cache_size: as ``CachedImageFolder``.
         workers: DALI CPU threads (default 2).
         drop_last: default True for training, False for validation.
-        dtype: "float32" (default) or "float16" output.
+        dtype: "float32" (default), "float16", or "uint8" (not normalised: move to the GPU,
+            then ``loaders.transforms.normalize``).
         device_id: CUDA device (default: the current one) for device="gpu".
         prefetch_queue_depth: batches DALI keeps in flight (default 2).
 

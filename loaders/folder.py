@@ -45,8 +45,8 @@ class CachedImageFolder(torch.utils.data.Dataset):
             in ``skipped`` (``__getitem__`` still raises: one sample cannot be skipped).
 
     Raises:
-        ValueError: an empty root or class folder (the message lists what was found), or
-            a bad ``on_error``.
+        ValueError: an empty root or class folder (the message lists what was found), a
+            bad ``on_error``, or a ``cache`` built for another root.
         FileNotFoundError: ``root`` does not exist.
 
     Example:
@@ -73,6 +73,8 @@ class CachedImageFolder(torch.utils.data.Dataset):
             self.cache = cache
             self.manifest = cache.manifest
             self.cache_size = int(cache.config.cache_size)
+            if os.path.abspath(os.fspath(root)) != self.manifest.root:
+                raise ValueError(f"the cache given serves {self.manifest.root!r}, not {os.path.abspath(root)!r}")
         self.root = self.manifest.root
         self.transform, self.target_transform = transform, target_transform
         self.on_error = on_error

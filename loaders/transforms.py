@@ -40,10 +40,15 @@ def _as_hwc_tensor(sample) -> torch.Tensor:
     return t
 
 
-def _resized_crop(img: torch.Tensor, win: CropWindow, out_h: int, out_w: int) -> torch.Tensor:
-    """uint8 HWC -> uint8 1x3xHxW (channels-last memory); see NOTE [fast resized crop]."""
+def _resized_crop(img: torch.Tensor, win: CropWindow, out_h: int, out_w: int, flip: bool = False) -> torch.Tensor:
+    """uint8 HWC -> uint8 1x3xHxW (channels-last memory); see NOTE [fast resized crop].
+
+    The flip is applied to the crop (the copy that makes it contiguous anyway); bilinear
+    resampling with half-pixel centres is mirror-symmetric, so this equals flipping after.
+    """
     crop = img[win.top:win.top + win.height, win.left:win.left + win.width]
-    x = crop.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    crop = crop.flip(1) if flip else crop.contiguous()  # HWC contiguous == channels-last 1x3xHxW
+    x = crop.permute(2, 0, 1).unsqueeze(0)
     if (win.height, win.width) == (out_h, out_w):
         return x
     return F.interpolate(x, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False)
@@ -68,6 +73,8 @@ def normalize(images: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=
 
 @dataclass(frozen=True)
 class _Base:
+    """Fields and batch machinery shared by the train and validation transforms."""
+
     size: int = 224
     normalize: bool = True
     dtype: str = "float32"
@@ -89,18 +96,20 @@ class _Base:
         """uint8 HWC -> uint8 1x3x``size``x``size`` (subclasses)."""
         raise NotImplementedError
 
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
     # -- shared machinery -----------------------------------------------------------------
     def _affine(self):
         scale = torch.tensor([1.0 / (255.0 * s) for s in self.std]).view(3, 1, 1)
         bias = torch.tensor([-m / s for m, s in zip(self.mean, self.std)]).view(3, 1, 1)
         return scale, bias
 
-    def new_batch(self, n: int, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def new_batch(self, n: int, size: int) -> torch.Tensor:
         """An empty NCHW output batch in this transform's dtype and memory format."""
         fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-        if out is None:
-            return torch.empty((n, 3, size, size), dtype=_DTYPES[self.dtype], memory_format=fmt)
-        return out
+        return torch.empty((n, 3, size, size), dtype=self.torch_dtype, memory_format=fmt)
 
     def write(self, dst: torch.Tensor, src_u8: torch.Tensor, affine) -> None:
         """Copy one 1x3xHxW uint8 result into ``dst`` (3xHxW), normalising on the way."""
@@ -135,7 +144,7 @@ class _Base:
         """
         size = self.size if size is None else int(size)
         rng = random if rng is None else rng
-        out = self.new_batch(len(samples), size, out)
+        out = self.new_batch(len(samples), size) if out is None else out
         affine = self._affine()
         for n, sample in enumerate(samples):
             self.write(out[n], self._one(_as_hwc_tensor(sample), size, rng), affine)
@@ -180,8 +189,7 @@ class TrainTransform(_Base):
 
     def _one(self, img, size, rng):
         win, flip = self.plan(img.shape[0], img.shape[1], rng)
-        y = _resized_crop(img, win, size, size)
-        return y.flip(3) if flip else y
+        return _resized_crop(img, win, size, size, flip)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,139 @@
+"""The DALI loader in CPU mode, end to end from a real Redis L2, against the torch path."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from loaders import build_dali_loader, cached_dataloader
+from loaders.transforms import normalize
+
+SMALL = dict(cache_size=40)
+
+
+def epoch(loader, e):
+    loader.set_epoch(e)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("size", [32, 35])  # 35: the resize to round(35 / 0.875) = 40 is a no-op; 32 resizes
+def test_val_outputs_agree_with_the_torch_path(source, cache_dir, redis_server, size):
+    kwargs = dict(batch_size=7, train=False, size=size, cache_dir=cache_dir, redis=[redis_server.url], **SMALL)
+    dali = build_dali_loader(source, device="cpu", **kwargs)
+    torch_loader = cached_dataloader(source, workers=0, **kwargs)
+    try:
+        a, b = epoch(dali, 0), epoch(torch_loader, 0)
+        assert [len(y) for _, y in a] == [7, 7, 7, 3]  # the documented last partial batch
+        for (xd, yd), (xt, yt) in zip(a, b):
+            assert xd.shape == xt.shape == (len(yt), 3, size, size) and xd.dtype == torch.float32
+            assert torch.equal(yd, yt) and yd.dtype == torch.int64
+            diff = (xd - xt).abs()
+            # the two bilinear resamplers may differ by one uint8 level (1 / 255 / std < 0.018)
+            assert diff.max() < 0.02 and diff.mean() < 0.005
+        assert redis_server.client().dbsize() == 24
+    finally:
+        dali.close()
+        torch_loader.close()
+
+
+@pytest.mark.dali
+def test_train_crops_are_the_torch_paths_crops(source, cache_dir):
+    kwargs = dict(batch_size=8, train=True, size=24, cache_dir=cache_dir, redis=False, seed=5, **SMALL)
+    dali = build_dali_loader(source, device="cpu", **kwargs)
+    torch_loader = cached_dataloader(source, workers=0, **kwargs)
+    try:
+        for e in (0, 1):
+            a, b = epoch(dali, e), epoch(torch_loader, e)
+            assert len(a) == len(b) == len(dali) == 3
+            for (xd, yd), (xt, yt) in zip(a, b):
+                assert torch.equal(yd, yt)
+                diff = (xd - xt).abs()  # same windows and flips; resamplers differ slightly at crop borders
+                assert diff.mean() < 0.02 and diff.quantile(0.99) < 0.2  # other crops: mean ~1
+    finally:
+        dali.close()
+        torch_loader.close()
+
+
+@pytest.mark.dali
+def test_epochs_sizes_ranks_and_resume_end_to_end(source, cache_dir):
+    kwargs = dict(batch_size=3, train=True, size=24, cache_dir=cache_dir, redis=False, seed=2, workers=2, **SMALL)
+    ranks = [build_dali_loader(source, device="cpu", shard_id=r, num_shards=2, **kwargs) for r in range(2)]
+    try:
+        e0 = [epoch(ld, 0) for ld in ranks]
+        assert [len(b) for b in e0] == [4, 4]  # every rank stops on the same iteration
+        labels0 = [torch.cat([y for _, y in b]).tolist() for b in e0]
+        order = [[i for batch in ld.sampler for i in batch] for ld in ranks]
+        assert sorted(order[0] + order[1]) == list(range(24))
+        targets = ranks[0].dataset.targets
+        assert labels0 == [[targets[i] for i in o] for o in order]
+        # leave an epoch early, change the size, start the next one
+        ranks[0].set_epoch(1)
+        next(iter(ranks[0]))
+        ranks[0].set_size(16)
+        e1 = epoch(ranks[0], 1)
+        assert len(e1) == 4 and {tuple(x.shape) for x, _ in e1} == {(3, 3, 16, 16)}
+        # resume after two batches of epoch 1 on a fresh loader
+        ranks[0].set_epoch(1)
+        it = iter(ranks[0])
+        next(it), next(it)
+        state = ranks[0].state_dict()
+    finally:
+        for ld in ranks:
+            ld.close()
+    resumed = build_dali_loader(source, device="cpu", shard_id=0, num_shards=2, **kwargs)
+    try:
+        resumed.load_state_dict(state)
+        resumed.set_epoch(1)
+        rest = [(x.clone(), y.clone()) for x, y in resumed]
+        assert len(rest) == 2
+        for (xa, ya), (xb, yb) in zip(rest, e1[2:]):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    finally:
+        resumed.close()
+
+
+@pytest.mark.dali
+def test_fp16_and_uint8_outputs_and_bad_arguments(source, cache_dir):
+    loader = build_dali_loader(source, batch_size=4, train=False, size=24, device="cpu", cache_dir=cache_dir,
+                               redis=False, dtype="float16", **SMALL)
+    try:
+        x, y = next(iter(loader))
+        assert x.dtype == torch.float16 and x.shape == (4, 3, 24, 24)
+    finally:
+        loader.close()
+    raw = build_dali_loader(source, batch_size=4, train=False, size=24, device="cpu", cache_dir=cache_dir,
+                            redis=False, dtype="uint8", **SMALL)
+    try:
+        u8, _ = next(iter(raw))
+        assert u8.dtype == torch.uint8
+        torch.testing.assert_close(normalize(u8).half(), x, rtol=1e-3, atol=1e-2)
+    finally:
+        raw.close()
+    with pytest.raises(ValueError, match="device"):
+        build_dali_loader(source, batch_size=4, train=False, device="tpu", cache=False)
+    with pytest.raises(ValueError, match="shard_id"):
+        build_dali_loader(source, batch_size=4, train=False, device="cpu", cache=False, shard_id=1)
+
+
+def test_loaders_import_without_dali_and_name_the_extra(source):
+    code = textwrap.dedent(f"""
+        import sys
+        class NoDali:
+            def find_spec(self, name, path=None, target=None):
+                if name == "nvidia" or name.startswith("nvidia."):
+                    raise ModuleNotFoundError("No module named " + repr(name))
+        sys.meta_path.insert(0, NoDali())
+        import loaders
+        assert not loaders.dali_available()
+        try:
+            loaders.build_dali_loader({str(source)!r}, batch_size=2, train=False, device="cpu", cache=False)
+        except ImportError as exc:
+            print("ERR", exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'cachepipe[dali]'" in out.stdout

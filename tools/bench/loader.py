@@ -1,0 +1,223 @@
+"""``cachepipe bench loader``: plain files vs ``cached_dataloader`` (L2) vs the DALI loader, side by side.
+
+All loaders use the same batch size, worker count, crop size and training augmentation
+(random-resized-crop + flip + normalise to float NCHW) and the same batch-at-a-time worker
+code; only where the pixels come from differs:
+
+- ``plain``: the files under SRC, read and decoded at full size with Pillow every time
+  (what torchvision's ImageFolder does), torch DataLoader with W workers;
+- ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first);
+- ``dali``: ``build_dali_loader`` (CPU mode unless a GPU is present), W DALI threads.
+
+Each loader first runs one untimed epoch (worker start-up), then rounds of whole epochs
+are timed, interleaved across loaders; the table shows each loader's median round and the
+median of the per-round speedups over ``plain``. ``fetch_ms_per_batch`` is the time spent
+getting the pixels (file read + decode for ``plain``, waiting on the cache for the
+others), summed over workers; ``cpu_ms_per_image`` adds up the CPU time of this process,
+its workers and the Redis servers.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["configure", "main"]
+
+LOADERS = ("plain", "cached", "dali")
+COLUMNS = ("loader", "workers", "size", "batch_size", "dtype", "images_per_s", "speedup", "fetch_ms_per_batch",
+           "cpu_ms_per_image", "seconds")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", metavar="SRC", help="ImageFolder root (<SRC>/<class>/<image>); "
+                        "a dataset root holding train/ uses SRC/train")
+    parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
+    parser.add_argument("--redis", action="append", default=None, metavar="URL",
+                        help="L2 shard URL, repeatable; none given: the embedded server in --cache-dir")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers / DALI threads")
+    parser.add_argument("--size", type=int, default=224, help="crop size")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch size")
+    parser.add_argument("--batches", type=int, default=20,
+                        help="timed batches per loader and round, rounded up to whole epochs")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds per loader; the table shows the median round")
+    parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
+    parser.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
+                        help="output: normalised float32, or raw uint8 (normalised later on a GPU)")
+    parser.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of plain,cached,dali")
+    parser.add_argument("--dali-device", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="where DALI's operators run; auto: the GPU when one is present")
+    parser.add_argument("--make-dataset", type=int, default=0, metavar="PER_CLASS",
+                        help="when SRC does not exist, write a demo dataset with this many ~--image-px "
+                             "JPEGs per class first (0: don't)")
+    parser.add_argument("--classes", type=int, default=10, help="classes of --make-dataset")
+    parser.add_argument("--image-px", type=int, default=400, help="typical image side of --make-dataset")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
+
+
+class PlainFiles:
+    """The baseline source: read each file and decode it at full size with Pillow."""
+
+    def __init__(self, manifest) -> None:
+        self.manifest = manifest
+        self.targets = list(manifest.targets)
+
+    def load_many(self, indices):
+        from PIL import Image
+
+        samples = []
+        for i in indices:
+            with Image.open(self.manifest.path(int(i))) as img:
+                samples.append(np.asarray(img.convert("RGB")))
+        return samples, [self.targets[int(i)] for i in indices], []
+
+    def close(self) -> None:
+        pass
+
+
+def _build(kind: str, root: str, args, cache):
+    import torch
+
+    from loaders import build_dali_loader, cached_dataloader
+    from loaders.dataloader import CachedDataLoader
+    from loaders.sampler import ShardedBatchSampler
+    from loaders.transforms import TrainTransform
+
+    common = dict(batch_size=args.batch_size, train=True, size=args.size, workers=args.workers, seed=0)
+    raw = args.dtype == "uint8"
+    if kind == "plain":
+        source = PlainFiles(cache.manifest)
+        sampler = ShardedBatchSampler(len(source.targets), args.batch_size, shuffle=True, drop_last=True,
+                                      size=args.size)
+        transform = TrainTransform(size=args.size, dtype=args.dtype, normalize=not raw)
+        return CachedDataLoader(source, transform, sampler, workers=args.workers,
+                                pin_memory=torch.cuda.is_available(), prefetch_factor=2)
+    if kind == "cached":
+        return cached_dataloader(root, cache=cache, dtype=args.dtype, normalize=not raw, **common)
+    device = args.dali_device
+    if device == "auto":
+        device = "gpu" if torch.cuda.is_available() else "cpu"
+    return build_dali_loader(root, cache=cache, device=device, dtype=args.dtype, **common)
+
+
+def _cpu_seconds(redis_clients) -> float:
+    """CPU seconds used so far by this process, its children (DataLoader workers) and the Redis servers."""
+    me = os.getpid()
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry) == me or int(fields[1]) == me:  # fields[1] is the parent pid
+            total += (int(fields[11]) + int(fields[12])) / tick
+    for client in redis_clients:
+        info = client.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+def _measure(loader, batches: int, redis_clients, epoch: int) -> tuple[dict, int]:
+    """Time whole epochs, starting at ``epoch``, until at least ``batches`` batches were read.
+
+    Whole epochs leave no prefetched work behind to be charged to the next loader.
+    Returns the measurements and the epoch to continue from.
+    """
+    done, images = 0, 0
+    t0, wait0, cpu0 = time.perf_counter(), loader.cache_wait_s, _cpu_seconds(redis_clients)
+    while done < batches:
+        loader.set_epoch(epoch)
+        for _, labels in loader:
+            done += 1
+            images += len(labels)
+        epoch += 1
+    seconds = time.perf_counter() - t0
+    cpu = _cpu_seconds(redis_clients) - cpu0
+    return {"images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * (loader.cache_wait_s - wait0) / done,
+            "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds, "batches": done}, epoch
+
+
+def _mean_image_px(manifest, probe: int = 32) -> str:
+    """Mean height x width of up to ``probe`` files (headers only)."""
+    from PIL import Image
+
+    dims = []
+    for i in np.linspace(0, len(manifest) - 1, min(probe, len(manifest))).astype(int):
+        with Image.open(manifest.path(int(i))) as img:
+            dims.append((img.height, img.width))
+    h, w = np.mean(dims, axis=0)
+    return f"{h:.0f}x{w:.0f}"
+
+
+def main(args: argparse.Namespace) -> int:
+    import redis
+    import torch
+
+    from cachepipe import Manifest, TwoLevelCache
+    from cachepipe.demo_data import make_dataset
+    from tools.bench.table import format_table, machine_description, write_json
+
+    kinds = [k.strip() for k in args.loaders.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(LOADERS))
+    if unknown:
+        raise ValueError(f"unknown loaders {unknown}; valid: {list(LOADERS)}")
+    src = Path(args.src)
+    if not src.exists() and args.make_dataset:
+        print(f"writing a demo dataset to {src}: {args.classes} classes x {args.make_dataset} images of "
+              f"~{args.image_px} px")
+        make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)
+    root = src / "train" if (src / "train").is_dir() else src
+    manifest = Manifest.scan(root)
+    mean_bytes = manifest.total_bytes / len(manifest)
+    mean_px = _mean_image_px(manifest)
+    print(f"dataset {root}: {len(manifest)} images, {len(manifest.classes)} classes, "
+          f"{mean_bytes / 1024:.0f} KiB and ~{mean_px} px per file on average")
+    torch.set_num_threads(1)
+    cache = TwoLevelCache(root, args.cache_dir, redis=args.redis, cache_size=args.cache_size)
+    t = time.perf_counter()
+    for lo in range(0, len(cache), 256):  # warm L1 and L2 so the cached loaders read L2
+        cache.get_many(range(lo, min(lo + 256, len(cache))), errors="skip")
+    print(f"cache warm in {time.perf_counter() - t:.1f} s: {cache.stats()['l2_hits']} L2 hits, "
+          f"{cache.stats()['l2_writes']} L2 writes")
+    redis_clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
+                     else [cache.embedded_server().client()])
+    cache.close()
+    loaders = {kind: _build(kind, os.fspath(root), args, cache) for kind in kinds}
+    epochs = dict.fromkeys(kinds, 0)
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    try:
+        for kind in kinds:  # untimed: start workers / build the DALI pipeline, one epoch each
+            _, epochs[kind] = _measure(loaders[kind], 1, [], epochs[kind])
+        for r in range(args.rounds):  # interleaved rounds: load from other jobs hits every loader alike
+            for kind in kinds:
+                clients = redis_clients if kind != "plain" else []
+                result, epochs[kind] = _measure(loaders[kind], args.batches, clients, epochs[kind])
+                runs[kind].append(result)
+                print(f"round {r + 1}/{args.rounds} {kind}: {result['images_per_s']:.0f} images/s")
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    rows = []
+    for kind in kinds:
+        median = sorted(runs[kind], key=lambda m: m["images_per_s"])[len(runs[kind]) // 2]
+        row = {"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
+               "dtype": args.dtype, "rounds": args.rounds, **median,
+               "images_per_s_all": [m["images_per_s"] for m in runs[kind]],
+               "mean_image_px": mean_px, "mean_file_kib": mean_bytes / 1024}
+        if "plain" in runs:  # ratio within each round (same load), then the median over rounds
+            ratios = sorted(m["images_per_s"] / p["images_per_s"] for m, p in zip(runs[kind], runs["plain"]))
+            row["speedup"] = ratios[len(ratios) // 2]
+        rows.append(row)
+    print(format_table(rows, COLUMNS))
+    print(f"machine: {machine_description()}")
+    if args.json:
+        write_json(args.json, rows)
+    return 0
