@@ -25,7 +25,7 @@ import math
 import torch
 
 from comm.topk.checks import check_finite
-from comm.topk.mstopk_band import MSTopKBand, band_from_kth, select_from_candidates
+from comm.topk.mstopk_band import MSTopKBand, band_from_kth, kth_largest, select_from_candidates
 
 __all__ = ["abs_stats", "candidates", "mstopk_torch", "SAMPLE_STRIDE", "CHUNK"]
 
@@ -117,7 +117,7 @@ def mstopk_torch(x: torch.Tensor, k: int, iters: int,
         cand_idx, cand_val = candidates(x, cut)
         if cand_idx.numel() > k:
             break
-    v_next = float(torch.topk(cand_val, k + 1, sorted=False).values.min())
+    v_next = kth_largest(cand_val, k + 1)
     band = band_from_kth(mean, vmax, v_next, iters, _mag_dtype(x.dtype))
     if band.lower < cut:  # the band reaches below the candidates: collect it all
         cand_idx, cand_val = candidates(x, band.lower)
