@@ -75,7 +75,9 @@ def make_input(dist: str, n: int, seed: int = 0, device: str | torch.device = "c
         raise ValueError(f"unknown distribution {dist!r}; valid: {sorted(table)}")
     device = torch.device(device)
     g = torch.Generator(device=device).manual_seed(seed)
-    return table[dist](n, g, device, **opts).to(dtype)
+    x = table[dist](n, g, device, **opts)
+    big = torch.finfo(dtype).max  # heavy tails would overflow float16 to inf
+    return x.clamp(-big, big).to(dtype)
 
 
 def parse_size(text: str) -> int:
