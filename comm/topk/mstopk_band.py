@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["MSTopKBand", "band_from_kth", "select_from_candidates", "MAX_ITERS"]
+__all__ = ["MSTopKBand", "band_from_kth", "kth_largest", "select_from_candidates", "MAX_ITERS"]
 
 MAX_ITERS = 50  # ratio = j / 2**N stays exact in float64 well past this
 
@@ -94,6 +94,14 @@ def band_from_kth(mean: float, vmax: float, v_next: float, iters: int,
             j_hi = mid
     upper = grid(j_hi) if j_hi < 2**iters else math.inf
     return MSTopKBand(lower=grid(j_lo), upper=upper, search_lo=lo, search_hi=vmax)
+
+
+def kth_largest(values: torch.Tensor, j: int) -> float:
+    """The ``j``-th largest of ``values`` (1-based), from whichever side is shorter."""
+    rest = values.numel() - j + 1  # it is also the rest-th smallest
+    if rest < j:
+        return float(torch.topk(values, rest, largest=False, sorted=False).values.max())
+    return float(torch.topk(values, j, sorted=False).values.min())
 
 
 def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band: MSTopKBand, k: int,
