@@ -28,7 +28,7 @@ class SparseHookState:
         self.selector, self.error_feedback, self.value_dtype = selector, error_feedback, value_dtype
         self.skip_nonfinite, self.skipped_buckets = skip_nonfinite, 0
         self.exchangers: dict[int, object] = {}
-        build_exchanger(algorithm, topology, density=density, selector=selector)  # validate early
+        build_exchanger(algorithm, topology, density=density, selector=selector, value_dtype=value_dtype)  # validate
 
     def exchanger_for(self, index: int, numel: int):
         """The exchanger of bucket ``index``; rebuilt (residual dropped) if DDP re-bucketed.

@@ -99,7 +99,7 @@ class GradientExchanger:
             grads.append(p.grad)
         if self.skip_nonfinite and grads:
             local = torch.stack([torch.isfinite(g).all() for g in grads]).all()
-            if nonfinite_anywhere(torch.tensor([0.0 if local else float("nan")])):
+            if nonfinite_anywhere(torch.tensor([0.0 if local else float("nan")], device=grads[0].device)):
                 for g in grads:
                     g.fill_(float("nan"))
                 self.skipped_steps += 1

@@ -24,15 +24,21 @@ class ResidualMemory:
         self.enabled = bool(enabled)
         self.residual: torch.Tensor | None = None
 
-    def compensate(self, x: torch.Tensor) -> torch.Tensor:
-        """Return a new accumulation-precision tensor ``x + residual``.
+    def compensate(self, x: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
+        """Return ``x + residual`` in accumulation precision (fp32, or fp64 for fp64 ``x``).
+
+        With error feedback on, the result is a new tensor (or ``x`` itself when
+        ``inplace`` and ``x`` already has the accumulation dtype) that the caller may turn
+        into the next residual; with it off, ``x`` may be returned as is (do not write).
 
         Raises:
             ValueError: if ``x`` does not match the size of the stored residual.
         """
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        acc = x.to(dtype=dtype, copy=True)
-        if self.enabled and self.residual is not None:
+        if not self.enabled:
+            return x.to(dtype)
+        acc = x if inplace and x.dtype == dtype else x.to(dtype=dtype, copy=True)
+        if self.residual is not None:
             if self.residual.numel() != acc.numel():
                 raise ValueError(f"residual holds {self.residual.numel()} elements but the input has "
                                  f"{acc.numel()}: one ResidualMemory serves one tensor layout")
@@ -44,7 +50,8 @@ class ResidualMemory:
         self.residual = residual if self.enabled else None
 
     def state_dict(self) -> dict:
-        return {"enabled": self.enabled, "residual": None if self.residual is None else self.residual.detach().cpu()}
+        residual = None if self.residual is None else self.residual.detach().to("cpu", copy=True)
+        return {"enabled": self.enabled, "residual": residual}
 
     def load_state_dict(self, state: dict) -> None:
         residual = state.get("residual")

@@ -54,15 +54,16 @@ class GTopKExchanger(Exchanger):
         wire, idx_wire = self.wire_dtype(x), index_dtype(d)
         values, indices = self.topk(acc, k)
         local_sent = values.to(wire).to(acc.dtype)
-        residual = acc.clone()
-        residual[indices] = values - local_sent                     # Alg. 4 line 8 (+ rounding)
+        residual = acc                                               # no copy of d elements
+        if self.memory.enabled:
+            residual[indices] = values - local_sent                 # Alg. 4 line 8 (+ rounding)
         notes: list[tuple[torch.Tensor, torch.Tensor]] = []          # NOTE [gtopk error feedback]
         cur_idx, cur_val = indices, local_sent
         step = 1
         while step < world:
             if rank % (2 * step) == 0 and rank + step < world:
-                r_val = torch.empty(k, dtype=wire)
-                r_idx = torch.empty(k, dtype=idx_wire)
+                r_val = torch.empty(k, dtype=wire, device=acc.device)
+                r_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
                 dist.recv(r_val, src=rank + step)
                 dist.recv(r_idx, src=rank + step)
                 cur_idx, cur_val, drop_idx, drop_val = merge_topk(
@@ -75,8 +76,8 @@ class GTopKExchanger(Exchanger):
                 notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
                 break
             step *= 2
-        g_val = torch.empty(k, dtype=wire)
-        g_idx = torch.empty(k, dtype=idx_wire)
+        g_val = torch.empty(k, dtype=wire, device=acc.device)
+        g_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
         if rank == 0:
             g_val.copy_(cur_val)
             g_idx.copy_(cur_idx)
@@ -85,8 +86,8 @@ class GTopKExchanger(Exchanger):
             dist.broadcast(g_val, src=0)
             dist.broadcast(g_idx, src=0)
         g_idx = g_idx.long()
-        out = torch.zeros_like(acc)
-        out.index_add_(0, g_idx, g_val.to(acc.dtype))
+        out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
+        out.index_add_(0, g_idx, g_val.to(acc.dtype).div_(world))
         if self.memory.enabled:
             g_mask = torch.zeros(d, dtype=torch.bool, device=acc.device)
             g_mask[g_idx] = True
@@ -96,4 +97,4 @@ class GTopKExchanger(Exchanger):
                 inside = g_mask[note_idx]
                 residual.index_add_(0, note_idx[inside], note_val[inside])
             self.memory.update(residual)
-        return out.div_(world)
+        return out

@@ -35,15 +35,15 @@ class HiTopKExchanger(Exchanger):
         n, m = t.local_size, t.nodes
         d = x.numel()
         acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        chunk = reduce_scatter_flat(pad_to_multiple(x.to(acc_dtype), n), t.intra_group, n)
-        acc = self.memory.compensate(chunk)
+        full = x.to(acc_dtype)
+        chunk = reduce_scatter_flat(pad_to_multiple(full, n) if d % n else full, t.intra_group, n)
+        acc = self.memory.compensate(chunk, inplace=True)  # chunk is ours: no copy
         c = acc.numel()
         values, indices = self.topk(acc, k_for(c, self.density))
         sent = values.to(self.wire_dtype(x))
-        if self.memory.enabled:
-            residual = acc.clone()
-            residual[indices] = values - sent.to(acc.dtype)
-            self.memory.update(residual)
+        if self.memory.enabled:  # acc becomes the residual
+            acc[indices] = values - sent.to(acc.dtype)
+            self.memory.update(acc)
         # step 3: inter-node all-gather among same-local-rank workers
         node_values = all_gather_flat(sent, t.inter_group, m)
         node_indices = all_gather_flat(indices.to(index_dtype(c)), t.inter_group, m)
@@ -52,5 +52,5 @@ class HiTopKExchanger(Exchanger):
         all_indices = all_gather_flat(node_indices, t.intra_group, n).view(n, -1).long()
         all_indices += torch.arange(n, device=acc.device).unsqueeze(1) * c
         out = torch.zeros(n * c, dtype=acc.dtype, device=acc.device)
-        out.index_add_(0, all_indices.reshape(-1), all_values.reshape(-1).to(acc.dtype))
-        return out[:d].div_(t.world_size)
+        out.index_add_(0, all_indices.reshape(-1), all_values.reshape(-1).to(acc.dtype).div_(t.world_size))
+        return out[:d]

@@ -30,12 +30,11 @@ class TopKAllGatherExchanger(Exchanger):
         d = acc.numel()
         values, indices = self.topk(acc, k_for(d, self.density))
         sent = values.to(self.wire_dtype(x))
-        if self.memory.enabled:
-            residual = acc.clone()
-            residual[indices] = values - sent.to(acc.dtype)
-            self.memory.update(residual)
+        if self.memory.enabled:  # acc becomes the residual: no copy of d elements
+            acc[indices] = values - sent.to(acc.dtype)
+            self.memory.update(acc)
         all_values = all_gather_flat(sent, None, t.world_size)
         all_indices = all_gather_flat(indices.to(index_dtype(d)), None, t.world_size)
-        out = torch.zeros_like(acc)
-        out.index_add_(0, all_indices.long(), all_values.to(acc.dtype))
-        return out.div_(t.world_size)
+        out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
+        out.index_add_(0, all_indices.long(), all_values.to(acc.dtype).div_(t.world_size))
+        return out

@@ -52,6 +52,12 @@ def exchanges(rank, world, nodes, local_size, d, steps, density):
     x = make_input(rank, 0, d, torch.float32)
     for name in DENSE:
         out["dense"][name] = build_exchanger(name, topo).exchange(x)
+    seg = build_exchanger("2dtar", topo)
+    seg.segment_bytes = 4 * 60  # many pipelined segments (NOTE [2dtar pipelining])
+    out["dense"]["2dtar/segmented"] = seg.exchange(x)
+    seg = build_exchanger("hier", topo)
+    seg.segment_bytes = 4 * 70
+    out["dense"]["hier/segmented"] = seg.exchange(x)
     out["dense"]["dense/fp16"] = build_exchanger("dense", topo, value_dtype="fp16").exchange(x)
     for name in SPARSE:
         ex = build_exchanger(name, topo, density=density, selector="exact")
@@ -125,6 +131,17 @@ def training(rank, world, nodes, local_size):
         losses.append(loss.item())
     out["losses"] = losses
     out["hook_state_keys"] = sorted(state.state_dict())
+    # an overflow on one rank: the hook skips the bucket everywhere, residuals untouched
+    before = state.state_dict()
+    x, y = _batch(rank, 0)
+    if rank == 0:
+        x[0, 0] = float("inf")
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    after = state.state_dict()
+    out["hook_overflow"] = (state.skipped_buckets, all(bool(torch.isnan(p.grad).all()) for p in model.parameters()),
+                            all(torch.equal(before[i][1]["memory"]["residual"], after[i][1]["memory"]["residual"])
+                                for i in before))
     # 3. GradientExchanger: several fused buckets, small ones hybrid to hier
     net = _model(1)
     ex = GradientExchanger(net.parameters(), "2dtar", topo, bucket_bytes=8 * 64 * 33, hybrid_threshold_bytes=2048)

@@ -38,7 +38,7 @@ def test_dense_variants_equal_plain_mean(layout_run):
     world = nodes * local_size
     mean = torch.stack([make_input(r, 0, D, torch.float32) for r in range(world)]).mean(0)
     for rank, res in enumerate(results):
-        for name in DENSE:
+        for name in DENSE + ("2dtar/segmented", "hier/segmented"):
             got = res["dense"][name]
             assert got.dtype == torch.float32 and got.shape == (D,)
             assert_close(got, mean, rtol=1e-5, atol=1e-6, msg=f"{name} rank {rank}")

@@ -28,6 +28,12 @@ def test_sparse_hook_at_density_001_lowers_loss(runs):
     assert runs[0]["hook_state_keys"]  # residuals per bucket are checkpointable
 
 
+def test_hook_skips_overflow_buckets_without_touching_residuals(runs):
+    for res in runs:
+        skipped, all_nan, residuals_kept = res["hook_overflow"]
+        assert skipped == 1 and all_nan and residuals_kept
+
+
 def test_gradient_exchanger_fuses_buckets_and_averages(runs):
     algorithms, _, _ = runs[0]["fusion"]
     assert len(algorithms) >= 2 and "hier" in algorithms and "2dtar" in algorithms

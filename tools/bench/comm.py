@@ -27,12 +27,6 @@ ALL = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk"]
 RESNET50 = 25_557_032
 
 
-def _default_selector() -> str:
-    from comm.topk import SELECTORS
-
-    return "mstopk" if "mstopk" in SELECTORS else "exact"
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=2, help="emulated nodes (network namespaces)")
     parser.add_argument("--local-size", type=int, default=2, help="worker processes per node")
@@ -42,7 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--density", type=float, default=0.01, help="density rho of the sparse algorithms")
     parser.add_argument("--algorithms", nargs="+", default=ALL, choices=ALL, metavar="ALG",
                         help=f"algorithms to time, from {ALL}")
-    parser.add_argument("--selector", default=None, help="top-k selector (default: mstopk if registered, else exact)")
+    parser.add_argument("--selector", default="exact",
+                        help="top-k selector from comm.topk.SELECTORS (on CPU torch.topk is faster than mstopk)")
     parser.add_argument("--value-dtype", default=None, choices=["fp16", "bf16"], help="wire dtype of values (default fp32)")
     parser.add_argument("--reps", type=int, default=3, help="timed exchanges per algorithm and size")
     parser.add_argument("--warmup", type=int, default=1, help="untimed exchanges first")
@@ -59,7 +54,10 @@ def main(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.local_size < 1 or not 0 < args.density <= 1:
         print("bench comm: --nodes and --local-size must be >= 1 and --density in (0, 1]", file=sys.stderr)
         return 2
-    selector = args.selector or _default_selector()
+    from comm.topk import get_selector
+
+    get_selector(args.selector)  # unknown name -> ValueError listing the valid ones
+    selector = args.selector
     reason = "--loopback given" if args.loopback else netns_unavailable_reason()
     if reason:
         print(f"bench comm: no emulated cluster ({reason}); running every worker on loopback "
