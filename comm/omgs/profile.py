@@ -151,7 +151,7 @@ def fit_alpha_beta(ks: Sequence[int], topology=None, repeats: int = 5) -> tuple[
     """Fit ``t_c = alpha + beta * 8 * k`` by timing the OMGS sparse all-gather of ``k``
     selected entries (NOTE [OMGS wire format]) on the process group. Collective: every
     rank must call it with the same arguments. Each point is the median over repeats of
-    the slowest rank's time.
+    the slowest rank's time; the line is a Theil-Sen fit (median of pairwise slopes).
 
     Raises:
         ValueError: with fewer than two distinct ``k``.
@@ -175,10 +175,13 @@ def fit_alpha_beta(ks: Sequence[int], topology=None, repeats: int = 5) -> tuple[
                 times.append(float(t))
         xs.append(BYTES_PER_SELECTED * k)
         ts.append(statistics.median(times))
-    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
-    beta = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
-    beta = max(beta, 0.0)
-    return max(mt - beta * mx, 0.0), beta
+    # Theil-Sen: median of pairwise slopes, then the median intercept; robust to the odd
+    # slow sample on a shared machine (a least-squares intercept can go negative there)
+    slopes = [(ts[j] - ts[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
+              if xs[j] != xs[i]]
+    beta = max(statistics.median(slopes), 0.0)
+    alpha = max(statistics.median(t - beta * x for x, t in zip(xs, ts)), 0.0)
+    return alpha, beta
 
 
 def save_profile(path: str | os.PathLike, profile: BackwardProfile, cost: CostModel) -> None:

@@ -5,13 +5,14 @@ with the usual torch.distributed environment variables set.
 
 NOTE [bench calibration]
 alpha and beta come from timing the OMGS all-gather alone; gamma and the decompression
-time ``tu`` come from a calibration run of the three baseline plans (TopK-SGD, LAGS,
-fusion) with the real pipelined exchanger: every group's measured compression time is a
-point of the gamma fit, so the fit sees the same contention (four workers on a shared
-machine) as the timed runs. The OMGS plans are made from these numbers and their times
-are predictions: no OMGS run feeds the model. Timed iterations of all modes are then
-interleaved (mode A, B, C, ..., A, B, C, ...) so that a change of the machine's load hits
-every mode alike.
+time ``tu`` come from runs of the three baseline plans (TopK-SGD, LAGS, fusion) with the
+real pipelined exchanger: every group's measured compression time is a point of the gamma
+fit, so the fit sees the same contention (four workers on a shared machine) as the timed
+runs. A calibration run gives the coefficients the OMGS plans are made with. Timed
+iterations of all modes are then interleaved (mode A, B, C, ..., A, B, C, ...) so that a
+change of the machine's load hits every mode alike, and the predictions use gamma and tu
+refitted from the baselines' timed iterations and the per-layer times scaled to the
+interleaved backward-only time. No OMGS iteration feeds the model: its time is predicted.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def run(spec: dict) -> dict:
     if prof.order != list(range(len(d))):
         raise RuntimeError("emulated backward did not run in reverse layer order")
     tb = [_mean(t) for t in prof.tb]  # effective per-layer backward of the emulated model
-    alpha, beta = fit_alpha_beta(sorted({1, 64, 1024, 4096, max(2, int(rho * sum(d)))}),
+    alpha, beta = fit_alpha_beta(sorted({1, 4, 16, 64, 256, 1024, 4096, max(2, int(rho * sum(d)))}),
                                  repeats=spec["fit_repeats"])
     make = lambda plan: OMGSExchanger(params, density=rho, selector=spec["selector"],  # noqa: E731
                                       plan=broadcast_plan(plan))
@@ -100,15 +101,25 @@ def run(spec: dict) -> dict:
     for _ in range(iters):
         for m in modes:
             measured[m].append(_iteration(model, exchangers, m))
+    baselines = [ex for name, ex in exchangers.items() if not name.startswith("omgs")]
+    gamma_t = _mean(gamma_from_timings([g.numel for ex in baselines for g in ex.groups],
+                                       [g.compress_s / iters for ex in baselines for g in ex.groups], rho))
+    tu_t = _mean(statistics.median((ex.stats["sync_s"] - ex.stats["wait_s"]) / iters for ex in baselines))
+    scale = statistics.median(measured[None]) / sum(tb)
+    tb_t = [t * scale for t in tb]
+    planned_with = dict(coeffs, tu=tu)
+    coeffs = dict(coeffs, gamma=gamma_t)
     rows = [dict(mode="backward only", groups=0, measured_ms=1e3 * statistics.median(measured[None]),
-                 min_ms=1e3 * min(measured[None]), max_ms=1e3 * max(measured[None]), predicted_ms=1e3 * sum(tb))]
+                 min_ms=1e3 * min(measured[None]), max_ms=1e3 * max(measured[None]), predicted_ms=1e3 * sum(tb_t))]
     for name, ex in exchangers.items():
         rows.append(dict(mode=name, groups=len(ex.groups), measured_ms=1e3 * statistics.median(measured[name]),
                          min_ms=1e3 * min(measured[name]), max_ms=1e3 * max(measured[name]),
-                         predicted_ms=1e3 * predict_iteration_time(tb, d, ex.plan, **coeffs, tu=tu),
+                         predicted_ms=1e3 * predict_iteration_time(tb_t, d, ex.plan, **coeffs, tu=tu_t),
+                         planned_pred_ms=1e3 * predict_iteration_time(tb, d, ex.plan, **planned_with),
                          **{k[:-2] + "_ms": 1e3 * _mean(v) / iters for k, v in ex.stats.items()}))
     plans = {name: ex.plan for name, ex in exchangers.items()}
-    return {"rows": rows, "coeffs": coeffs, "tu": tu, "tb_effective": tb, "plans": plans}
+    return {"rows": rows, "coeffs": coeffs, "tu": tu_t, "tb_effective": tb_t, "plans": plans,
+            "planned_with": planned_with}
 
 
 def main(argv: list[str]) -> int:
