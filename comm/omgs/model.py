@@ -160,7 +160,7 @@ def simulate(tb: Sequence[float], d: Sequence[int], merged: Sequence[bool], cost
 
 def predict_iteration_time(tb: Sequence[float], d: Sequence[int], merged: Sequence[bool],
                            alpha: float, beta: float, gamma: float, rho: float,
-                           tf: float = 0.0) -> float:
+                           tf: float = 0.0, tu: float = 0.0) -> float:
     """Modelled iteration time of MGS-SGD with the given plan (eq. 17).
 
     Args:
@@ -169,6 +169,8 @@ def predict_iteration_time(tb: Sequence[float], d: Sequence[int], merged: Sequen
         merged: the plan; ``merged[i]`` merges layer i into layer ``i - 1``.
         alpha, beta, gamma, rho: see :class:`CostModel`.
         tf: forward time added in front (default 0: the time from backward start).
+        tu: time after the last all-gather (decompression and update; default 0, which
+            the paper assumes).
 
     Returns:
         Seconds from the start of the iteration to the end of the last communication.
@@ -181,4 +183,4 @@ def predict_iteration_time(tb: Sequence[float], d: Sequence[int], merged: Sequen
         2.5
     """
     rows = simulate(tb, d, merged, CostModel(alpha, beta, gamma, rho), tf)
-    return rows[-1]["comm_end"]
+    return rows[-1]["comm_end"] + tu

@@ -62,7 +62,8 @@ def _check_same_layout(groups, group) -> None:
 
 
 class _Group:
-    __slots__ = ("params", "offsets", "numel", "k", "acc", "ready", "packed", "outputs", "work")
+    __slots__ = ("params", "offsets", "numel", "k", "acc", "ready", "packed", "outputs", "work",
+                 "compress_s")
 
     def __init__(self, params, k, device):
         self.params = params
@@ -71,6 +72,7 @@ class _Group:
         self.numel = sum(sizes)
         self.k = k
         self.acc = torch.zeros(self.numel, dtype=torch.float32, device=device)  # residual
+        self.compress_s = 0.0  # cumulative time of this group's compression (for cost fits)
         self.ready = 0
         self.packed = self.outputs = self.work = None
 
@@ -126,8 +128,9 @@ class OMGSExchanger:
                               device) for s, e in groups_from_plan(self.plan)]
         _check_same_layout(self.groups, self.group)
         self._next = len(self.groups) - 1  # next group to launch (backward order)
-        self._enabled = True
-        self.stats = {"compress_s": 0.0, "wait_s": 0.0}
+        self.enabled = True  # False: the hooks do nothing (see no_sync)
+        self._scratch = None  # decompression buffer, allocated once (large allocations are slow)
+        self.stats = {"compress_s": 0.0, "wait_s": 0.0, "sync_s": 0.0}  # cumulative seconds
         self._handles = []
         if pipelined:
             for g in self.groups:
@@ -137,7 +140,7 @@ class OMGSExchanger:
 
     # -- backward side -------------------------------------------------------------------
     def _on_grad(self, g: _Group) -> None:
-        if not self._enabled:
+        if not self.enabled:
             return
         g.ready += 1
         self._launch_ready()
@@ -156,6 +159,7 @@ class OMGSExchanger:
             if p.grad is not None:
                 g.acc[off:off + p.numel()].add_(p.grad.reshape(-1))
         g.packed = compress(g.acc, g.k, self.selector, self.error_feedback)
+        g.compress_s += time.perf_counter() - t0
         self.stats["compress_s"] += time.perf_counter() - t0
         g.outputs = [torch.empty_like(g.packed) for _ in range(self.world_size)]
         g.work = dist.all_gather(g.outputs, g.packed, group=self.group, async_op=True)
@@ -167,12 +171,15 @@ class OMGSExchanger:
         Groups not launched yet (non-pipelined mode, parameters without gradient) are
         launched now, in backward order.
         """
+        t_sync = time.perf_counter()
         self._launch_ready(force=True)
         for g in reversed(self.groups):
             t0 = time.perf_counter()
             g.work.wait()
             self.stats["wait_s"] += time.perf_counter() - t0
-            out = torch.zeros(g.numel, dtype=torch.float32, device=g.acc.device)
+            if self._scratch is None:
+                self._scratch = torch.zeros(max(x.numel for x in self.groups), device=g.acc.device)
+            out = self._scratch[:g.numel].zero_()
             for buf in g.outputs:
                 unpack_add(out, buf, g.k)
             out.div_(self.world_size)
@@ -184,6 +191,7 @@ class OMGSExchanger:
                     p.grad.copy_(flat)
             g.ready, g.packed, g.outputs, g.work = 0, None, None, None
         self._next = len(self.groups) - 1
+        self.stats["sync_s"] += time.perf_counter() - t_sync
 
     wait = synchronize
 
@@ -191,11 +199,11 @@ class OMGSExchanger:
     def no_sync(self):
         """Accumulate gradients locally (hooks ignored); the next backward outside the
         context exchanges the accumulated gradients."""
-        self._enabled = False
+        self.enabled = False
         try:
             yield
         finally:
-            self._enabled = True
+            self.enabled = True
 
     def remove(self) -> None:
         """Remove the autograd hooks."""

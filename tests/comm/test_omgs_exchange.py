@@ -5,8 +5,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from comm.omgs.pipeline import broadcast_plan
-from comm.omgs import (OMGSExchanger, OMGSHookState, find_merged_layers, fit_alpha_beta, fit_gamma,
+from comm.omgs import (build_omgs_exchanger, OMGSExchanger, OMGSHookState, find_merged_layers, fit_alpha_beta, fit_gamma,
                        groups_from_plan, load_profile, measure_backward_times, omgs_hook, save_profile,
                        CostModel)
 from tests.distributed import run_distributed
@@ -136,16 +135,14 @@ def _train_worker(rank, world):
     torch.manual_seed(0)
     model = _model(1)
     teacher = _model(2)
-    prof = measure_backward_times(model, lambda: _loss(model, rank, 0), repeats=1)
-    params = [model.get_parameter(n) for n in prof.names]
-    plan = find_merged_layers(prof.tb, prof.d, alpha=1e-3, beta=1e-8, gamma=1e-8, rho=0.2, method="optimal")
+    params = list(model.parameters())
     try:  # per-rank timings give per-rank plans: the exchanger refuses to mix them
         OMGSExchanger(params, density=0.2, plan=[False] + [rank == 1] * (len(params) - 1))
         raise AssertionError("mismatched plans were accepted")
     except ValueError as exc:
         assert "disagree" in str(exc)
-    plan = broadcast_plan(plan)
-    ex = OMGSExchanger(params, density=0.2, plan=plan)
+    ex, cost, prof = build_omgs_exchanger(model, lambda: _loss(model, rank, 0), density=0.2, repeats=2)
+    assert cost.gamma > 0 and sorted(prof.order) == list(range(len(params)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(60):
