@@ -95,7 +95,9 @@ class PhaseConfig:
 
     ``hybrid_bytes``: fused gradient buckets smaller than this use the dense ``hier``
     all-reduce whatever ``comm`` says (Jizhi's hybrid choice by size); 0 sends every
-    bucket with ``comm``.
+    bucket with ``comm``. ``omgs_plan`` (``comm: omgs`` only): ``auto`` profiles backward
+    and plans merged layers at the start of the phase; ``lags`` keeps every layer alone
+    (deterministic, no profiling).
     """
 
     epochs: int = 1
@@ -105,6 +107,7 @@ class PhaseConfig:
     density: float = 0.01
     selector: str = "mstopk"
     hybrid_bytes: int = 2**20
+    omgs_plan: str = "auto"
 
     def __post_init__(self):
         _need(self.epochs >= 1, f"phase epochs must be >= 1; got {self.epochs}")
@@ -112,6 +115,7 @@ class PhaseConfig:
         _need(self.batch_size >= 1, f"phase batch_size must be >= 1; got {self.batch_size}")
         _need(self.comm in COMM_NAMES, f"phase comm {self.comm!r} is unknown; valid: {list(COMM_NAMES)}")
         _need(0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
+        _need(self.omgs_plan in ("auto", "lags"), f"phase omgs_plan must be auto or lags; got {self.omgs_plan!r}")
         _need(self.hybrid_bytes >= 0, f"phase hybrid_bytes must be >= 0; got {self.hybrid_bytes}")
         _need(self.selector in SELECTOR_NAMES, f"phase selector {self.selector!r} is unknown; valid: {list(SELECTOR_NAMES)}")
 

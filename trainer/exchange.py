@@ -80,8 +80,8 @@ class PhaseExchange:
             single process: ``synchronize`` is then a no-op).
     """
 
-    def __init__(self, inner=None):
-        self.inner = inner
+    def __init__(self, inner=None, layout: dict | None = None):
+        self.inner, self.layout = inner, layout or {}
         self.last_timings = {"compress": 0.0, "communicate": 0.0}
         self._select_s = [0.0]
         for ex in getattr(inner, "exchangers", []):  # GradientExchanger: time top-k selection
@@ -104,11 +104,12 @@ class PhaseExchange:
         self.last_timings = {"compress": compress, "communicate": max(total - compress, 0.0)}
 
     def state_dict(self) -> dict:
-        return self.inner.state_dict() if self.inner is not None else {}
+        """Residuals, plus the layout (OMGS layer order and plan) needed to rebuild alike."""
+        return {"exchange": self.inner.state_dict() if self.inner is not None else {}, "layout": self.layout}
 
     def load_state_dict(self, state: dict) -> None:
-        if self.inner is not None and state:
-            self.inner.load_state_dict(state)
+        if self.inner is not None and state.get("exchange"):
+            self.inner.load_state_dict(state["exchange"])
 
     def close(self) -> None:
         remove = getattr(self.inner, "remove", None)
@@ -116,14 +117,38 @@ class PhaseExchange:
             remove()
 
 
+def _build_omgs(model: nn.Module, *, density: float, selector: str, pipelined: bool, probe, layout) -> PhaseExchange:
+    from comm.omgs import OMGSExchanger
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if layout:  # resuming: the saved order and plan, so the residuals fit
+        order, plan = list(layout["order"]), list(layout["plan"])
+    elif probe is not None:  # profile backward, fit the cost model, plan (rank 0's plan everywhere)
+        from comm.omgs.autoplan import build_omgs_exchanger
+
+        planned, _, profile = build_omgs_exchanger(model, probe, None, density=density, selector=selector)
+        planned.remove()
+        order, plan = list(profile.order), list(planned.plan)
+    else:  # no probe: every layer alone (LAGS)
+        order, plan = list(range(len(params))), None
+    inner = OMGSExchanger([params[i] for i in order], None, density=density, selector=selector, plan=plan,
+                          pipelined=pipelined)
+    return PhaseExchange(inner, layout={"order": order, "plan": list(inner.plan)})
+
+
 def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
-                   pipelined: bool = True, hybrid_bytes: int = 2**20) -> PhaseExchange:
+                   pipelined: bool = True, hybrid_bytes: int = 2**20, probe=None,
+                   layout: dict | None = None) -> PhaseExchange:
     """The exchanger for phase algorithm ``name`` (see the module docstring).
 
     Args:
         hybrid_bytes: buckets smaller than this use dense ``hier`` (0: never).
         pipelined: OMGS only: exchange during backward (False with fp16 loss scaling,
             whose overflow check must come before any exchange).
+        probe: OMGS only: ``probe() -> loss`` on a representative batch; the merged-layer
+            plan then comes from ``comm.omgs.autoplan.build_omgs_exchanger`` (profile,
+            fit, plan). Without it every layer is its own group (LAGS).
+        layout: OMGS only: a saved ``state_dict()["layout"]`` to rebuild the same groups.
 
     Raises:
         ValueError: for an unknown name (lists the valid ones) or a bad density/selector.
@@ -135,9 +160,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
             raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
         return PhaseExchange(None)
     if name == "omgs":
-        from comm.omgs import OMGSExchanger
-
-        return PhaseExchange(OMGSExchanger(model, None, density=density, selector=selector, pipelined=pipelined))
+        return _build_omgs(model, density=density, selector=selector, pipelined=pipelined, probe=probe, layout=layout)
     from comm import GradientExchanger
 
     # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow

@@ -7,6 +7,7 @@ schedule at fractional epochs; phases change image size, batch size and algorith
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from pathlib import Path
@@ -90,11 +91,34 @@ class _Run:
                                                 selector=phase.selector)
             self.forward_model = self.exchanger.module
         else:
-            self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                            selector=phase.selector, pipelined=self.scaler is None,
-                                            hybrid_bytes=phase.hybrid_bytes)
+            saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None
+            with self._probing(phase) as probe:
+                self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
+                                                selector=phase.selector, pipelined=self.scaler is None,
+                                                hybrid_bytes=phase.hybrid_bytes, layout=saved,
+                                                probe=probe if phase.omgs_plan == "auto" else None)
             self.forward_model = self.model
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
+
+    @contextlib.contextmanager
+    def _probing(self, phase):
+        """A probe batch (random, the phase's shape) for OMGS planning; the model's BN
+        statistics and gradients are restored afterwards, so planning leaves no trace."""
+        g = torch.Generator(device=self.device).manual_seed(self.recipe.train.seed)
+
+        def probe():
+            x = torch.randn(phase.batch_size, 3, phase.size, phase.size, generator=g, device=self.device)
+            y = torch.randint(0, self.identity["num_classes"], (phase.batch_size,), generator=g, device=self.device)
+            with self.autocast():
+                return self.criterion(self.model(x), y)
+
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        try:
+            yield probe
+        finally:
+            for b, saved in zip(self.model.buffers(), buffers):
+                b.data.copy_(saved)
+            self.optimizer.zero_grad(set_to_none=True)
 
     def _resume(self) -> None:
         shared, local = load_checkpoint(self.cfg.resume, rank=self.rank, expect=self.identity)

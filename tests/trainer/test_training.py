@@ -12,7 +12,7 @@ from trainer.serialize import load_state
 
 ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs"]
 DDP_ALGORITHMS = ["dense", "hitopk"]  # also run inside backward as DDP (comm hook)
-RESUME_COMM = "hitopk"  # sparse, so error-feedback residuals are part of the resumed state
+RESUME_COMMS = ["hitopk", "omgs"]  # sparse: residuals (and OMGS's planned layout) are resumed state
 
 
 def _assert_same(a, b, where="state"):
@@ -60,18 +60,28 @@ def test_every_exchange_algorithm_lowers_the_loss(small_dataset, tmp_path):
 def _interrupted_and_uninterrupted(rank, world, data, out):
     from trainer.loop import train
 
-    recipe = _recipe(2, RESUME_COMM, density=0.05)
-    common = dict(recipe=recipe, data=str(data), loader="memory", nodes=1, local_size=2, device="cpu")
-    train(RunConfig(out=f"{out}/straight", **common))
-    # 6 steps per epoch: epoch 0 finishes, then the run stops at step 9 inside epoch 1.
-    first = train(RunConfig(out=f"{out}/broken", ckpt_every=2, stop_after_steps=9, **common))
-    rows = train(RunConfig(out=f"{out}/broken", resume=f"{out}/broken", **common))
-    return [r["epoch"] for r in first], [r["epoch"] for r in rows]
+    epochs = []
+    for comm in RESUME_COMMS:
+        # omgs: every layer alone; an "auto" plan is timed, so two runs may plan differently
+        recipe = override(_recipe(2, comm, density=0.05), sets=["phases.0.omgs_plan=lags"])
+        common = dict(recipe=recipe, data=str(data), loader="memory", nodes=1, local_size=2, device="cpu")
+        train(RunConfig(out=f"{out}/{comm}/straight", **common))
+        # 6 steps per epoch: epoch 0 finishes, then the run stops at step 9 inside epoch 1.
+        first = train(RunConfig(out=f"{out}/{comm}/broken", ckpt_every=2, stop_after_steps=9, **common))
+        rows = train(RunConfig(out=f"{out}/{comm}/broken", resume=f"{out}/{comm}/broken", **common))
+        epochs.append(([r["epoch"] for r in first], [r["epoch"] for r in rows]))
+    return epochs
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(small_dataset, tmp_path):
     epochs = run_distributed(_interrupted_and_uninterrupted, 2, small_dataset, tmp_path, timeout=240)
-    assert epochs == [([0], [1])] * 2  # the resumed call trained only the rest of epoch 1
+    # the resumed call trained only the rest of epoch 1
+    assert epochs == [[([0], [1])] * len(RESUME_COMMS)] * 2
+    for comm in RESUME_COMMS:
+        _check_identical(tmp_path / comm)
+
+
+def _check_identical(tmp_path):
     a = load_state(tmp_path / "straight/checkpoints/last.npz")
     b = load_state(tmp_path / "broken/checkpoints/last.npz")
     assert a["step"] == b["step"] == 12 and a["epoch"] == b["epoch"] == 2
