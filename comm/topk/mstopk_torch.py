@@ -5,9 +5,8 @@ mean and max of ``|x|``, the (k+1)-th largest magnitude ``v`` and the entries in
 band (NOTE [MSTopK thresholds from the (k+1)-th magnitude] in ``mstopk_band``). So:
 
 1. A strided sample of ``|x|`` (every s-th entry: s = 64, larger past 4M entries so
-   the sample stays <= 64K; no randomness) gives a cut ``t`` that about ``1.3 k`` entries
-   exceed: its top-r with r
-   a safe margin above ``k / s``.
+   the sample stays <= 64K; no randomness) gives a cut ``t`` that about ``1.3 k``
+   entries exceed: its top-r with r a safe margin above ``k / s``.
 2. One pass (``scan``) sums ``|x|``, takes its max, and keeps the candidates
    ``|x| >= t`` with their indices. If there are at most ``k``, the cut is lowered (a
    deeper rank of the sample, finally 0) and the pass repeats: inputs can fool the
@@ -92,7 +91,11 @@ def scan(x: torch.Tensor, cut: float) -> Scan:
         maxes.append(bmax.max())
         if cut != math.inf:
             hot = torch.nonzero(bmax >= cut).squeeze(1)
-            if hot.numel():
+            if hot.numel() * 4 > bmax.numel():  # dense candidates: compare everything
+                i = torch.nonzero(a >= cut).squeeze(1)
+                idxs.append(start + i)
+                vals.append(a[i])
+            elif hot.numel():
                 rows = blocks[hot]
                 rc = torch.nonzero(rows >= cut)
                 idxs.append(start + hot[rc[:, 0]] * BLOCK + rc[:, 1])

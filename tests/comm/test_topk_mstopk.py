@@ -115,3 +115,19 @@ def test_kernel_names():
         mstopk(x, 3, kernel="gpu")
     with pytest.raises(ValueError, match="iters"):
         mstopk(x, 3, iters=-1)
+
+
+@pytest.mark.parametrize("chunk", [4_096, 1_000_000])
+@pytest.mark.parametrize("density", [0.0005, 0.05])
+def test_torch_path_across_many_chunks_and_a_ragged_tail(monkeypatch, chunk, density):
+    import comm.topk.mstopk_torch as impl
+
+    monkeypatch.setattr(impl, "CHUNK", chunk)  # many chunks, the last one not a multiple of 64
+    x = make_input("student_t", 100_003, seed=17)
+    k = int(density * x.numel())
+    fast = mstopk_select(x, k, kernel="torch", generator=_gen(2))
+    ref = mstopk_select(x, k, kernel="bisect", generator=_gen(2))
+    assert torch.equal(fast.indices, ref.indices)
+    _check_band(x, k, fast)
+    assert recall(x, fast.indices) >= 0.95
+    assert int(fast.indices.max()) < x.numel()
