@@ -36,8 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--density", type=float, default=0.01, help="density rho of the sparse algorithms")
     parser.add_argument("--algorithms", nargs="+", default=ALL, choices=ALL, metavar="ALG",
                         help=f"algorithms to time, from {ALL}")
-    parser.add_argument("--selector", default="exact",
-                        help="top-k selector from comm.topk.SELECTORS (on CPU torch.topk is faster than mstopk)")
+    parser.add_argument("--selector", default=None,
+                        help="top-k selector from comm.topk.SELECTORS (default: dgc if registered, else exact; "
+                             "both return the exact top-k, dgc faster on CPU)")
     parser.add_argument("--value-dtype", default=None, choices=["fp16", "bf16"], help="wire dtype of values (default fp32)")
     parser.add_argument("--reps", type=int, default=3, help="timed exchanges per algorithm and size")
     parser.add_argument("--warmup", type=int, default=1, help="untimed exchanges first")
@@ -54,10 +55,10 @@ def main(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.local_size < 1 or not 0 < args.density <= 1:
         print("bench comm: --nodes and --local-size must be >= 1 and --density in (0, 1]", file=sys.stderr)
         return 2
-    from comm.topk import get_selector
+    from comm.topk import SELECTORS, get_selector
 
-    get_selector(args.selector)  # unknown name -> ValueError listing the valid ones
-    selector = args.selector
+    selector = args.selector or ("dgc" if "dgc" in SELECTORS else "exact")
+    get_selector(selector)  # unknown name -> ValueError listing the valid ones
     reason = "--loopback given" if args.loopback else netns_unavailable_reason()
     if reason:
         print(f"bench comm: no emulated cluster ({reason}); running every worker on loopback "
