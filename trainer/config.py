@@ -156,7 +156,8 @@ class Recipe:
         object.__setattr__(self, "phases", tuple(self.phases))
         _need(len(self.phases) >= 1, f"recipe {self.name!r} needs at least one phase")
         _need(self.schedule.warmup_epochs <= self.total_epochs,
-              f"schedule.warmup_epochs ({self.schedule.warmup_epochs}) must not exceed the total epochs ({self.total_epochs})")
+              f"schedule.warmup_epochs ({self.schedule.warmup_epochs}) must not exceed the total epochs "
+              f"({self.total_epochs}); lower it (--set schedule.warmup_epochs=N) or train longer")
         _need(max(self.schedule.milestones, default=0) <= self.total_epochs,
               f"schedule.milestones must lie within the {self.total_epochs} epochs; got {list(self.schedule.milestones)}")
 

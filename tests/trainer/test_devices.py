@@ -9,7 +9,7 @@ from trainer.run_config import RunConfig
 
 def _recipe(**kw):
     return override(load_recipe("demo"), epochs=1, comm="dense", batch_size=8, size=32,
-                    sets=["train.cache_size=40", "train.eval_size=32", "train.workers=1"] + kw.pop("sets", []), **kw)
+                    sets=["train.cache_size=40", "train.eval_size=32", "train.workers=1", "schedule.warmup_epochs=0"] + kw.pop("sets", []), **kw)
 
 
 @pytest.mark.dali
