@@ -55,16 +55,17 @@ class _Run:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
         self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
                                r.train.cache_size, r.train.workers, str(self.device))
+        self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
+        self.cache_seen = [0.0] * len(CACHE_COUNTERS)
+        self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
+        self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
+                         "world_size": self.world}
+        self.local = None
+        if cfg.resume:  # before any loader starts, so a mismatch is the only thing said
+            self._resume()
         last = r.phases[-1]
         self.val_loader = make_loader(self.spec, train=False, batch_size=r.train.eval_batch_size or last.batch_size,
                                       size=r.train.eval_size or last.size)
-        self.phase_index, self.loader, self.exchanger = -1, None, None
-        self.cache_seen = [0.0] * len(CACHE_COUNTERS)
-        self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
-        self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name, "world_size": self.world}
-        self.local = None
-        if cfg.resume:
-            self._resume()
         self.log = MetricsLog(Path(cfg.out) / "metrics.jsonl", self.epoch) if self.rank == 0 else None
 
     @staticmethod
