@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -186,8 +188,12 @@ def plot(rows: list[dict], path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
     plt.close(fig)
+    os.replace(tmp, path)
 
 
 def main(args: argparse.Namespace) -> int:
