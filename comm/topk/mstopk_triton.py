@@ -162,7 +162,7 @@ def gpu_candidates(x: torch.Tensor, k: int) -> tuple | None:
 
 def mstopk_gpu(x: torch.Tensor, k: int, iters: int,
                generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
-    """Select with the Triton kernels; ``x`` is a CUDA float16/bfloat16/float32 tensor, ``0 < k < numel``.
+    """Select with the Triton kernels; ``x``: CUDA float16/bfloat16/float32, ``0 < k < numel``.
 
     Raises:
         ValueError: for NaN/Inf in ``x`` (NOTE [non-finite inputs]).
@@ -178,14 +178,15 @@ def mstopk_gpu(x: torch.Tensor, k: int, iters: int,
         # cut] in mstopk_torch) and selects the same indices.
         return mstopk_torch(x, k, iters, generator)
     cand_idx, cand_val, mean, vmax, written = found
-    cand_min, n_written = torch.stack([cand_val.min().double(), written[0].double()]).tolist()
-    v_next = kth_largest(cand_val, k + 1)
-    if int(n_written) != cand_idx.numel():
+    if int(written[0]) != cand_idx.numel():
         # The histogram and the compaction disagree: a Triton miscompilation (tl.histogram
         # has had layout bugs). Never return a wrong selection: warn and use the torch path.
-        warnings.warn(f"MSTopK Triton kernels disagree ({int(n_written)} candidates written, "
-                      f"{cand_idx.numel()} counted); falling back to kernel='torch'", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"MSTopK Triton kernels disagree ({int(written[0])} candidates written, "
+                      f"{cand_idx.numel()} counted); falling back to kernel='torch'",
+                      RuntimeWarning, stacklevel=3)
         return mstopk_torch(x, k, iters, generator)
+    cand_min = float(cand_val.min())
+    v_next = kth_largest(cand_val, k + 1)
     band = band_from_kth(mean, vmax, v_next, iters, torch.float32)
     if band.lower > 0 and cand_idx.numel() < x.numel() and cand_min >= band.lower:
         # The candidates are all entries above some value, which may lie above the band's
