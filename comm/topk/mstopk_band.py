@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["MSTopKBand", "band_from_kth", "kth_largest", "select_from_candidates", "MAX_ITERS"]
+__all__ = ["MSTopKBand", "band_from_kth", "kth_largest", "select_from_candidates", "smallest_positive",
+           "MAX_ITERS"]
 
 MAX_ITERS = 50  # ratio = j / 2**N stays exact in float64 well past this
 
@@ -104,33 +105,49 @@ def kth_largest(values: torch.Tensor, j: int) -> float:
     return float(torch.topk(values, j, sorted=False).values.min())
 
 
+def smallest_positive(dtype: torch.dtype) -> float:
+    """The smallest positive (subnormal) value of ``dtype``: ``|x| >= it`` means ``x != 0``."""
+    return float(np.nextafter(np.float32(0), np.float32(1))) if dtype == torch.float32 else 5e-324
+
+
 def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band: MSTopKBand, k: int,
-                           generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
+                           n: int, generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
     """Keep every candidate ``>= upper`` and fill from the band with a random window.
 
     Args:
-        cand_idx: ascending int64 indices that include every entry with ``|x| >= band.lower``.
+        cand_idx: ascending int64 indices that include every entry with ``|x| >= band.lower``
+            (only those ``>= band.upper`` when ``band.lower == 0``).
         cand_val: ``|x|`` at ``cand_idx`` (float32 or float64).
         band: thresholds from ``band_from_kth``.
         k: how many to select (``#{|x| >= lower} >= k`` must hold).
+        n: ``x.numel()``.
         generator: draws the window offset (``None``: torch's default CPU generator).
 
     Returns:
         ``(indices, band)``: ``k`` indices (the kept ones, then the window, each ascending)
         and the band with ``n_upper`` / ``n_band`` filled in.
     """
-    lower = torch.tensor(band.lower, dtype=cand_val.dtype, device=cand_val.device)
     upper = torch.tensor(band.upper, dtype=cand_val.dtype, device=cand_val.device)
     above = cand_val >= upper
-    in_band = (cand_val >= lower) & ~above
     kept = cand_idx[above]
-    band_idx = cand_idx[in_band]
     need = k - kept.numel()
-    if need < 0 or band_idx.numel() < need:
-        raise RuntimeError(f"MSTopK band inconsistent: {kept.numel()} above, {band_idx.numel()} in band, k={k}")
+    if band.lower > 0:
+        band_idx = cand_idx[(cand_val >= band.lower) & ~above]
+        n_band = band_idx.numel()
+    else:  # the band is every entry not kept: its index list is the complement of `kept`
+        band_idx, n_band = None, n - kept.numel()
+    if need < 0 or n_band < need:
+        raise RuntimeError(f"MSTopK band inconsistent: {kept.numel()} above, {n_band} in band, k={k}")
     # Paper line 27: rand = random(0, len(band) - (k - k1) + 1), an integer in [0, len - need].
     device = generator.device if generator is not None else torch.device("cpu")
-    offset = int(torch.randint(0, band_idx.numel() - need + 1, (1,), generator=generator, device=device))
-    indices = torch.cat([kept, band_idx[offset:offset + need]])
+    offset = int(torch.randint(0, n_band - need + 1, (1,), generator=generator, device=device))
+    if band_idx is not None:
+        window = band_idx[offset:offset + need]
+    else:
+        # The r-th entry of the complement of sorted K is r + #{j : K[j] - j <= r}.
+        r = torch.arange(offset, offset + need, device=kept.device)
+        gaps = kept - torch.arange(kept.numel(), device=kept.device)
+        window = r + torch.searchsorted(gaps, r, right=True)
+    indices = torch.cat([kept, window])
     return indices, MSTopKBand(band.lower, band.upper, band.search_lo, band.search_hi,
-                               n_upper=kept.numel(), n_band=band_idx.numel())
+                               n_upper=kept.numel(), n_band=n_band)

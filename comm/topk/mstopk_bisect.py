@@ -55,4 +55,4 @@ def mstopk_bisect(x: torch.Tensor, k: int, iters: int,
     check_finite(stats[0], stats[1])
     band = MSTopKBand(lower=stats[3], upper=stats[2], search_lo=stats[4], search_hi=stats[1])
     cand_idx = torch.nonzero(a >= thres2.to(a.dtype)).squeeze(1)  # lines 25-26
-    return select_from_candidates(cand_idx, a[cand_idx], band, k, generator)  # lines 27-29
+    return select_from_candidates(cand_idx, a[cand_idx], band, k, a.numel(), generator)  # lines 27-29

@@ -9,8 +9,8 @@ band (NOTE [MSTopK thresholds from the (k+1)-th magnitude] in ``mstopk_band``). 
    entries exceed: its top-r with r a safe margin above ``k / s``.
 2. One pass (``scan``) sums ``|x|``, takes its max, and keeps the candidates
    ``|x| >= t`` with their indices. If there are at most ``k``, the cut is lowered (a
-   deeper rank of the sample, finally 0) and the pass repeats: inputs can fool the
-   sample, which only costs time, never correctness.
+   deeper rank of the sample, finally "nonzero", NOTE [zero cut]) and the pass
+   repeats: inputs can fool the sample, which only costs time, never correctness.
 3. ``v`` is the (k+1)-th largest candidate; ``band_from_kth`` replays the N bisection
    steps; if the band reaches below ``t`` (possible for tiny ``iters``), the pass
    repeats with ``t = thres2``. The random fill runs on the candidates.
@@ -27,7 +27,8 @@ from typing import NamedTuple
 import torch
 
 from comm.topk.checks import check_finite
-from comm.topk.mstopk_band import MSTopKBand, band_from_kth, kth_largest, select_from_candidates
+from comm.topk.mstopk_band import (MSTopKBand, band_from_kth, kth_largest, select_from_candidates,
+                                   smallest_positive)
 
 __all__ = ["Scan", "scan", "abs_stats", "candidates", "mstopk_torch", "SAMPLE_STRIDE", "SAMPLE_MAX", "CHUNK",
            "BLOCK"]
@@ -137,18 +138,23 @@ def mstopk_torch(x: torch.Tensor, k: int, iters: int,
     Raises:
         ValueError: for NaN/Inf in ``x`` (NOTE [non-finite inputs]).
     """
-    cut = _sample_cut(x, k, 0)
+    # NOTE [zero cut]: a cut of 0 would make every entry a candidate. Cutting at the
+    # smallest positive value instead keeps only nonzero entries; if at most k are nonzero,
+    # the (k+1)-th magnitude is 0, the band's lower end is 0, and the band is simply every
+    # entry not kept, which select_from_candidates enumerates without candidates.
+    tiny = smallest_positive(_mag_dtype(x.dtype))
+    cut = max(_sample_cut(x, k, 0), tiny)
     s = scan(x, cut)
     mean, vmax = float(s.total) / x.numel(), float(s.vmax)
     check_finite(mean, vmax)
-    for widen in range(1, 5):  # the last try (cut 0) keeps everything, and k < numel
-        if s.idx.numel() > k:
+    for widen in range(1, 5):  # the last try keeps every nonzero entry
+        if s.idx.numel() > k or cut == tiny:
             break
-        cut = 0.0 if widen == 4 else min(cut, _sample_cut(x, k, widen))
+        cut = tiny if widen == 4 else max(min(cut, _sample_cut(x, k, widen)), tiny)
         s = scan(x, cut)
     cand_idx, cand_val = s.idx, s.val
-    v_next = kth_largest(cand_val, k + 1)
+    v_next = kth_largest(cand_val, k + 1) if cand_idx.numel() > k else 0.0
     band = band_from_kth(mean, vmax, v_next, iters, _mag_dtype(x.dtype))
-    if band.lower < cut:  # the band reaches below the candidates: collect it all
+    if 0 < band.lower < cut:  # the band reaches below the candidates: collect it all
         cand_idx, cand_val = candidates(x, band.lower)
-    return select_from_candidates(cand_idx, cand_val, band, k, generator)
+    return select_from_candidates(cand_idx, cand_val, band, k, x.numel(), generator)

@@ -26,13 +26,15 @@ only when the kernel is asked for.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 import triton.language as tl
 
 from comm.topk.checks import check_finite
 from comm.topk.mstopk_band import MSTopKBand, band_from_kth, kth_largest, select_from_candidates
-from comm.topk.mstopk_torch import candidates
+from comm.topk.mstopk_torch import candidates, mstopk_torch
 
 __all__ = ["mstopk_gpu", "gpu_candidates", "HALF_BINS"]
 
@@ -89,7 +91,7 @@ def _hist_kernel(x_ptr, n, params_ptr, hist_ptr, per_prog, BLOCK: tl.constexpr, 
 
 
 @triton.jit
-def _compact_kernel(x_ptr, n, params_ptr, cut, counter_ptr, out_idx_ptr, out_val_ptr,
+def _compact_kernel(x_ptr, n, params_ptr, cut, cap, counter_ptr, out_idx_ptr, out_val_ptr,
                     BLOCK: tl.constexpr, H: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -100,8 +102,9 @@ def _compact_kernel(x_ptr, n, params_ptr, cut, counter_ptr, out_idx_ptr, out_val
     if count > 0:
         base = tl.atomic_add(counter_ptr, count)
         pos = base + tl.cumsum(keep, axis=0) - keep
-        tl.store(out_idx_ptr + pos, offs, mask=keep > 0)
-        tl.store(out_val_ptr + pos, a, mask=keep > 0)
+        ok = (keep > 0) & (pos < cap)  # never write past the buffer, even if counts disagree
+        tl.store(out_idx_ptr + pos, offs, mask=ok)
+        tl.store(out_val_ptr + pos, a, mask=ok)
 
 
 def _grid(n: int, device: torch.device) -> tuple[int, int]:
@@ -112,8 +115,9 @@ def _grid(n: int, device: torch.device) -> tuple[int, int]:
     return triton.cdiv(blocks, per_prog), per_prog
 
 
-def gpu_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, float, float, torch.Tensor]:
-    """Steps 1-4 of NOTE [MSTopK GPU kernel]: ``(cand_idx, cand_val, mean, max, written)``.
+def gpu_candidates(x: torch.Tensor, k: int) -> tuple | None:
+    """Steps 1-4 of NOTE [MSTopK GPU kernel]: ``(cand_idx, cand_val, mean, max, written)``,
+    or ``None`` when the cut would keep every entry (the caller uses the torch path).
 
     ``cand_idx`` is ascending and holds every entry whose bin is at or above the cut; it
     has at least ``k + 1`` entries (``0 < k < numel``). ``written`` is the kernel's
@@ -144,11 +148,13 @@ def gpu_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor,
     host = torch.stack([total, vmax.double(), cut.double(), above[cut].double()]).tolist()
     total_h, vmax_h, cut_h, m = host[0], host[1], int(host[2]), int(host[3])
     check_finite(total_h, vmax_h)
+    if m == n:
+        return None  # every entry would be a candidate (e.g. mostly zeros): see mstopk_gpu
     counter = torch.zeros(1, dtype=torch.int32, device=dev)
     out_idx = torch.empty(m, dtype=torch.int64, device=dev)
     out_val = torch.empty(m, dtype=torch.float32, device=dev)
     _compact_kernel[(triton.cdiv(n, _COMPACT_BLOCK),)](
-        x, n, params, cut_h, counter, out_idx, out_val,
+        x, n, params, cut_h, m, counter, out_idx, out_val,
         BLOCK=_COMPACT_BLOCK, H=HALF_BINS, num_warps=_WARPS)
     order = torch.argsort(out_idx)
     return out_idx[order], out_val[order], total_h / n, vmax_h, counter
@@ -156,7 +162,7 @@ def gpu_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor,
 
 def mstopk_gpu(x: torch.Tensor, k: int, iters: int,
                generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
-    """Select with the Triton kernels; ``x`` is a CUDA float16/bfloat16/float32 tensor, ``0 < k < numel``.
+    """Select with the Triton kernels; ``x``: CUDA float16/bfloat16/float32, ``0 < k < numel``.
 
     Raises:
         ValueError: for NaN/Inf in ``x`` (NOTE [non-finite inputs]).
@@ -165,14 +171,25 @@ def mstopk_gpu(x: torch.Tensor, k: int, iters: int,
         raise ValueError(f"the MSTopK GPU kernel takes float16/bfloat16/float32, got {x.dtype}; "
                          "use kernel='torch'")
     x = x.contiguous()
-    cand_idx, cand_val, mean, vmax, written = gpu_candidates(x, k)
-    cand_min, n_written = torch.stack([cand_val.min().double(), written[0].double()]).tolist()
+    found = gpu_candidates(x, k)
+    if found is None:
+        # The (k+1)-th magnitude sits in the lowest bin, typically 0 in a mostly-zero
+        # tensor: the torch path handles that without collecting every entry (NOTE [zero
+        # cut] in mstopk_torch) and selects the same indices.
+        return mstopk_torch(x, k, iters, generator)
+    cand_idx, cand_val, mean, vmax, written = found
+    if int(written[0]) != cand_idx.numel():
+        # The histogram and the compaction disagree: a Triton miscompilation (tl.histogram
+        # has had layout bugs). Never return a wrong selection: warn and use the torch path.
+        warnings.warn(f"MSTopK Triton kernels disagree ({int(written[0])} candidates written, "
+                      f"{cand_idx.numel()} counted); falling back to kernel='torch'",
+                      RuntimeWarning, stacklevel=3)
+        return mstopk_torch(x, k, iters, generator)
+    cand_min = float(cand_val.min())
     v_next = kth_largest(cand_val, k + 1)
-    if int(n_written) != cand_idx.numel():
-        raise RuntimeError(f"MSTopK kernel wrote {int(n_written)} candidates, expected {cand_idx.numel()}")
     band = band_from_kth(mean, vmax, v_next, iters, torch.float32)
-    if cand_idx.numel() < x.numel() and cand_min >= band.lower:
+    if band.lower > 0 and cand_idx.numel() < x.numel() and cand_min >= band.lower:
         # The candidates are all entries above some value, which may lie above the band's
         # lower end (only for tiny iters): collect the band by value instead (rare).
         cand_idx, cand_val = candidates(x, band.lower)
-    return select_from_candidates(cand_idx, cand_val, band, k, generator)
+    return select_from_candidates(cand_idx, cand_val, band, k, x.numel(), generator)

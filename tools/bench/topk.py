@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -29,7 +31,8 @@ IMPLS = "exact,dgc,mstopk:torch,mstopk:bisect,mstopk:gpu"
 
 
 def _laplace(n, g, dev):
-    return -torch.log(torch.rand(n, generator=g, device=dev)) * (torch.randint(0, 2, (n,), generator=g, device=dev) * 2 - 1)
+    sign = torch.randint(0, 2, (n,), generator=g, device=dev) * 2 - 1
+    return -torch.log(torch.rand(n, generator=g, device=dev)) * sign
 
 
 def _student_t2(n, g, dev):  # Z / sqrt(chi2_2 / 2), chi2_2 = -2 log U
@@ -95,7 +98,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated vector sizes (default: {CPU_SIZES} on cpu, {GPU_SIZES} on cuda)")
     parser.add_argument("--density", default="0.001,0.01", help="comma-separated k / d (default: 0.001,0.01)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where x lives (default: cpu)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per measurement; median reported (default: 5)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed calls per measurement; the median is reported (default: 5)")
     parser.add_argument("--dist", default="gaussian",
                         help=f"comma-separated input distributions, of {sorted(DISTRIBUTIONS)} (default: gaussian)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
@@ -186,8 +190,12 @@ def plot(rows: list[dict], path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
     plt.close(fig)
+    os.replace(tmp, path)
 
 
 def main(args: argparse.Namespace) -> int:
