@@ -126,13 +126,15 @@ def _run_workers(args, cluster, selector, inter_mbit, out: Path) -> None:
 def _with_predictions(rows: list[dict], gamma: float | None, inter_mbit: float | None) -> list[dict]:
     from comm import cost_model
 
-    fitted = cost_model.fit(rows)
+    value_bytes = 2 if rows and rows[0].get("value_dtype") in ("fp16", "bf16") else 4
+    fitted = cost_model.fit(rows, value_bytes=value_bytes)
     nominal = cost_model.LinkParams.from_bandwidth(inter_mbit or 10_000.0, gamma=gamma or 0.0)
     dense = {r["numel"]: r["median_s"] for r in rows if r["algorithm"] == "dense"}
     for r in rows:
         args = (r["algorithm"], r["numel"], r["density"], r["nodes"], r["local_size"])
-        r["predicted_s"] = cost_model.predict(*args, fitted)
-        r["nominal_s"] = cost_model.predict(*args, nominal)
+        r["predicted_s"] = cost_model.predict(*args, fitted, value_bytes=value_bytes)
+        r["nominal_s"] = cost_model.predict(*args, nominal, value_bytes=value_bytes)
+        r["gamma_measured"] = gamma
         if r["numel"] in dense:
             r["speedup_vs_dense"] = dense[r["numel"]] / r["median_s"]
     for k, v in vars(fitted).items():
