@@ -41,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fusion-mb", type=float, default=4.0, help="fixed-fusion threshold (dense MiB)")
     parser.add_argument("--iters", type=int, default=8, help="timed iterations per mode (interleaved)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations per mode")
-    parser.add_argument("--random-profiles", type=int, default=200, help="random profiles for greedy vs optimal")
+    parser.add_argument("--random-profiles", type=int, default=100, help="random profiles for greedy vs optimal")
     parser.add_argument("--json", default=None, help="write rows (and the fitted model) to this JSON file")
 
 

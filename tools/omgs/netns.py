@@ -58,7 +58,7 @@ class EmulatedCluster:
                 _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
                 _ip("-n", ns, "link", "set", dev, "up")
                 subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                                "rate", f"{self.rate_mbit}mbit", "burst", "256kb", "latency", "100ms"],
+                                "rate", f"{self.rate_mbit}mbit", "burst", "32kb", "latency", "50ms"],
                                check=True, capture_output=True, text=True)
         except subprocess.CalledProcessError as exc:
             self._teardown()
