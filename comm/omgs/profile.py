@@ -1,0 +1,200 @@
+"""Measure what the OMGS planner needs: per-layer backward times (autograd hooks), the
+sparsification cost ``gamma`` and the all-gather costs ``alpha``, ``beta``; save them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from comm.omgs.codec import compress
+from comm.omgs.model import BYTES_PER_SELECTED, CostModel, selected_count
+from comm.omgs.pipeline import ordered_params, resolve_group
+from comm.topk import get_selector
+
+__all__ = ["BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_alpha_beta",
+           "save_profile", "load_profile"]
+
+
+@dataclass(frozen=True)
+class BackwardProfile:
+    """Per-layer backward profile in forward order (NOTE [OMGS conventions]).
+
+    ``names[i]``/``tb[i]``/``d[i]`` describe the i-th layer; ``order[i]`` is its index in
+    ``model.parameters()`` (forward order here is the reverse of the order in which
+    backward produced the gradients, which may differ from the registration order).
+    """
+
+    names: list[str]
+    tb: list[float]
+    d: list[int]
+    order: list[int]
+
+
+def measure_backward_times(model: torch.nn.Module, closure: Callable[[], torch.Tensor],
+                           repeats: int = 3, warmup: int = 1, set_to_none: bool = True,
+                           statistic: str = "median") -> BackwardProfile:
+    """Time each parameter's share of backward with post-accumulate-grad hooks.
+
+    ``tb[i]`` is the time from the previous gradient becoming ready (or from the start of
+    ``backward()``) to parameter i's gradient becoming ready: per layer the median over
+    ``repeats``, or (``statistic="fastest"``) the layer times of the fastest repeat, a
+    consistent least-disturbed measurement on a shared machine.
+
+    Args:
+        model: the module; its trainable parameters are the layers.
+        closure: runs a forward pass and returns the loss (called once per repeat).
+        repeats: timed backward passes (default 3).
+        warmup: untimed passes first (default 1).
+        set_to_none: how gradients are cleared between passes, as in ``zero_grad``
+            (default True); False keeps ``.grad`` allocated, as the training loop may.
+
+    Raises:
+        ValueError: if ``repeats < 1``, ``statistic`` is unknown or a parameter never gets
+            a gradient.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if statistic not in ("median", "fastest"):
+        raise ValueError(f"unknown statistic {statistic!r}; valid: ['fastest', 'median']")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    stamps: dict[int, float] = {}
+    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, time.perf_counter()))
+               for i, (_, p) in enumerate(named)]
+    runs: list[dict[int, float]] = []
+    try:
+        for r in range(warmup + repeats):
+            model.zero_grad(set_to_none=set_to_none)
+            loss = closure()
+            stamps.clear()
+            start = time.perf_counter()
+            loss.backward()
+            if len(stamps) != len(named):
+                missing = [named[i][0] for i in range(len(named)) if i not in stamps]
+                raise ValueError(f"parameters without gradient: {missing[:5]}")
+            if r >= warmup:
+                ready = sorted(stamps.items(), key=lambda kv: kv[1])
+                prev, share = start, {}
+                for i, t in ready:
+                    share[i] = t - prev
+                    prev = t
+                runs.append(share)
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+    # forward order = reverse of the readiness order of the last run
+    last = sorted(stamps.items(), key=lambda kv: kv[1])
+    order = [i for i, _ in reversed(last)]
+    if statistic == "fastest":
+        fastest = min(runs, key=lambda run: sum(run.values()))
+        tb = [fastest[i] for i in order]
+    else:
+        tb = [statistics.median(run[i] for run in runs) for i in order]
+    return BackwardProfile(names=[named[i][0] for i in order], tb=tb,
+                           d=[named[i][1].numel() for i in order], order=order)
+
+
+def gamma_from_timings(sizes: Sequence[int], times: Sequence[float], rho: float) -> float:
+    """Least-squares ``gamma`` of ``t = gamma * rho * n * ln n`` through the origin,
+    ``gamma = sum(x t) / sum(x^2)`` with ``x = rho n ln n`` (the large groups, where the
+    time goes, weigh most). Sizes <= 1 are ignored.
+
+    Raises:
+        ValueError: on different lengths or no size larger than 1.
+    """
+    if len(sizes) != len(times):
+        raise ValueError(f"{len(sizes)} sizes but {len(times)} times")
+    pts = [(rho * n * math.log(n), t) for n, t in zip(sizes, times) if n > 1]
+    if not pts:
+        raise ValueError("need at least one size > 1")
+    return max(0.0, sum(x * t for x, t in pts) / sum(x * x for x, _ in pts))
+
+
+def fit_gamma(sizes: Sequence[int], rho: float, selector: str = "exact", repeats: int = 3,
+              error_feedback: bool = True) -> float:
+    """Fit ``gamma`` by timing the exchanger's own compression step (accumulate, top-k,
+    residual update, packing) on flat tensors of each size; see :func:`gamma_from_timings`.
+    (:class:`comm.omgs.OMGSExchanger` also records each group's compression time in
+    ``groups[i].compress_s``, to fit from a real run.)
+
+    Raises:
+        ValueError: if no size is larger than 1.
+    """
+    sel = get_selector(selector)
+    ns, ts = [], []
+    for n in sizes:
+        if n <= 1:
+            continue
+        acc, grad = torch.zeros(n), torch.randn(n)
+        k = selected_count(n, rho)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            acc.add_(grad)
+            compress(acc, k, sel, error_feedback)
+            times.append(time.perf_counter() - t0)
+        ns.append(n)
+        ts.append(statistics.median(times))
+    return gamma_from_timings(ns, ts, rho)
+
+
+def fit_alpha_beta(ks: Sequence[int], topology=None, repeats: int = 5) -> tuple[float, float]:
+    """Fit ``t_c = alpha + beta * 8 * k`` by timing the OMGS sparse all-gather of ``k``
+    selected entries (NOTE [OMGS wire format]) on the process group. Collective: every
+    rank must call it with the same arguments. Each point is the median over repeats of
+    the slowest rank's time; the line is a Theil-Sen fit (median of pairwise slopes).
+
+    Raises:
+        ValueError: with fewer than two distinct ``k``.
+    """
+    if len(set(ks)) < 2:
+        raise ValueError("need at least two distinct message sizes")
+    group = resolve_group(topology)
+    world = dist.get_world_size(group)
+    xs, ts = [], []
+    for k in ks:
+        send = torch.randn(2 * k)
+        out = [torch.empty_like(send) for _ in range(world)]
+        times = []
+        for r in range(repeats + 1):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            dist.all_gather(out, send, group=group, async_op=True).wait()
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            if r:  # the first one warms the connections up
+                times.append(float(t))
+        xs.append(BYTES_PER_SELECTED * k)
+        ts.append(statistics.median(times))
+    # Theil-Sen: median of pairwise slopes, then the median intercept; robust to the odd
+    # slow sample on a shared machine (a least-squares intercept can go negative there)
+    slopes = [(ts[j] - ts[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
+              if xs[j] != xs[i]]
+    beta = max(statistics.median(slopes), 0.0)
+    alpha = max(statistics.median(t - beta * x for x, t in zip(xs, ts)), 0.0)
+    return alpha, beta
+
+
+def save_profile(path: str | os.PathLike, profile: BackwardProfile, cost: CostModel) -> None:
+    """Write the profile and costs as JSON, atomically."""
+    path = os.fspath(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"profile": asdict(profile), "cost": asdict(cost)}, f)
+    os.replace(tmp, path)
+
+
+def load_profile(path: str | os.PathLike) -> tuple[BackwardProfile, CostModel]:
+    """Read what :func:`save_profile` wrote (plain JSON, never pickle)."""
+    with open(path) as f:
+        data = json.load(f)
+    return BackwardProfile(**data["profile"]), CostModel(**data["cost"])

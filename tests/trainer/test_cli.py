@@ -1,0 +1,89 @@
+"""`cachepipe train` / `cachepipe report` as users run them, and failure handling."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.launch import WorkerFailed, launch_local
+
+
+def _cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=os.getcwd())
+
+
+def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
+    demo = tmp_path / "demo"
+    res = _cli("train", "--demo", "--demo-dir", demo, "--demo-classes", 4, "--demo-per-class", 16,
+               "--demo-val-per-class", 4, "--epochs", 2, "--batch-size", 8)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "2 nodes x 2" in res.stdout and "top1" in res.stdout
+    rows = [json.loads(line) for line in (demo / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1]
+    for key in ("train_loss", "val_top1", "val_top5", "images_per_s", "seconds", "time_per_iter"):
+        assert key in rows[0]
+    assert 0 <= rows[-1]["val_top1"] <= rows[-1]["val_top5"] <= 100
+    assert rows[-1]["val_images"] == 16
+    # 64 images / 4 ranks / batch 8 = 2 steps of 32 images per epoch, all read from warmed L2
+    assert rows[0]["cache"] == {"l2_hits": 64, "l1_hits": 0, "source_reads": 0}
+    assert rows[-1]["comm"] == "hitopk" and rows[-1]["density"] == 0.01
+    assert not list((demo / "cache").glob("redis/redis.pid"))  # the demo stopped its Redis
+    rep = _cli("report", demo / "run", tmp_path / "other_name_for_same_run", "--out", tmp_path / "rep")
+    assert rep.returncode == 1 and "other_name_for_same_run does not exist" in rep.stderr
+    rep = _cli("report", demo / "run", "--out", tmp_path / "rep")
+    assert rep.returncode == 0, rep.stderr
+    for name in ("accuracy.png", "loss.png", "breakdown.png", "summary.md"):
+        assert (tmp_path / "rep" / name).stat().st_size > 0
+    assert "| run | 2 |" in (tmp_path / "rep/summary.md").read_text()
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--data", "{tmp}/nowhere"], "data root .* does not exist"),
+    (["--data", "{tmp}"], r"lacks train/<class>/<image>"),
+    (["--data", "{data}", "--nprocs", "3", "--nodes", "2"], r"2 nodes x 1 workers = 2 ranks, but the world size is 3"),
+    (["--data", "{data}", "--recipe", "demo", "--comm", "ring"], r"comm 'ring' is unknown"),
+])
+def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
+    import re
+
+    res = _cli("train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out", tmp_path / "o")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(match, lines[0]), res.stderr
+
+
+def test_checkpoint_from_another_model_is_refused(tmp_path):
+    save_checkpoint(tmp_path, rank=0, step=3, shared={"model_name": "resnet18", "recipe": "demo"}, local={"x": 1})
+    with pytest.raises(ValueError, match="model_name='resnet18' but this run has model_name='resnet50'"):
+        load_checkpoint(tmp_path, rank=0, expect={"model_name": "resnet50", "recipe": "demo"})
+    shared, local = load_checkpoint(tmp_path, rank=0, expect={"model_name": "resnet18"})
+    assert shared["step"] == 3 and local == {"x": 1}
+
+
+def _dies(rank, world):
+    import torch.distributed as dist
+
+    if rank == 1:
+        os._exit(3)
+    dist.barrier()  # would wait forever for rank 1
+
+
+def _raises(rank, world):
+    if rank == 1:
+        raise ValueError("bad shard")
+    time.sleep(60)
+
+
+def test_a_dead_worker_fails_the_job_with_its_rank_and_reason():
+    start = time.monotonic()
+    with pytest.raises(WorkerFailed, match="rank 1 failed: exited with status 3"):
+        launch_local(_dies, 2)
+    with pytest.raises(WorkerFailed, match="rank 1 failed: ValueError: bad shard"):
+        launch_local(_raises, 2)
+    assert time.monotonic() - start < 50  # nobody waited for the sleeping/blocked ranks

@@ -1,0 +1,70 @@
+import pytest
+
+from trainer.config import Recipe, from_dict
+from trainer.recipes import available, load_recipe, override
+from trainer.schedules import lr_at
+
+
+def test_shipped_recipes_parse_and_dawnbench28_is_the_papers_schedule():
+    assert {"dawnbench28", "resnet50-90ep", "demo"} <= set(available())
+    r = load_recipe("dawnbench28")
+    assert [(p.epochs, p.size, p.batch_size, p.comm) for p in r.phases] == [
+        (13, 96, 256, "hitopk"), (11, 128, 256, "2dtar"), (3, 224, 256, "2dtar"), (1, 288, 128, "2dtar")]
+    assert r.phases[0].selector == "mstopk" and r.total_epochs == 28 and r.optim.name == "lars"
+    assert r.phase_of(12)[0] == 0 and r.phase_of(13)[0] == 1 and r.phase_of(27)[1].size == 288
+    assert load_recipe("resnet50-90ep").total_epochs == 90
+
+
+def test_overrides_apply_to_every_phase_and_single_fields():
+    r = override(load_recipe("dawnbench28"), epochs=2, comm="gtopk", density=0.05,
+                 sets=["optim.lr=0.5", "phases.1.size=112", "schedule.decay=cosine"])
+    assert [p.epochs for p in r.phases] == [2, 2, 2, 2] and {p.comm for p in r.phases} == {"gtopk"}
+    assert {p.density for p in r.phases} == {0.05} and r.optim.lr == 0.5
+    assert r.phases[1].size == 112 and r.schedule.decay == "cosine"
+
+
+@pytest.mark.parametrize("text, match", [
+    ("phases: [{epochs: 1}]\nmodell: {}", r"unknown section.*modell"),
+    ("optim: {lrr: 1}\nphases: [{epochs: 1}]", r"optim: unknown key.*lrr.*valid"),
+    ("phases: [{epochs: 0}]", r"phases\[0\].*epochs must be >= 1"),
+    ("phases: [{epochs: 1, density: 1.5}]", r"density must be in \(0, 1\]"),
+    ("phases: [{epochs: 1, comm: ring}]", r"comm 'ring' is unknown; valid"),
+    ("phases: [{epochs: 1, size: big}]", r"size must be an integer"),
+    ("phases: []", r"non-empty list"),
+    ("schedule: {warmup_epochs: 5}\nphases: [{epochs: 2}]", r"warmup_epochs"),
+    ("model: {name: vgg}\nphases: [{epochs: 1}]", r"model.name 'vgg' is unknown"),
+    ("phases: [{epochs: 1\n", r"not valid YAML"),
+])
+def test_bad_recipes_give_one_line_errors(tmp_path, text, match):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        load_recipe(path)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_recipe_name_and_bad_override():
+    with pytest.raises(ValueError, match="shipped"):
+        load_recipe("nope")
+    with pytest.raises(ValueError, match="unknown field 'lrr'"):
+        override(load_recipe("demo"), sets=["optim.lrr=1"])
+    with pytest.raises(ValueError, match="selector"):
+        override(load_recipe("demo"), selector="fast")
+
+
+def test_recipe_round_trips_through_its_dict():
+    r = load_recipe("resnet50-90ep")
+    assert from_dict(r.to_dict(), r.name) == r
+    assert isinstance(r, Recipe)
+
+
+def test_schedules_warmup_then_decay():
+    kw = dict(lr=1.0, total_epochs=10, warmup_epochs=2)
+    assert lr_at(1.0, **kw) == pytest.approx(0.5)
+    assert lr_at(2.0, decay="poly", **kw) == pytest.approx(1.0)
+    assert lr_at(6.0, decay="poly", power=2.0, **kw) == pytest.approx(0.25)
+    assert lr_at(6.0, decay="cosine", **kw) == pytest.approx(0.5)
+    assert lr_at(10.0, decay="cosine", **kw) == pytest.approx(0.0)
+    assert lr_at(7.0, decay="step", milestones=[5, 7], gamma=0.1, **kw) == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="valid"):
+        lr_at(1.0, decay="exp", **kw)

@@ -1,0 +1,101 @@
+"""Short real training runs on multi-process gloo groups (CPU)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tests.distributed import run_distributed
+from trainer.recipes import load_recipe, override
+from trainer.run_config import RunConfig
+from trainer.serialize import load_state
+
+ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs"]
+DDP_ALGORITHMS = ["dense", "hitopk"]  # also run inside backward as DDP (comm hook)
+RESUME_COMMS = ["hitopk", "omgs"]  # sparse: residuals (and OMGS's planned layout) are resumed state
+
+
+def _assert_same(a, b, where="state"):
+    assert type(a) is type(b), where
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif hasattr(a, "numpy"):
+        assert np.array_equal(a.numpy(), b.numpy()), where
+    else:
+        assert a == b, where
+
+
+def _recipe(epochs: int, comm: str, density: float = 0.05):
+    return override(load_recipe("demo"), epochs=epochs, comm=comm, density=density, batch_size=4, size=32,
+                    sets=["train.cache_size=36", "train.eval_size=32", "optim.label_smoothing=0.0",
+                          "optim.lr=0.8", "schedule.warmup_epochs=0"])
+
+
+def _train_each_algorithm(rank, world, data, out):
+    from trainer.loop import train
+
+    losses = {}
+    for ddp, comm in [(False, c) for c in ALGORITHMS] + [(True, c) for c in DDP_ALGORITHMS]:
+        name = f"ddp-{comm}" if ddp else comm
+        cfg = RunConfig(recipe=_recipe(3, comm), data=str(data), out=f"{out}/{name}", loader="memory",
+                        nodes=2, local_size=2, device="cpu", ddp=ddp)
+        losses[name] = [row["train_loss"] for row in train(cfg)]
+    return losses
+
+
+def test_every_exchange_algorithm_lowers_the_loss(small_dataset, tmp_path):
+    losses = run_distributed(_train_each_algorithm, 4, small_dataset, tmp_path, timeout=240)
+    assert losses[0] == losses[3]  # every rank reports the same (reduced) loss
+    assert len(losses[0]) == len(ALGORITHMS) + len(DDP_ALGORITHMS)
+    for comm, per_epoch in losses[0].items():
+        assert per_epoch[-1] < per_epoch[0] and per_epoch[-1] < 0.9 * math.log(4), (comm, per_epoch)
+
+
+def _interrupted_and_uninterrupted(rank, world, data, out):
+    from trainer.loop import train
+
+    epochs = []
+    for comm in RESUME_COMMS:
+        # omgs: every layer alone; an "auto" plan is timed, so two runs may plan differently
+        recipe = override(_recipe(2, comm, density=0.05), sets=["phases.0.omgs_plan=lags"])
+        common = dict(recipe=recipe, data=str(data), loader="memory", nodes=1, local_size=2, device="cpu")
+        train(RunConfig(out=f"{out}/{comm}/straight", **common))
+        # 6 steps per epoch: epoch 0 finishes, then the run stops at step 9 inside epoch 1.
+        first = train(RunConfig(out=f"{out}/{comm}/broken", ckpt_every=2, stop_after_steps=9, **common))
+        rows = train(RunConfig(out=f"{out}/{comm}/broken", resume=f"{out}/{comm}/broken", **common))
+        epochs.append(([r["epoch"] for r in first], [r["epoch"] for r in rows]))
+    return epochs
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(small_dataset, tmp_path):
+    epochs = run_distributed(_interrupted_and_uninterrupted, 2, small_dataset, tmp_path, timeout=240)
+    # the resumed call trained only the rest of epoch 1
+    assert epochs == [[([0], [1])] * len(RESUME_COMMS)] * 2
+    for comm in RESUME_COMMS:
+        _check_identical(tmp_path / comm)
+
+
+def _check_identical(tmp_path):
+    a = load_state(tmp_path / "straight/checkpoints/last.npz")
+    b = load_state(tmp_path / "broken/checkpoints/last.npz")
+    assert a["step"] == b["step"] == 12 and a["epoch"] == b["epoch"] == 2
+    for key in a["model"]:
+        assert np.array_equal(a["model"][key].numpy(), b["model"][key].numpy()), key
+    for pid, state in a["optimizer"]["state"].items():
+        assert np.array_equal(state["momentum_buffer"].numpy(), b["optimizer"]["state"][pid]["momentum_buffer"].numpy())
+    for r in range(2):  # error-feedback residuals of every rank
+        ra = load_state(tmp_path / f"straight/checkpoints/rank{r}.step12.npz")["exchanger"]
+        rb = load_state(tmp_path / f"broken/checkpoints/rank{r}.step12.npz")["exchanger"]
+        _assert_same(ra, rb)
+    rows_a = (tmp_path / "straight/metrics.jsonl").read_text().splitlines()
+    rows_b = (tmp_path / "broken/metrics.jsonl").read_text().splitlines()
+    import json
+
+    keys = ("epoch", "train_loss", "val_top1", "val_top5", "val_loss", "steps")
+    assert [{k: json.loads(r)[k] for k in keys} for r in rows_a] == [{k: json.loads(r)[k] for k in keys} for r in rows_b]

@@ -1,0 +1,226 @@
+"""``cachepipe bench topk``: time, recall and captured energy of the top-k selectors.
+
+For every size and density it times each selector/implementation side by side on the
+same tensor (median of ``--repeats`` after a warm-up call), and reports the speed-up
+over ``exact`` (``torch.topk``), the recall and captured energy against the exact top-k,
+and on CUDA the effective bandwidth (bytes of ``x`` / time) and the time in units of
+one read pass over ``x`` (``x.sum()``). ``--plot`` draws time against size per density,
+like Figure 6 of the MLSys 2021 paper. Runs standalone on a GPU box:
+``python -m tools bench topk --device cuda --json topk_gpu.json --plot topk_gpu.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from comm.topk import captured_energy, get_selector, recall
+from comm.topk.mstopk import gpu_kernel_available
+from tools.bench.table import format_table, machine_description, write_json
+
+__all__ = ["configure", "main", "make_input", "DISTRIBUTIONS", "parse_size", "run"]
+
+CPU_SIZES = "256K,1M,4M,16M"
+GPU_SIZES = "256K,1M,4M,16M,64M,128M"
+IMPLS = "exact,dgc,mstopk:torch,mstopk:bisect,mstopk:gpu"
+
+
+def _laplace(n, g, dev):
+    sign = torch.randint(0, 2, (n,), generator=g, device=dev) * 2 - 1
+    return -torch.log(torch.rand(n, generator=g, device=dev)) * sign
+
+
+def _student_t2(n, g, dev):  # Z / sqrt(chi2_2 / 2), chi2_2 = -2 log U
+    return torch.randn(n, generator=g, device=dev) / torch.sqrt(-torch.log(torch.rand(n, generator=g, device=dev)))
+
+
+def _cauchy(n, g, dev):
+    return torch.tan(math.pi * (torch.rand(n, generator=g, device=dev) - 0.5))
+
+
+def _sparse(n, g, dev, nonzero=0.01):
+    x = torch.zeros(n, device=dev)
+    m = max(1, int(nonzero * n))
+    x[torch.randperm(n, generator=g, device=dev)[:m]] = torch.randn(m, generator=g, device=dev)
+    return x
+
+
+def _ties(n, g, dev):
+    return torch.round(torch.randn(n, generator=g, device=dev) * 4) / 4
+
+
+# name -> fn(n, generator, device) -> float32 tensor. "ties" is extra (not a quality target).
+DISTRIBUTIONS = {
+    "gaussian": lambda n, g, dev: torch.randn(n, generator=g, device=dev),
+    "laplace": _laplace,
+    "student_t": _student_t2,
+    "cauchy": _cauchy,
+    "sparse": _sparse,
+}
+_EXTRA = {"ties": _ties}
+
+
+def make_input(dist: str, n: int, seed: int = 0, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32, **opts) -> torch.Tensor:
+    """A seeded 1-D test vector: gaussian, laplace, student_t (df=2), cauchy, sparse
+    (1% nonzero Gaussian entries, ``nonzero=`` changes it) or ties (multiples of 1/4).
+
+    Raises:
+        ValueError: for an unknown distribution (the message lists the valid ones).
+    """
+    table = {**DISTRIBUTIONS, **_EXTRA}
+    if dist not in table:
+        raise ValueError(f"unknown distribution {dist!r}; valid: {sorted(table)}")
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = table[dist](n, g, device, **opts)
+    big = torch.finfo(dtype).max  # heavy tails would overflow float16 to inf
+    return x.clamp(-big, big).to(dtype)
+
+
+def parse_size(text: str) -> int:
+    """``"256K"`` -> 262144, ``"16M"`` -> 16777216, ``"1000"`` -> 1000 (binary K/M/G)."""
+    text = text.strip().upper()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if scale > 1 else text) * scale)
+    except ValueError:
+        raise ValueError(f"bad size {text!r}; use e.g. 262144, 256K, 16M") from None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default=None,
+                        help=f"comma-separated vector sizes (default: {CPU_SIZES} on cpu, {GPU_SIZES} on cuda)")
+    parser.add_argument("--density", default="0.001,0.01", help="comma-separated k / d (default: 0.001,0.01)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where x lives (default: cpu)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed calls per measurement; the median is reported (default: 5)")
+    parser.add_argument("--dist", default="gaussian",
+                        help=f"comma-separated input distributions, of {sorted(DISTRIBUTIONS)} (default: gaussian)")
+    parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                        help="dtype of x (default: float32)")
+    parser.add_argument("--impls", default=IMPLS,
+                        help=f"selector[:kernel] list; unavailable ones are skipped (default: {IMPLS})")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch's default (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the fill (default: 0)")
+    parser.add_argument("--json", default=None, help="write the rows as JSON to this path (default: none)")
+    parser.add_argument("--plot", default=None, help="write a Figure-6-style PNG to this path (default: none)")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn, repeats: int, device: torch.device) -> float:
+    fn()  # warm-up (also compiles the Triton kernels)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _available(impl: str, device: torch.device) -> bool:
+    return not impl.endswith(":gpu") or (device.type == "cuda" and gpu_kernel_available())
+
+
+def run(sizes: list[int], densities: list[float], device: torch.device, repeats: int, dists: list[str],
+        dtype: torch.dtype, impls: list[str], seed: int = 0) -> list[dict]:
+    """Measure every (dist, size, density, impl); returns the JSON rows."""
+    rows = []
+    for dist in dists:
+        for n in sizes:
+            x = make_input(dist, n, seed=seed, device=device, dtype=dtype)
+            read_s = _median_time(lambda: x.sum(), repeats, device) if device.type == "cuda" else None
+            for density in densities:
+                k = max(1, int(density * n))
+                exact_s = None
+                for impl in impls:
+                    if not _available(impl, device):
+                        continue
+                    name, _, kernel = impl.partition(":")
+                    opts = {"kernel": kernel} if kernel else {}
+                    gen = torch.Generator().manual_seed(seed)
+                    fn = lambda: get_selector(name)(x, k, generator=gen, **opts)
+                    median_s = _median_time(fn, repeats, device)
+                    exact_s = median_s if name == "exact" else exact_s
+                    _, idx = fn()
+                    row = dict(selector=name, impl=kernel or "torch", device=device.type, dist=dist,
+                               dtype=str(dtype).replace("torch.", ""), numel=n, k=k, density=density,
+                               median_s=median_s, speedup_vs_exact=(exact_s / median_s) if exact_s else None,
+                               recall=recall(x, idx, k), energy=captured_energy(x, idx, k))
+                    if read_s is not None:
+                        nbytes = n * x.element_size()
+                        row.update(eff_GBps=nbytes / median_s / 1e9, read_pass_s=read_s,
+                                   read_passes=median_s / read_s)
+                    rows.append(row)
+                    print(f"  {dist} n={n} k={k} {impl}: {median_s * 1e3:.3f} ms", flush=True)
+            del x
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Time against size, one panel per density, one line per selector/impl (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    densities = sorted({r["density"] for r in rows})
+    fig, axes = plt.subplots(1, len(densities), figsize=(5.5 * len(densities), 4), squeeze=False)
+    for ax, density in zip(axes[0], densities):
+        sub = [r for r in rows if r["density"] == density]
+        for label in dict.fromkeys(f"{r['selector']}:{r['impl']}" for r in sub):
+            pts = sorted((r["numel"], r["median_s"] * 1e3) for r in sub if f"{r['selector']}:{r['impl']}" == label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("vector size d")
+        ax.set_ylabel("time (ms)")
+        ax.set_title(f"{sub[0]['device']}, k = {density:g} d")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("cachepipe bench topk: --device cuda but no CUDA device is available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = [parse_size(s) for s in (args.sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)).split(",")]
+    densities = [float(d) for d in args.density.split(",")]
+    dists = [d.strip() for d in args.dist.split(",")]
+    for d in dists:
+        if d not in DISTRIBUTIONS and d != "ties":
+            raise SystemExit(f"unknown --dist {d!r}; valid: {sorted(DISTRIBUTIONS)}")
+    dtype = getattr(torch, args.dtype)
+    impls = [i.strip() for i in args.impls.split(",")]
+    machine = machine_description() + (f"; GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
+    print(f"machine: {machine}; torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
+    rows = run(sizes, densities, device, args.repeats, dists, dtype, impls, args.seed)
+    columns = ["dist", "numel", "k", "selector", "impl", "median_s", "speedup_vs_exact", "recall", "energy"]
+    if device.type == "cuda":
+        columns += ["eff_GBps", "read_passes"]
+    print(format_table(rows, columns))
+    if args.json:
+        write_json(args.json, rows)
+    if args.plot:
+        plot(rows, args.plot)
+    return 0

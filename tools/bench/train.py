@@ -1,0 +1,193 @@
+"""``cachepipe bench train``: training images/s with synthetic data vs the cached loaders.
+
+One training configuration (model, image size, batch, precision) is timed three ways,
+side by side in one run: ``synthetic`` (one random batch kept on the device: the
+data-free ceiling), ``torch`` (``loaders.cached_dataloader`` reading the warmed L2 Redis)
+and ``dali`` (``loaders.build_dali_loader`` from the same cache; GPU operators on CUDA,
+DALI CPU mode otherwise). Each row is images/s over ``--steps`` steps after
+``--warmup-steps`` untimed ones, and its ratio to synthetic. On a GPU the defaults are
+ResNet-50, bf16 autocast, channels_last, 224 px, batch 128; on CPU a small ResNet at 56 px.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+
+from tools.bench.table import format_table, machine_description, write_json
+
+__all__ = ["configure", "main"]
+
+SOURCES = ["synthetic", "torch", "dali"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", default=None, help="ImageFolder root with train/ (default: a generated demo dataset)")
+    parser.add_argument("--cache-dir", default=None, help="cache directory (default: a temporary one)")
+    parser.add_argument("--redis", action="append", default=None, metavar="URL", help="L2 Redis URL(s); default: embedded")
+    parser.add_argument("--sources", nargs="+", default=SOURCES, choices=SOURCES, help="data sources to time")
+    parser.add_argument("--model", default=None, help="model name (default: resnet50 on GPU, resnet_small on CPU)")
+    parser.add_argument("--size", type=int, default=None, help="crop size in px (default: 224 on GPU, 56 on CPU)")
+    parser.add_argument("--cache-size", type=int, default=None, help="cached shorter side (default: 256 on GPU, 64 on CPU)")
+    parser.add_argument("--batch-size", type=int, default=None, help="batch size (default: 128 on GPU, 32 on CPU)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per source and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds; each times every source in turn, the median round is reported (robust to load)")
+    parser.add_argument("--warmup-steps", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--workers", type=int, default=2, help="loader worker processes / DALI threads")
+    parser.add_argument("--amp", default="bf16", choices=["off", "bf16", "fp16"], help="autocast dtype on CUDA")
+    parser.add_argument("--no-channels-last", action="store_true", help="keep NCHW on CUDA (default: channels_last)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
+    parser.add_argument("--images", type=int, default=None, help="images in the generated dataset (default: 4 batches' worth)")
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    conv = parser.add_argument_group("convergence comparison (instead of throughput)")
+    conv.add_argument("--convergence", default=None, metavar="DIR",
+                      help="train the demo recipe once per --algorithms into DIR/<alg> and plot DIR/report")
+    conv.add_argument("--algorithms", nargs="+", default=["dense", "hitopk", "gtopk"], help="exchange algorithms to compare")
+    conv.add_argument("--density", type=float, default=0.01, help="density of the sparse algorithms")
+    conv.add_argument("--epochs", type=int, default=None, help="epochs (default: the demo recipe's)")
+
+
+def _cycle(loader):
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _time_source(name, batches, model, optimizer, criterion, autocast, device, channels_last, steps, warmup):
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    data_s = 0.0
+    for i in range(warmup + steps):
+        if i == warmup:
+            sync()
+            start = time.perf_counter()
+            data_s = 0.0
+        t0 = time.perf_counter()
+        images, labels = next(batches)
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        data_s += time.perf_counter() - t0
+        with autocast():
+            loss = criterion(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    sync()
+    elapsed = time.perf_counter() - start
+    return {"source": name, "images_per_s": steps * images.shape[0] / elapsed, "step_ms": 1000 * elapsed / steps,
+            "data_wait_ms": 1000 * data_s / steps}
+
+
+def _convergence(args: argparse.Namespace) -> int:
+    from trainer.convergence import compare_convergence
+
+    rows = compare_convergence(args.convergence, algorithms=args.algorithms, density=args.density,
+                               epochs=args.epochs, data=args.data)
+    print(f"\n{machine_description()}; demo recipe, 4 processes as 2 nodes x 2 (gloo), same seed and data")
+    print(format_table(rows, ["algorithm", "density", "epochs", "final_top1", "best_top1", "final_top5",
+                              "final_loss", "delta_top1_vs_dense", "seconds"]))
+    print(f"curves: {Path(args.convergence) / 'report'}")
+    if args.json:
+        write_json(args.json, rows)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from trainer import models
+    from trainer.optim import autocast_for
+
+    if args.convergence:
+        return _convergence(args)
+
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
+    model_name = args.model or ("resnet50" if cuda else "resnet_small")
+    size = args.size or (224 if cuda else 56)
+    cache_size = args.cache_size or (256 if cuda else 64)
+    batch = args.batch_size or (128 if cuda else 32)
+    channels_last = cuda and not args.no_channels_last
+    autocast = autocast_for(args.amp if cuda else "off", device)
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cachepipe-bench-train-")))
+        data = Path(args.data) if args.data else tmp / "data"
+        if not args.data:
+            from cachepipe.demo_data import make_dataset
+
+            per_class = max(2, (args.images or 4 * batch) // 10)
+            make_dataset(data, classes=10, per_class=per_class, val_per_class=0, size=cache_size, seed=0)
+        num_classes = sum(1 for d in (data / "train").iterdir() if d.is_dir())
+        cache_dir = Path(args.cache_dir) if args.cache_dir else tmp / "cache"
+        if set(args.sources) - {"synthetic"}:
+            from cachepipe import EmbeddedRedis, TwoLevelCache
+            from cachepipe.warmup import warmup
+
+            with TwoLevelCache(data / "train", cache_dir, redis=args.redis, cache_size=cache_size) as cache:
+                warmup(cache, workers=1, progress=False)
+            if not args.redis:
+                stack.callback(EmbeddedRedis(cache_dir).stop)
+        runners, rows = {}, []
+        for name in args.sources:
+            torch.manual_seed(0)
+            model = models.create(model_name, num_classes=num_classes).to(device)
+            if channels_last:
+                model = model.to(memory_format=torch.channels_last)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            loader = _make(name, data, cache_dir, args, batch, size, cache_size, num_classes, device)
+            if loader is None:
+                rows.append({"source": name, "note": "nvidia-dali not installed"})
+                continue
+            if hasattr(loader, "close"):
+                stack.callback(loader.close)
+            runners[name] = (_cycle(loader), model, optimizer)
+        timings: dict[str, list[dict]] = {name: [] for name in runners}
+        for r in range(args.rounds):  # interleaved, so a load spike hits every source alike
+            for name, (batches, model, optimizer) in runners.items():
+                timings[name].append(_time_source(name, batches, model, optimizer, torch.nn.CrossEntropyLoss(),
+                                                  autocast, device, channels_last, args.steps,
+                                                  args.warmup_steps if r == 0 else 1))
+        for name, results in timings.items():
+            results.sort(key=lambda t: t["images_per_s"])
+            rows.append(dict(results[len(results) // 2], rounds=len(results)))
+    base = next((r["images_per_s"] for r in rows if r["source"] == "synthetic"), None)
+    for r in rows:
+        r.update(model=model_name, size=size, batch=batch, device=device.type,
+                 amp=args.amp if cuda else "fp32", channels_last=channels_last)
+        if base and "images_per_s" in r:
+            r["vs_synthetic"] = r["images_per_s"] / base
+    print(f"\n{machine_description()}; {model_name}, {size} px, batch {batch}, {device.type}"
+          f"{', ' + args.amp + ' autocast, channels_last' if cuda else ', fp32'}; {args.workers} loader workers")
+    print(format_table(rows, ["source", "images_per_s", "vs_synthetic", "step_ms", "data_wait_ms", "note"]))
+    if args.json:
+        write_json(args.json, rows)
+    return 0
+
+
+def _make(name, data, cache_dir, args, batch, size, cache_size, num_classes, device):
+    from trainer.data import SyntheticLoader
+
+    if name == "synthetic":
+        loader = SyntheticLoader(batch_size=batch, size=size, num_classes=num_classes, steps=1 << 30)
+        loader.images, loader.labels = loader.images.to(device), loader.labels.to(device)
+        return loader
+    import loaders
+
+    redis = list(args.redis) if args.redis else None
+    if name == "torch":
+        return loaders.cached_dataloader(data / "train", batch_size=batch, train=True, size=size,
+                                         workers=args.workers, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
+                                         distributed=False, channels_last=device.type == "cuda")
+    if not loaders.dali_available():
+        return None
+    return loaders.build_dali_loader(data / "train", batch_size=batch, train=True, size=size,
+                                     device="gpu" if device.type == "cuda" else "cpu", shard_id=0, num_shards=1,
+                                     cache_dir=cache_dir, redis=redis, workers=max(args.workers, 1),
+                                     cache_size=cache_size)

@@ -1,0 +1,143 @@
+"""One rank of ``cachepipe bench omgs``: fit the costs in place, plan, and time each mode.
+
+Run by the benchmark inside a network namespace (``python -m tools.omgs.worker SPEC OUT``)
+with the usual torch.distributed environment variables set.
+
+NOTE [bench calibration]
+alpha and beta come from timing the OMGS all-gather alone; gamma and the decompression
+time ``tu`` come from runs of the three baseline plans (TopK-SGD, LAGS, fusion) with the
+real pipelined exchanger: every group's measured compression time is a point of the gamma
+fit, so the fit sees the same contention (four workers on a shared machine) as the timed
+runs. A calibration run gives the coefficients the OMGS plans are made with. Timed
+iterations of all modes are then interleaved (mode A, B, C, ..., A, B, C, ...) so that a
+change of the machine's load hits every mode alike, and the predictions use gamma and tu
+refitted from the baselines' timed iterations and the per-layer times scaled to the
+interleaved backward-only time. No OMGS iteration feeds the model: its time is predicted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from comm.omgs import (OMGSExchanger, fit_alpha_beta, find_merged_layers, gamma_from_timings, lags_plan,
+                       measure_backward_times, predict_iteration_time, single_bucket_plan,
+                       threshold_plan)
+from comm.omgs.pipeline import broadcast_plan
+from tools.omgs.emulate import SleepChain
+
+__all__ = ["run"]
+
+
+def _mean(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t) / dist.get_world_size()
+
+
+def _iteration(model, exchangers: dict, active) -> float:
+    for name, ex in exchangers.items():
+        ex.enabled = name == active
+    model.zero_grad(set_to_none=False)  # keep .grad allocated, as a GPU caching allocator would
+    dist.barrier()
+    t0 = time.perf_counter()
+    model().backward()
+    if active is not None:
+        exchangers[active].synchronize()
+    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # an iteration ends when the slowest rank ends
+    return float(t)
+
+
+def _reset(ex) -> None:
+    ex.stats = dict.fromkeys(ex.stats, 0.0)
+    for g in ex.groups:
+        g.compress_s = 0.0
+
+
+def run(spec: dict) -> dict:
+    """The benchmark body on one rank; returns the result (meaningful on rank 0)."""
+    rho, d, iters = spec["density"], spec["d"], spec["iters"]
+    model = SleepChain(d, spec["tb"], seed=dist.get_rank())
+    params = list(model.parameters())
+    model().backward()  # allocate .grad once (NOTE [emulated backward])
+    prof = measure_backward_times(model, model, repeats=spec["profile_repeats"], set_to_none=False)
+    if prof.order != list(range(len(d))):
+        raise RuntimeError("emulated backward did not run in reverse layer order")
+    tb = [_mean(t) for t in prof.tb]  # effective per-layer backward of the emulated model
+    alpha, beta = fit_alpha_beta(sorted({1, 4, 16, 64, 256, 1024, 4096, max(2, int(rho * sum(d)))}),
+                                 repeats=spec["fit_repeats"])
+    make = lambda plan: OMGSExchanger(params, density=rho, selector=spec["selector"],  # noqa: E731
+                                      plan=broadcast_plan(plan))
+    exchangers = {"topk-sgd (1 bucket)": make(single_bucket_plan(len(d))),
+                  "lags (per layer)": make(lags_plan(len(d))),
+                  f"fusion {spec['fusion_mb']:g} MiB": make(threshold_plan(d, int(spec["fusion_mb"] * 2**20)))}
+    sizes, times, decompress = [], [], []  # NOTE [bench calibration]
+    for name, ex in exchangers.items():
+        for _ in range(spec["warmup"]):
+            _iteration(model, exchangers, name)
+        _reset(ex)
+        for _ in range(spec["fit_repeats"]):
+            _iteration(model, exchangers, name)
+        sizes += [g.numel for g in ex.groups]
+        times += [g.compress_s / spec["fit_repeats"] for g in ex.groups]
+        decompress.append((ex.stats["sync_s"] - ex.stats["wait_s"]) / spec["fit_repeats"])
+    gamma = _mean(gamma_from_timings(sizes, times, rho))
+    tu = _mean(statistics.median(decompress))
+    coeffs = dict(alpha=alpha, beta=beta, gamma=gamma, rho=rho)
+    for method in ("paper", "optimal"):
+        exchangers[f"omgs {method}"] = make(find_merged_layers(tb, d, **coeffs, method=method))
+    modes = [None, *exchangers]
+    for name in exchangers:
+        for _ in range(spec["warmup"]):
+            _iteration(model, exchangers, name)
+        _reset(exchangers[name])
+    measured = {m: [] for m in modes}
+    for _ in range(iters):
+        for m in modes:
+            measured[m].append(_iteration(model, exchangers, m))
+    baselines = [ex for name, ex in exchangers.items() if not name.startswith("omgs")]
+    gamma_t = _mean(gamma_from_timings([g.numel for ex in baselines for g in ex.groups],
+                                       [g.compress_s / iters for ex in baselines for g in ex.groups], rho))
+    tu_t = _mean(statistics.median((ex.stats["sync_s"] - ex.stats["wait_s"]) / iters for ex in baselines))
+    scale = statistics.median(measured[None]) / sum(tb)
+    tb_t = [t * scale for t in tb]
+    planned_with = dict(coeffs, tu=tu)
+    coeffs = dict(coeffs, gamma=gamma_t)
+    rows = [dict(mode="backward only", groups=0, measured_ms=1e3 * statistics.median(measured[None]),
+                 min_ms=1e3 * min(measured[None]), max_ms=1e3 * max(measured[None]), predicted_ms=1e3 * sum(tb_t))]
+    for name, ex in exchangers.items():
+        rows.append(dict(mode=name, groups=len(ex.groups), measured_ms=1e3 * statistics.median(measured[name]),
+                         min_ms=1e3 * min(measured[name]), max_ms=1e3 * max(measured[name]),
+                         predicted_ms=1e3 * predict_iteration_time(tb_t, d, ex.plan, **coeffs, tu=tu_t),
+                         planned_pred_ms=1e3 * predict_iteration_time(tb, d, ex.plan, **planned_with),
+                         **{k[:-2] + "_ms": 1e3 * _mean(v) / iters for k, v in ex.stats.items()}))
+    plans = {name: ex.plan for name, ex in exchangers.items()}
+    return {"rows": rows, "coeffs": coeffs, "tu": tu_t, "tb_effective": tb_t, "plans": plans,
+            "planned_with": planned_with}
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        result = run(spec)
+        if dist.get_rank() == 0:
+            with open(out_path + ".tmp", "w") as f:
+                json.dump(result, f)
+            os.replace(out_path + ".tmp", out_path)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

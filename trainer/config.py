@@ -1,0 +1,232 @@
+"""Frozen, validated configuration sections of a training recipe.
+
+A recipe (``trainer/recipes/*.yaml``) has the sections ``model``, ``optim``,
+``schedule``, ``train`` and a list of ``phases``; each maps onto one dataclass here.
+Every dataclass checks itself in ``__post_init__`` and raises ``ValueError`` with a
+message that says which field to fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+__all__ = ["COMM_NAMES", "SELECTOR_NAMES", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig",
+           "PhaseConfig", "TrainConfig", "Recipe", "from_dict"]
+
+# Names resolved by comm (collectives, OMGS) and comm.topk; validated here so a typo in a
+# recipe fails before any process starts.
+COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs")
+SPARSE_COMMS = ("topk_ag", "gtopk", "hitopk", "omgs")
+SELECTOR_NAMES = ("exact", "dgc", "mstopk")
+AMP_MODES = ("off", "bf16", "fp16")
+OPTIMIZERS = ("sgd", "lars")
+
+
+def _need(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``name`` from ``trainer.models.MODELS``; ``num_classes`` 0 = taken from the data."""
+
+    name: str = "resnet50"
+    num_classes: int = 0
+    zero_init_residual: bool = False
+
+    def __post_init__(self):
+        from trainer.models import MODELS
+
+        _need(self.name in MODELS, f"model.name {self.name!r} is unknown; valid: {sorted(MODELS)}")
+        _need(self.num_classes >= 0, f"model.num_classes must be >= 0 (0 = from the data); got {self.num_classes}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimiser: ``sgd`` (momentum) or ``lars``; ``lr`` is the peak rate per 256 images
+    when ``scale_lr`` is true (scaled linearly by the global batch), else absolute."""
+
+    name: str = "sgd"
+    lr: float = 0.1
+    scale_lr: bool = True
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    eta: float = 0.001
+    label_smoothing: float = 0.0
+    pto: bool = True
+
+    def __post_init__(self):
+        _need(self.name in OPTIMIZERS, f"optim.name {self.name!r} is unknown; valid: {list(OPTIMIZERS)}")
+        _need(self.lr > 0, f"optim.lr must be > 0; got {self.lr}")
+        _need(0 <= self.momentum < 1, f"optim.momentum must be in [0, 1); got {self.momentum}")
+        _need(self.weight_decay >= 0, f"optim.weight_decay must be >= 0; got {self.weight_decay}")
+        _need(self.eta > 0, f"optim.eta must be > 0; got {self.eta}")
+        _need(0 <= self.label_smoothing < 1, f"optim.label_smoothing must be in [0, 1); got {self.label_smoothing}")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Warm-up then decay (see ``trainer.schedules.lr_at``)."""
+
+    warmup_epochs: float = 0.0
+    warmup_start: float = 0.0
+    decay: str = "cosine"
+    final_lr: float = 0.0
+    power: float = 2.0
+    milestones: tuple[float, ...] = ()
+    gamma: float = 0.1
+
+    def __post_init__(self):
+        from trainer.schedules import DECAYS
+
+        object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
+        _need(self.decay in DECAYS, f"schedule.decay {self.decay!r} is unknown; valid: {sorted(DECAYS)}")
+        _need(self.warmup_epochs >= 0, f"schedule.warmup_epochs must be >= 0; got {self.warmup_epochs}")
+        _need(0 <= self.warmup_start <= 1, f"schedule.warmup_start must be in [0, 1]; got {self.warmup_start}")
+        _need(self.final_lr >= 0, f"schedule.final_lr must be >= 0; got {self.final_lr}")
+        _need(self.power > 0, f"schedule.power must be > 0; got {self.power}")
+        _need(0 < self.gamma <= 1, f"schedule.gamma must be in (0, 1]; got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class PhaseConfig:
+    """A run of epochs at one image size, per-worker batch size and exchange algorithm.
+
+    ``hybrid_bytes``: fused gradient buckets smaller than this use the dense ``hier``
+    all-reduce whatever ``comm`` says (Jizhi's hybrid choice by size); 0 sends every
+    bucket with ``comm``. ``omgs_plan`` (``comm: omgs`` only): ``auto`` profiles backward
+    and plans merged layers at the start of the phase; ``lags`` keeps every layer alone
+    (deterministic, no profiling).
+    """
+
+    epochs: int = 1
+    size: int = 224
+    batch_size: int = 256
+    comm: str = "dense"
+    density: float = 0.01
+    selector: str = "mstopk"
+    hybrid_bytes: int = 2**20
+    omgs_plan: str = "auto"
+
+    def __post_init__(self):
+        _need(self.epochs >= 1, f"phase epochs must be >= 1; got {self.epochs}")
+        _need(16 <= self.size <= 1024, f"phase size must be in [16, 1024] px; got {self.size}")
+        _need(self.batch_size >= 1, f"phase batch_size must be >= 1; got {self.batch_size}")
+        _need(self.comm in COMM_NAMES, f"phase comm {self.comm!r} is unknown; valid: {list(COMM_NAMES)}")
+        _need(0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
+        _need(self.omgs_plan in ("auto", "lags"), f"phase omgs_plan must be auto or lags; got {self.omgs_plan!r}")
+        _need(self.hybrid_bytes >= 0, f"phase hybrid_bytes must be >= 0; got {self.hybrid_bytes}")
+        _need(self.selector in SELECTOR_NAMES, f"phase selector {self.selector!r} is unknown; valid: {list(SELECTOR_NAMES)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Precision, memory format, seed, evaluation and cache settings."""
+
+    amp: str = "bf16"
+    channels_last: bool = True
+    seed: int = 0
+    eval_size: int = 0  # 0 = the last phase's size
+    eval_batch_size: int = 0  # 0 = the phase's batch size
+    cache_size: int = 256
+    workers: int = 4
+
+    def __post_init__(self):
+        _need(self.amp in AMP_MODES, f"train.amp {self.amp!r} is unknown; valid: {list(AMP_MODES)}")
+        _need(self.eval_size == 0 or 16 <= self.eval_size <= 1024,
+              f"train.eval_size must be 0 or in [16, 1024]; got {self.eval_size}")
+        _need(self.eval_batch_size >= 0, f"train.eval_batch_size must be >= 0; got {self.eval_batch_size}")
+        _need(self.cache_size >= 16, f"train.cache_size must be >= 16; got {self.cache_size}")
+        _need(self.workers >= 0, f"train.workers must be >= 0; got {self.workers}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A whole training recipe: its sections and its phases in order."""
+
+    name: str
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    phases: tuple[PhaseConfig, ...] = (PhaseConfig(),)
+
+    def __post_init__(self):
+        object.__setattr__(self, "phases", tuple(self.phases))
+        _need(len(self.phases) >= 1, f"recipe {self.name!r} needs at least one phase")
+        _need(self.schedule.warmup_epochs <= self.total_epochs,
+              f"schedule.warmup_epochs ({self.schedule.warmup_epochs}) must not exceed the total epochs "
+              f"({self.total_epochs}); lower it (--set schedule.warmup_epochs=N) or train longer")
+        _need(max(self.schedule.milestones, default=0) <= self.total_epochs,
+              f"schedule.milestones must lie within the {self.total_epochs} epochs; got {list(self.schedule.milestones)}")
+
+    @property
+    def total_epochs(self) -> int:
+        return sum(p.epochs for p in self.phases)
+
+    def phase_of(self, epoch: int) -> tuple[int, PhaseConfig]:
+        """Return ``(index, phase)`` that trains 0-based ``epoch``."""
+        end = 0
+        for i, p in enumerate(self.phases):
+            end += p.epochs
+            if epoch < end:
+                return i, p
+        return len(self.phases) - 1, self.phases[-1]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "schedule": ScheduleConfig, "train": TrainConfig}
+
+
+def from_dict(data: dict, name: str) -> Recipe:
+    """Build a ``Recipe`` from parsed YAML, rejecting unknown keys and wrong types.
+
+    Raises:
+        ValueError: one line naming the recipe, the section and the field to fix.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"recipe {name}: top level must be a mapping with {sorted(_SECTIONS) + ['phases']}")
+    unknown = set(data) - set(_SECTIONS) - {"phases", "name"}
+    _need(not unknown, f"recipe {name}: unknown section(s) {sorted(unknown)}; valid: {sorted(_SECTIONS) + ['phases']}")
+    try:
+        kwargs = {key: _section(cls, data.get(key) or {}, f"recipe {name}: {key}") for key, cls in _SECTIONS.items()}
+        phases = data.get("phases")
+        _need(isinstance(phases, (list, tuple)) and phases, f"recipe {name}: 'phases' must be a non-empty list")
+        kwargs["phases"] = tuple(_section(PhaseConfig, p, f"recipe {name}: phases[{i}]") for i, p in enumerate(phases))
+        return Recipe(name=str(data.get("name", name)), **kwargs)
+    except ValueError as exc:
+        msg = str(exc)
+        raise ValueError(msg if msg.startswith("recipe ") else f"recipe {name}: {msg}") from None
+
+
+def _section(cls, values, where: str):
+    _need(isinstance(values, dict), f"{where} must be a mapping; got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(values) - set(fields)
+    _need(not unknown, f"{where}: unknown key(s) {sorted(unknown)}; valid: {sorted(fields)}")
+    kwargs = {k: _coerce(v, fields[k], f"{where}.{k}") for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _coerce(value, f: dataclasses.Field, where: str):
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if kind == "bool":
+        _need(isinstance(value, bool), f"{where} must be true or false; got {value!r}")
+        return value
+    if kind == "int":
+        _need(isinstance(value, int) and not isinstance(value, bool), f"{where} must be an integer; got {value!r}")
+        return value
+    if kind == "float":
+        _need(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where} must be a number; got {value!r}")
+        return float(value)
+    if kind == "str":
+        _need(isinstance(value, str), f"{where} must be a string; got {value!r}")
+        return value
+    _need(isinstance(value, (list, tuple)), f"{where} must be a list; got {value!r}")
+    return tuple(value)

@@ -1,0 +1,112 @@
+"""Data loaders for training, by name: ``torch`` (cached DataLoader), ``dali``, ``memory``.
+
+Every loader yields ``(images float NCHW, labels int64)`` and has ``len()``,
+``set_epoch(e)``, ``set_size(s)``, ``state_dict()`` / ``load_state_dict()`` (mid-epoch
+position), so the training loop does not care which one it drives.
+
+- ``torch``: ``loaders.cached_dataloader`` reading from the two-level cache (L2 Redis, L1 LMDB).
+- ``dali``: ``loaders.build_dali_loader`` fed from the same cache (GPU or DALI CPU mode).
+- ``memory``: decodes the split once into RAM, no cache (tests, reference runs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.data.memory import IMAGE_SUFFIXES, MemoryLoader, SyntheticLoader, load_split
+
+__all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "LoaderSpec", "make_loader", "check_data_root", "count_classes",
+           "MemoryLoader", "SyntheticLoader"]
+
+LOADERS = ("torch", "dali", "memory")
+DEFAULT_CACHE_DIR = "cachepipe-cache"
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """Where and how one rank reads its data (everything but the phase)."""
+
+    kind: str
+    root: str
+    rank: int = 0
+    world_size: int = 1
+    seed: int = 0
+    cache_dir: str | None = None
+    redis: tuple[str, ...] | None = None
+    cache_size: int = 256
+    workers: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.kind not in LOADERS:
+            raise ValueError(f"unknown loader {self.kind!r}; valid: {list(LOADERS)}")
+
+
+def check_data_root(root: str | Path) -> int:
+    """Return the number of classes under ``root/train`` after checking the layout.
+
+    Raises:
+        ValueError: one line saying what is missing (``train/`` and ``val/`` folders of
+            ``<class>/<image>`` files, with the same classes).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"data root {str(root)!r} does not exist; pass --data DIR with train/ and val/ "
+                         f"(or make one: cachepipe make-dataset DIR)")
+    classes = {}
+    for split in ("train", "val"):
+        folder = root / split
+        names = sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+        if not names or not any(f.suffix.lower() in IMAGE_SUFFIXES for f in (folder / names[0]).iterdir()):
+            raise ValueError(f"data root {str(root)!r} lacks {split}/<class>/<image> files "
+                             f"(expected the ImageFolder layout {root}/{{train,val}}/<class>/<file>.JPEG)")
+        classes[split] = names
+    if classes["train"] != classes["val"]:
+        raise ValueError(f"data root {str(root)!r}: train/ has {len(classes['train'])} classes and val/ "
+                         f"{len(classes['val'])}; they must have the same class folders")
+    return len(classes["train"])
+
+
+def count_classes(root: str | Path) -> int:
+    """Number of class folders under ``root/train``."""
+    return sum(1 for d in (Path(root) / "train").iterdir() if d.is_dir())
+
+
+_DECODED: dict = {}
+
+
+def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
+    """Build ``spec.kind``'s loader for the train or val split at ``size`` px.
+
+    Raises:
+        ValueError: when the chosen loader's package is missing (names the alternative).
+    """
+    if spec.kind == "memory":
+        split = "train" if train else "val"
+        key = (spec.root, split, spec.cache_size)
+        if key not in _DECODED:
+            _DECODED[key] = load_split(spec.root, split, spec.cache_size)[:2]
+        images, labels = _DECODED[key]
+        return MemoryLoader(images, labels, batch_size=batch_size, train=train, size=size,
+                            rank=spec.rank, world_size=spec.world_size, seed=spec.seed)
+    import loaders
+
+    # NOTE [loader contract]: the cached loaders shard by (rank, world_size) themselves and
+    # give every rank the same number of batches (loaders.sampler); they read the split
+    # folder root/train or root/val through the two-level cache in cache_dir.
+    split = str(Path(spec.root) / ("train" if train else "val"))
+    redis = list(spec.redis) if spec.redis else None
+    cache_dir = spec.cache_dir or DEFAULT_CACHE_DIR
+    if spec.kind == "torch":
+        return loaders.cached_dataloader(split, batch_size=batch_size, train=train, size=size, workers=spec.workers,
+                                         cache_dir=cache_dir, redis=redis, distributed=(spec.rank, spec.world_size),
+                                         seed=spec.seed, cache_size=spec.cache_size,
+                                         channels_last=spec.device.startswith("cuda"))
+    if not loaders.dali_available():
+        raise ValueError("--loader dali needs nvidia-dali: pip install 'cachepipe[dali]' (or use --loader torch)")
+    on_gpu = spec.device.startswith("cuda")
+    return loaders.build_dali_loader(split, batch_size=batch_size, train=train, size=size,
+                                     device="gpu" if on_gpu else "cpu", shard_id=spec.rank,
+                                     num_shards=spec.world_size, seed=spec.seed, cache_dir=cache_dir, redis=redis,
+                                     workers=max(spec.workers, 1), cache_size=spec.cache_size,
+                                     device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None)

@@ -1,0 +1,86 @@
+"""``cachepipe train --demo``: the whole system on one CPU machine in a few minutes.
+
+Steps: make a small demo dataset if absent (``cachepipe.demo_data.make_dataset``),
+start the embedded Redis and warm the two-level cache, then train the ``demo`` recipe
+on 4 local processes arranged as 2 nodes x 2 workers (gloo) with ``hitopk`` + MSTopK,
+printing one table row per epoch.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+__all__ = ["DEMO_NODES", "DEMO_LOCAL_SIZE", "run_demo", "prepare_cache", "stop_embedded"]
+
+DEMO_NODES, DEMO_LOCAL_SIZE = 2, 2
+
+
+def prepare_cache(data: Path, cache_dir: Path, redis: list[str] | None, cache_size: int) -> tuple[str, tuple | None]:
+    """Warm the two-level cache (both splits) and return ``(loader kind, redis URLs)``.
+
+    With ``redis`` None the embedded Redis server is started in ``cache_dir`` (it keeps
+    running for the training processes; NOTE [embedded server] in ``cachepipe.embedded``).
+    """
+    from cachepipe import TwoLevelCache
+    from cachepipe.warmup import warmup
+
+    start = time.perf_counter()
+    counts = []
+    for split in ("train", "val"):
+        with TwoLevelCache(data / split, cache_dir, redis=list(redis) if redis else None,
+                           cache_size=cache_size) as cache:
+            report = warmup(cache, workers=1, progress=False)
+            counts.append(report["samples"])
+    print(f"demo: warmed L1 (LMDB) + L2 (Redis) with {counts[0]} train + {counts[1]} val samples at "
+          f"{cache_size} px in {time.perf_counter() - start:.1f} s ({cache_dir})")
+    return "torch", tuple(redis) if redis else None
+
+
+def stop_embedded(cache_dir: Path) -> None:
+    """Stop the embedded Redis server the demo started in ``cache_dir``."""
+    from cachepipe import EmbeddedRedis
+
+    EmbeddedRedis(cache_dir).stop()
+
+
+def run_demo(args: argparse.Namespace, recipe) -> int:
+    """Run the demo described in the module docstring; returns the exit status."""
+    from cachepipe.demo_data import make_dataset
+    from trainer.launch import launch_local
+    from trainer.loop import run_rank
+    from trainer.run_config import RunConfig
+
+    base = Path(args.demo_dir)
+    data = Path(args.data) if args.data else base / "data"
+    if not (data / "train").is_dir():
+        start = time.perf_counter()
+        make_dataset(data, classes=args.demo_classes, per_class=args.demo_per_class,
+                     val_per_class=args.demo_val_per_class, size=recipe.train.cache_size, seed=0)
+        print(f"demo: wrote the dataset to {data} in {time.perf_counter() - start:.1f} s")
+    cache_dir = Path(args.cache_dir) if args.cache_dir else base / "cache"
+    if args.loader == "memory":
+        loader, redis = "memory", None
+    else:
+        loader, redis = prepare_cache(data, cache_dir, args.redis, recipe.train.cache_size)
+    out = Path(args.out) if args.out else base / "run"
+    cfg = RunConfig(recipe=recipe, data=str(data), out=str(out), loader=loader, cache_dir=str(cache_dir),
+                    redis=redis, ckpt_every=args.ckpt_every, resume=args.resume, nodes=DEMO_NODES,
+                    local_size=DEMO_LOCAL_SIZE, device="cpu", stop_after_steps=args.stop_after_steps,
+                    ddp=args.ddp)
+    nprocs = DEMO_NODES * DEMO_LOCAL_SIZE
+    phase = recipe.phases[0]
+    print(f"demo: {recipe.model.name}, {recipe.total_epochs} epochs at {phase.size} px, {nprocs} workers as "
+          f"{DEMO_NODES} nodes x {DEMO_LOCAL_SIZE}, comm {phase.comm}"
+          + (f" (density {phase.density}, {phase.selector})" if phase.comm != "dense" else "") + f", loader {loader}")
+    start = time.perf_counter()
+    try:
+        rows = launch_local(run_rank, nprocs, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)
+    finally:
+        if loader != "memory" and not redis:
+            stop_embedded(cache_dir)
+    if rows:
+        print(f"demo: final top-1 {rows[-1]['val_top1']:.1f}%, top-5 {rows[-1]['val_top5']:.1f}% in "
+              f"{time.perf_counter() - start:.0f} s; metrics in {out / 'metrics.jsonl'} "
+              f"(plot: cachepipe report {out})")
+    return 0

@@ -1,0 +1,73 @@
+"""Rank, device and collective helpers of the training loop."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["CACHE_COUNTERS", "world", "pick_device", "broadcast_model", "broadcast_buffers", "all_true",
+           "all_sum", "cache_counts"]
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default group, ``(0, 1)`` without one."""
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def pick_device(choice: str) -> torch.device:
+    """``cuda`` (device LOCAL_RANK) for "cuda", or "auto" with a GPU; else ``cpu``."""
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_model(model: nn.Module) -> None:
+    """Give every rank rank 0's parameters and buffers (identical replicas at start)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for t in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(t.data, src=0)
+
+
+def all_true(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` holds on every rank (one 1-element all-reduce)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor([0.0 if flag else 1.0], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return t.item() == 0
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """BN running statistics differ per rank; evaluate (and save) rank 0's everywhere."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        for b in model.buffers():
+            dist.broadcast(b.data, src=0)
+
+
+def all_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Sum a small CPU tensor over all ranks (through the device for NCCL); CPU result."""
+    if not dist.is_initialized():
+        return values
+    on = values.to(device) if dist.get_backend() == "nccl" else values
+    dist.all_reduce(on)
+    return on.cpu()
+
+
+CACHE_COUNTERS = ("l2_hits", "l1_hits", "source_reads")
+
+
+def cache_counts(loader) -> list[float]:
+    """Cumulative (L2 hits, L1 hits, source reads) of this process's cache, zeros if none.
+
+    NOTE [cache counters]: the cache counts per process; with DataLoader workers > 0 the
+    reads happen in the workers and these main-process counters stay at zero.
+    """
+    cache = getattr(getattr(loader, "dataset", None), "cache", None)
+    stats = cache.stats() if cache is not None and hasattr(cache, "stats") else {}
+    return [float(stats.get(k, 0)) for k in CACHE_COUNTERS]

@@ -1,0 +1,216 @@
+"""Gradient exchange for the training loop: one object per phase with ``synchronize()``.
+
+``build_exchange(name, model, topology, density=..., selector=...)`` returns a
+``PhaseExchange`` that averages every ``p.grad`` across ranks in place
+(``synchronize()``), saves and restores error-feedback residuals (``state_dict()``),
+reports ``last_timings = {"compress": s, "communicate": s}`` for the time breakdown and
+releases its hooks (``close()``). Names: ``dense``, ``hier``, ``2dtar``, ``topk_ag``,
+``gtopk``, ``hitopk`` (``comm.GradientExchanger``, fused buckets) and ``omgs``
+(``comm.omgs.OMGSExchanger``, layer-wise and pipelined with backward).
+``build_ddp_exchange`` instead wraps the model in DDP and exchanges inside backward
+(DDP's all-reduce for ``dense``, ``comm.register_sparse_hook`` for the others).
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["LocalTopology", "topology_for", "build_exchange", "build_ddp_exchange", "PhaseExchange", "DDPExchange"]
+
+
+@dataclass(frozen=True)
+class LocalTopology:
+    """The topology of a single process without a process group."""
+
+    nodes: int = 1
+    local_size: int = 1
+    world_size: int = 1
+
+
+def topology_for(world_size: int, nodes: int | None = None, local_size: int | None = None):
+    """This job's ``comm.Topology``: explicit ``nodes``/``local_size`` or torchrun's environment.
+
+    Collective when a process group exists (it creates the node-level subgroups).
+
+    Raises:
+        ValueError: when nodes x local_size differs from the world size (says what to pass).
+    """
+    for name, v in (("nodes", nodes), ("local_size", local_size)):
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {v}")
+    n = nodes or (world_size // local_size if local_size else None)
+    ls = local_size or (world_size // nodes if nodes else None)
+    if n is not None and (n * ls != world_size):
+        raise ValueError(f"topology {n} nodes x {ls} workers = {n * ls} ranks, but the world size is "
+                         f"{world_size}; pass --nodes/--local-size whose product is {world_size}")
+    if not (dist.is_available() and dist.is_initialized()):
+        return LocalTopology()
+    from comm import Topology
+
+    if nodes is None and local_size is None:
+        return Topology.from_env()
+    return Topology(nodes=n, local_size=ls)
+
+
+def _timed(select, bucket: list):
+    """Wrap a top-k selector so the time spent selecting is added to ``bucket[0]``."""
+
+    @functools.wraps(select)
+    def run(x, k, *args, **kwargs):
+        start = time.perf_counter()
+        out = select(x, k, *args, **kwargs)
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
+        bucket[0] += time.perf_counter() - start
+        return out
+
+    return run
+
+
+class PhaseExchange:
+    """Adapter that gives every exchanger the loop's small interface.
+
+    Args:
+        inner: ``comm.GradientExchanger`` or ``comm.omgs.OMGSExchanger`` (or None on a
+            single process: ``synchronize`` is then a no-op).
+    """
+
+    def __init__(self, inner=None, layout: dict | None = None):
+        self.inner, self.layout = inner, layout or {}
+        self.last_timings = {"compress": 0.0, "communicate": 0.0}
+        self._select_s = [0.0]
+        for ex in getattr(inner, "exchangers", []):  # GradientExchanger: time top-k selection
+            if getattr(ex, "sparse", False):
+                ex.select = _timed(ex.select, self._select_s)
+
+    def synchronize(self) -> None:
+        if self.inner is None:
+            return
+        stats = getattr(self.inner, "stats", None)
+        before = dict(stats) if stats else None
+        self._select_s[0] = 0.0
+        start = time.perf_counter()
+        self.inner.synchronize()
+        total = time.perf_counter() - start
+        if before is not None:  # OMGS: most compression overlaps backward; count the part in here
+            compress = stats["compress_s"] - before["compress_s"]
+        else:
+            compress = self._select_s[0]
+        self.last_timings = {"compress": compress, "communicate": max(total - compress, 0.0)}
+
+    def state_dict(self) -> dict:
+        """Residuals, plus the layout (OMGS layer order and plan) needed to rebuild alike."""
+        return {"exchange": self.inner.state_dict() if self.inner is not None else {}, "layout": self.layout}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.inner is not None and state.get("exchange"):
+            self.inner.load_state_dict(state["exchange"])
+
+    def close(self) -> None:
+        remove = getattr(self.inner, "remove", None)
+        if callable(remove):
+            remove()
+
+
+def _build_omgs(model: nn.Module, *, density: float, selector: str, pipelined: bool, probe, layout) -> PhaseExchange:
+    from comm.omgs import OMGSExchanger
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if layout:  # resuming: the saved order and plan, so the residuals fit
+        order, plan = list(layout["order"]), list(layout["plan"])
+    elif probe is not None:  # profile backward, fit the cost model, plan (rank 0's plan everywhere)
+        from comm.omgs.autoplan import build_omgs_exchanger
+
+        planned, _, profile = build_omgs_exchanger(model, probe, None, density=density, selector=selector)
+        planned.remove()
+        order, plan = list(profile.order), list(planned.plan)
+    else:  # no probe: every layer alone (LAGS)
+        order, plan = list(range(len(params))), None
+    inner = OMGSExchanger([params[i] for i in order], None, density=density, selector=selector, plan=plan,
+                          pipelined=pipelined)
+    return PhaseExchange(inner, layout={"order": order, "plan": list(inner.plan)})
+
+
+def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
+                   pipelined: bool = True, hybrid_bytes: int = 2**20, probe=None,
+                   layout: dict | None = None) -> PhaseExchange:
+    """The exchanger for phase algorithm ``name`` (see the module docstring).
+
+    Args:
+        hybrid_bytes: buckets smaller than this use dense ``hier`` (0: never).
+        pipelined: OMGS only: exchange during backward (False with fp16 loss scaling,
+            whose overflow check must come before any exchange).
+        probe: OMGS only: ``probe() -> loss`` on a representative batch; the merged-layer
+            plan then comes from ``comm.omgs.autoplan.build_omgs_exchanger`` (profile,
+            fit, plan). Without it every layer is its own group (LAGS).
+        layout: OMGS only: a saved ``state_dict()["layout"]`` to rebuild the same groups.
+
+    Raises:
+        ValueError: for an unknown name (lists the valid ones) or a bad density/selector.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        from trainer.config import COMM_NAMES
+
+        if name not in COMM_NAMES:
+            raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
+        return PhaseExchange(None)
+    if name == "omgs":
+        return _build_omgs(model, density=density, selector=selector, pipelined=pipelined, probe=probe, layout=layout)
+    from comm import GradientExchanger
+
+    # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
+    # before the exchange, so the exchanger's own check is off.
+    return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
+                                           density=density, selector=selector, error_feedback=True,
+                                           skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes))
+
+
+class DDPExchange:
+    """Exchange inside backward: DDP's bucketed all-reduce, or a ``comm`` sparse comm hook.
+
+    ``synchronize()`` has nothing left to do (DDP has averaged ``p.grad`` when backward
+    returns), so communication that backward does not hide shows up in ``compute``.
+    ``module`` is the DDP wrapper the forward pass must go through.
+    """
+
+    def __init__(self, module: nn.Module, hook_state=None):
+        self.module, self.hook_state = module, hook_state
+        self.last_timings = {"compress": 0.0, "communicate": 0.0}
+
+    def synchronize(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return self.hook_state.state_dict() if self.hook_state is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.hook_state is not None and state:
+            self.hook_state.load_state_dict(state)
+
+    def close(self) -> None:
+        self.module = self.hook_state = None  # drops the reducer and its autograd hooks
+
+
+def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str) -> DDPExchange:
+    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``.
+
+    Raises:
+        ValueError: for ``omgs`` (it has its own backward pipeline: use the standalone
+            exchanger) or an unknown name.
+    """
+    if name == "omgs":
+        raise ValueError("--comm omgs pipelines its own exchange with backward; run it without --ddp")
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+    if name == "dense":
+        return DDPExchange(ddp)
+    from comm import register_sparse_hook
+
+    return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))

@@ -1,0 +1,301 @@
+"""The training loop of one rank: phases, epochs, steps, evaluation, checkpoints, metrics.
+
+Per step: wait for the batch (``data``), forward + backward under autocast
+(``compute``), exchange gradients with the phase's algorithm (``compress`` +
+``communicate``), LARS / SGD step (``update``). The learning rate follows the recipe's
+schedule at fractional epochs; phases change image size, batch size and algorithm.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainer import models
+from trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from trainer.data import LoaderSpec, check_data_root, make_loader
+from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, cache_counts,
+                                 pick_device, world)
+from trainer.evaluate import evaluate
+from trainer.exchange import build_ddp_exchange, build_exchange, topology_for
+from trainer.metrics import MetricsLog, TimeBreakdown
+from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
+from trainer.run_config import RunConfig
+from trainer.schedules import lr_at
+
+__all__ = ["train", "run_rank"]
+
+
+class _Run:
+    """State of one rank's run (kept on an object so the step code stays short)."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg, self.recipe = cfg, cfg.recipe
+        self.rank, self.world = world()
+        self.device = pick_device(cfg.device)
+        r = self.recipe
+        num_classes = check_data_root(cfg.data) if r.model.num_classes == 0 else r.model.num_classes
+        torch.manual_seed(r.train.seed)
+        random.seed(r.train.seed)
+        np.random.seed(r.train.seed)
+        self.topology = topology_for(self.world, cfg.nodes, cfg.local_size)
+        self.model = models.create(r.model.name, num_classes, r.model.zero_init_residual).to(self.device)
+        self.channels_last = r.train.channels_last and self.device.type == "cuda"
+        if self.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        broadcast_model(self.model)
+        self.optimizer = build_optimizer(r.optim, self.model, self.device)
+        self.scaler = make_scaler(r.train.amp, self.device)
+        self.autocast = autocast_for(r.train.amp, self.device)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
+        self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
+                               r.train.cache_size, r.train.workers, str(self.device))
+        self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
+        self.cache_seen = [0.0] * len(CACHE_COUNTERS)
+        self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
+        self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
+                         "world_size": self.world}
+        self.local = None
+        if cfg.resume:  # before any loader starts, so a mismatch is the only thing said
+            self._resume()
+        last = r.phases[-1]
+        self.val_loader = make_loader(self.spec, train=False, batch_size=r.train.eval_batch_size or last.batch_size,
+                                      size=r.train.eval_size or last.size)
+        self.log = MetricsLog(Path(cfg.out) / "metrics.jsonl", self.epoch) if self.rank == 0 else None
+
+    @staticmethod
+    def _fresh_accum() -> dict:
+        return {"loss_sum": 0.0, "batches": 0, "images": 0, "seconds": 0.0, "breakdown": TimeBreakdown().state_dict()}
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _enter_phase(self, epoch: int) -> None:
+        index, phase = self.recipe.phase_of(epoch)
+        if index == self.phase_index:
+            return
+        self.phase_index = index
+        if self.exchanger is not None:
+            self.exchanger.close()
+        if self.loader is not None and hasattr(self.loader, "close"):
+            self.loader.close()
+        self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
+        self.cache_seen = cache_counts(self.loader)
+        if self.cfg.ddp and self.world > 1:
+            self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
+                                                selector=phase.selector)
+            self.forward_model = self.exchanger.module
+        else:
+            saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None
+            with self._probing(phase) as probe:
+                self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
+                                                selector=phase.selector, pipelined=self.scaler is None,
+                                                hybrid_bytes=phase.hybrid_bytes, layout=saved,
+                                                probe=probe if phase.omgs_plan == "auto" else None)
+            self.forward_model = self.model
+        self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
+
+    @contextlib.contextmanager
+    def _probing(self, phase):
+        """A probe batch (random, the phase's shape) for OMGS planning; the model's BN
+        statistics and gradients are restored afterwards, so planning leaves no trace."""
+        g = torch.Generator(device=self.device).manual_seed(self.recipe.train.seed)
+
+        def probe():
+            x = torch.randn(phase.batch_size, 3, phase.size, phase.size, generator=g, device=self.device)
+            y = torch.randint(0, self.identity["num_classes"], (phase.batch_size,), generator=g, device=self.device)
+            with self.autocast():
+                return self.criterion(self.model(x), y)
+
+        buffers = [b.detach().clone() for b in self.model.buffers()]
+        try:
+            yield probe
+        finally:
+            for b, saved in zip(self.model.buffers(), buffers):
+                b.data.copy_(saved)
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def _resume(self) -> None:
+        shared, local = load_checkpoint(self.cfg.resume, rank=self.rank, expect=self.identity)
+        self.model.load_state_dict(shared["model"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        if self.scaler is not None and shared.get("scaler"):
+            self.scaler.load_state_dict(shared["scaler"])
+        self.epoch, self.global_step, self.accum = shared["epoch"], shared["step"], local["accum"]
+        self.local = local
+
+    def _checkpoint(self) -> None:
+        shared = dict(self.identity, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                      scaler=self.scaler.state_dict() if self.scaler else None, epoch=self.epoch,
+                      recipe_config=self.recipe.to_dict())
+        local = {"exchanger": self.exchanger.state_dict(), "phase": self.phase_index, "accum": self.accum,
+                 "loader": self.loader.state_dict(), "rng": rng_state()}
+        save_checkpoint(self.cfg.out, rank=self.rank, step=self.global_step, shared=shared, local=local)
+
+    def _step(self, images, labels, fraction: float, times: TimeBreakdown) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.epoch + fraction, lr=self.peak, total_epochs=self.recipe.total_epochs,
+                                **_schedule_kwargs(self.recipe.schedule))
+        with times.part("compute"):
+            images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            with self.autocast():
+                loss = self.criterion(self.forward_model(images), labels)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        # NOTE [skipped steps keep residuals clean]: with fp16 the gradients are unscaled
+        # before the exchange and all ranks agree on finiteness first; a step with an
+        # inf/NaN anywhere skips the exchange, so error-feedback residuals never see it.
+        finite = True
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+            local_ok = all(bool(torch.isfinite(p.grad).all()) for p in self.model.parameters() if p.grad is not None)
+            finite = all_true(local_ok, self.device)
+        if finite:
+            start = time.perf_counter()
+            self.exchanger.synchronize()
+            self._sync()
+            elapsed = time.perf_counter() - start
+            split = getattr(self.exchanger, "last_timings", None) or {}
+            compress = min(float(split.get("compress", 0.0)), elapsed)
+            times.add("compress", compress)
+            times.add("communicate", elapsed - compress)
+        with times.part("update"):
+            if self.scaler is not None:
+                if finite:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def close(self) -> None:
+        """Release loader workers, cache connections and exchanger hooks."""
+        for loader in (self.loader, self.val_loader):
+            if loader is not None and hasattr(loader, "close"):
+                loader.close()
+        if self.exchanger is not None:
+            self.exchanger.close()
+
+    def run_epoch(self, on_step=None) -> bool:
+        """Train the rest of the current epoch; False when stopped by ``stop_after_steps``."""
+        self._enter_phase(self.epoch)
+        self.loader.set_epoch(self.epoch)
+        if self.local is not None:  # resumed: restore the sampler position, RNG and residuals
+            if self.accum["batches"]:  # saved mid-epoch (an epoch-end checkpoint starts afresh)
+                self.loader.load_state_dict(self.local["loader"])
+            if self.local["phase"] == self.phase_index:
+                self.exchanger.load_state_dict(self.local["exchanger"])
+            set_rng_state(self.local["rng"])
+            self.local = None
+        times = TimeBreakdown(self._sync)
+        times.load_state_dict(self.accum["breakdown"])
+        steps = len(self.loader)
+        done = self.accum["batches"]
+        start = time.perf_counter()
+        mark = time.perf_counter()
+        for images, labels in self.loader:
+            times.add("data", time.perf_counter() - mark)
+            loss = self._step(images, labels, done / steps, times)
+            done += 1
+            self.global_step += 1
+            times.iterations += 1
+            self.accum.update(loss_sum=self.accum["loss_sum"] + loss, batches=done,
+                              images=self.accum["images"] + labels.shape[0] * self.world)
+            self.accum["seconds"] += time.perf_counter() - start
+            start = time.perf_counter()
+            self.accum["breakdown"] = times.state_dict()
+            stop = self.cfg.stop_after_steps and self.global_step >= self.cfg.stop_after_steps
+            if stop or (self.cfg.ckpt_every and self.global_step % self.cfg.ckpt_every == 0 and done < steps):
+                self._checkpoint()
+            if on_step:
+                on_step(self.global_step, loss)
+            if stop:
+                return False
+            mark = time.perf_counter()
+        return True
+
+    def finish_epoch(self) -> dict:
+        """Evaluate, log, checkpoint; returns the epoch's metrics row (same on all ranks)."""
+        index, phase = self.recipe.phase_of(self.epoch)
+        loss = all_sum(torch.tensor([self.accum["loss_sum"], float(self.accum["batches"])], dtype=torch.float64),
+                       self.device)
+        broadcast_buffers(self.model)
+        row = {"epoch": self.epoch, "phase": index, "size": phase.size, "batch_size": phase.batch_size,
+               "comm": phase.comm, "density": phase.density if phase.comm in ("topk_ag", "gtopk", "hitopk", "omgs") else 1.0,
+               "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss[0].item() / max(loss[1].item(), 1.0),
+               "images_per_s": self.accum["images"] / max(self.accum["seconds"], 1e-9),
+               "seconds": self.accum["seconds"], "steps": self.global_step}
+        breakdown = TimeBreakdown()
+        breakdown.load_state_dict(self.accum["breakdown"])
+        row["time_per_iter"] = breakdown.per_iteration()
+        row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
+        counts = cache_counts(self.loader)
+        delta = all_sum(torch.tensor([c - p for c, p in zip(counts, self.cache_seen)], dtype=torch.float64),
+                        self.device)
+        self.cache_seen = counts
+        if self.spec.kind != "memory":
+            row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta.tolist())}
+        self.epoch += 1
+        self.accum = self._fresh_accum()
+        self._checkpoint()
+        if self.log is not None:
+            self.log.append(row)
+        return row
+
+
+def _schedule_kwargs(s) -> dict:
+    return {"warmup_epochs": s.warmup_epochs, "warmup_start": s.warmup_start, "decay": s.decay,
+            "final_lr": s.final_lr, "power": s.power, "milestones": s.milestones, "gamma": s.gamma}
+
+
+def train(cfg: RunConfig, on_epoch=None, on_step=None) -> list[dict]:
+    """Run (or resume) ``cfg`` on this rank inside an initialised process group, or alone.
+
+    Args:
+        cfg: the run.
+        on_epoch: called with each epoch's metrics row (every rank).
+        on_step: called with ``(global_step, loss)`` after each step.
+
+    Returns:
+        The metrics rows of the epochs this call trained.
+
+    Raises:
+        ValueError: bad data root, topology, recipe/checkpoint mismatch (one line each).
+    """
+    run = _Run(cfg)
+    rows = []
+    try:
+        while run.epoch < run.recipe.total_epochs:
+            if not run.run_epoch(on_step):
+                break
+            row = run.finish_epoch()
+            rows.append(row)
+            if on_epoch:
+                on_epoch(row)
+    finally:
+        run.close()
+    return rows
+
+
+def run_rank(rank: int, world_size: int, cfg: RunConfig) -> list[dict]:
+    """Entry point of one worker process (``trainer.launch.launch_local``): train and,
+    on rank 0, print the per-epoch table."""
+    printed = []
+
+    def show(row):
+        from trainer.progress import print_row
+
+        print_row(row, header=not printed)
+        printed.append(row)
+
+    return train(cfg, on_epoch=show if rank == 0 and cfg.print_table else None)

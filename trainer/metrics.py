@@ -1,0 +1,102 @@
+"""Per-iteration time breakdown and the per-epoch ``metrics.jsonl`` log.
+
+The breakdown follows Figure 1 of the MLSys 2021 paper: the elapsed time of each part of
+an iteration that is not overlapped by another part. Parts: ``data`` (waiting for the
+next batch), ``compute`` (forward + backward), ``compress`` (top-k selection),
+``communicate`` (gradient exchange) and ``update`` (LARS / optimiser step).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["PARTS", "TimeBreakdown", "MetricsLog", "read_metrics"]
+
+PARTS = ("data", "compute", "compress", "communicate", "update")
+
+
+class TimeBreakdown:
+    """Accumulates seconds per part over iterations; ``sync`` is called before each clock
+    read (``torch.cuda.synchronize`` on GPU) so asynchronous kernels are charged correctly."""
+
+    def __init__(self, sync=None):
+        self.sync = sync or (lambda: None)
+        self.totals = dict.fromkeys(PARTS, 0.0)
+        self.iterations = 0
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        self.sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.totals[name] += time.perf_counter() - start
+
+    def add(self, name: str, seconds: float) -> None:
+        self.totals[name] += seconds
+
+    def per_iteration(self) -> dict[str, float]:
+        """Mean seconds per iteration of each part."""
+        n = max(self.iterations, 1)
+        return {k: v / n for k, v in self.totals.items()}
+
+    def state_dict(self) -> dict:
+        return {"totals": dict(self.totals), "iterations": self.iterations}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.totals = {k: float(state["totals"].get(k, 0.0)) for k in PARTS}
+        self.iterations = int(state["iterations"])
+
+
+class MetricsLog:
+    """``<out>/metrics.jsonl``: one JSON object per epoch, appended by rank 0.
+
+    On resume the file is cut back (atomically) to the epochs before ``first_epoch``,
+    so a resumed run's log reads like an uninterrupted one.
+    """
+
+    def __init__(self, path: str | os.PathLike, first_epoch: int = 0):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_metrics(self.path) if r.get("epoch", 0) < first_epoch] if self.path.exists() else []
+        self._write(kept)
+
+    def _write(self, rows: list[dict]) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(tmp, self.path)
+
+    def append(self, row: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The rows of a ``metrics.jsonl`` file (a run directory or the file itself).
+
+    Raises:
+        ValueError: if the file is missing or a line is not JSON.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist; pass a run directory written by cachepipe train --out")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{n} is not a JSON line") from None
+    return rows

@@ -1,0 +1,101 @@
+"""Recipe files: load by name (``trainer/recipes/<name>.yaml``) or path, then override.
+
+Example:
+    >>> r = load_recipe("dawnbench28")
+    >>> r = override(r, epochs=1, comm="dense", sets=["optim.lr=0.5"])
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from trainer.config import Recipe, from_dict
+
+__all__ = ["RECIPE_DIR", "available", "load_recipe", "override", "recipe_from_dict"]
+
+RECIPE_DIR = Path(__file__).resolve().parent
+
+
+def available() -> list[str]:
+    """Names of the recipes shipped with cachepipe."""
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
+    """Load a shipped recipe by name, or a YAML file by path.
+
+    Raises:
+        ValueError: unknown name (lists the shipped ones), unreadable YAML, unknown keys or
+            impossible values (one line saying what to fix).
+    """
+    text = str(name_or_path)
+    path = Path(text)
+    if not (text.endswith((".yaml", ".yml")) or os.sep in text):
+        path = RECIPE_DIR / f"{text}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown recipe {text!r}; shipped: {available()} (or pass a path to a .yaml file)")
+    if not path.is_file():
+        raise ValueError(f"recipe file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"recipe {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return from_dict(data, path.stem)
+
+
+def _parse_value(text: str):
+    return yaml.safe_load(text)
+
+
+def override(recipe: Recipe, *, epochs: int | None = None, comm: str | None = None, density: float | None = None,
+             selector: str | None = None, batch_size: int | None = None, size: int | None = None,
+             sets: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Return ``recipe`` with single fields replaced.
+
+    ``epochs``, ``comm``, ``density``, ``selector``, ``batch_size`` and ``size`` apply to
+    every phase (``epochs=N`` makes every phase N epochs long). Each ``sets`` entry is
+    ``section.field=value`` (``optim.lr=0.2``) or ``phases.I.field=value``; the value is
+    parsed as YAML.
+
+    Raises:
+        ValueError: for a malformed assignment, an unknown field or an impossible value.
+    """
+    data = _jsonable(recipe.to_dict())
+    for phase in data["phases"]:
+        for key, value in (("epochs", epochs), ("comm", comm), ("density", density), ("selector", selector),
+                           ("batch_size", batch_size), ("size", size)):
+            if value is not None:
+                phase[key] = value
+    for item in sets:
+        key, sep, value = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) not in (2, 3):
+            raise ValueError(f"--set {item!r}: expected section.field=value or phases.I.field=value")
+        target = data
+        try:
+            for part in parts[:-1]:
+                target = target[int(part)] if isinstance(target, list) else target[part]
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(f"--set {item!r}: no such section {'.'.join(parts[:-1])!r}") from None
+        if not isinstance(target, dict) or parts[-1] not in target:
+            valid = sorted(target) if isinstance(target, dict) else []
+            raise ValueError(f"--set {item!r}: unknown field {parts[-1]!r}; valid: {valid}")
+        target[parts[-1]] = _parse_value(value)
+    data["phases"] = [dict(p) for p in data["phases"]]
+    return from_dict(_jsonable(data), recipe.name)
+
+
+def _jsonable(data):
+    if isinstance(data, dict):
+        return {k: _jsonable(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_jsonable(v) for v in data]
+    return data
+
+
+def recipe_from_dict(data: dict, name: str) -> Recipe:
+    """Rebuild a recipe saved by ``Recipe.to_dict`` (checkpoints, metrics)."""
+    return from_dict(_jsonable(data), name)
+

@@ -1,0 +1,116 @@
+"""Plots and a Markdown summary of one or more training runs (``cachepipe report``).
+
+- ``accuracy.png``: validation top-1 (solid) and top-5 (dashed) per epoch, runs overlaid;
+- ``loss.png``: training loss (solid) and validation loss (dashed) per epoch;
+- ``breakdown.png``: mean time per iteration as stacked bars (data, forward+backward,
+  compression, communication, update), one bar per run and phase, labelled with the
+  image size, like Figure 1 of the MLSys 2021 paper;
+- ``summary.md``: a table of final / best accuracy, throughput and time per run.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainer.metrics import PARTS, read_metrics
+
+__all__ = ["write_report", "summarise"]
+
+_LABELS = {"data": "data wait", "compute": "forward + backward", "compress": "compression",
+           "communicate": "communication", "update": "LARS / update"}
+
+
+def _name(run: Path) -> str:
+    return run.name or str(run)
+
+
+def _phases(rows: list[dict]) -> list[tuple[str, dict]]:
+    """Mean per-iteration breakdown per phase (weighted by steps)."""
+    out: dict[tuple, list] = {}
+    prev_steps = 0
+    for r in rows:
+        steps = max(r.get("steps", 0) - prev_steps, 1)
+        prev_steps = r.get("steps", prev_steps)
+        key = (r.get("phase", 0), r.get("size", "?"), r.get("comm", "?"))
+        acc = out.setdefault(key, [0, dict.fromkeys(PARTS, 0.0)])
+        acc[0] += steps
+        for part in PARTS:
+            acc[1][part] += r.get("time_per_iter", {}).get(part, 0.0) * steps
+    return [(f"{size}px {comm}", {p: v / n for p, v in parts.items()}) for (_, size, comm), (n, parts) in sorted(out.items())]
+
+
+def summarise(runs: dict[str, list[dict]]) -> str:
+    """Markdown summary: one row per run."""
+    lines = ["| run | epochs | final top-1 | final top-5 | best top-1 | final loss | images/s | train s | "
+             + " | ".join(f"{p} ms/it" for p in PARTS) + " |",
+             "|" + "---|" * (8 + len(PARTS))]
+    for name, rows in runs.items():
+        last = rows[-1]
+        seconds = sum(r.get("seconds", 0.0) for r in rows)
+        images_per_s = sum(r.get("images_per_s", 0.0) * r.get("seconds", 0.0) for r in rows) / max(seconds, 1e-9)
+        mean = {p: sum(r.get("time_per_iter", {}).get(p, 0.0) for r in rows) / len(rows) for p in PARTS}
+        lines.append(f"| {name} | {len(rows)} | {last['val_top1']:.2f} | {last['val_top5']:.2f} | "
+                     f"{max(r['val_top1'] for r in rows):.2f} | {last['train_loss']:.4f} | {images_per_s:.1f} | "
+                     f"{seconds:.1f} | " + " | ".join(f"{1000 * mean[p]:.1f}" for p in PARTS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
+    """Write the plots and ``summary.md`` for ``run_dirs`` into ``out``; returns the paths.
+
+    Raises:
+        ValueError: when a run directory has no (or an empty) ``metrics.jsonl``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs: dict[str, list[dict]] = {}
+    for d in run_dirs:
+        rows = read_metrics(d)
+        if not rows:
+            raise ValueError(f"{d}: metrics.jsonl has no epochs yet")
+        name = _name(Path(d))
+        runs[name if name not in runs else str(d)] = rows
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fname, keys, ylabel in (("accuracy.png", ("val_top1", "val_top5"), "validation accuracy (%)"),
+                                ("loss.png", ("train_loss", "val_loss"), "loss")):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for i, (name, rows) in enumerate(runs.items()):
+            color = f"C{i % 10}"
+            for key, style in zip(keys, ("-", "--")):
+                pts = [(r["epoch"] + 1, r[key]) for r in rows if key in r]
+                if pts:
+                    ax.plot(*zip(*pts), style, color=color, marker="o", ms=3, label=f"{name} {key}")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=120)
+        plt.close(fig)
+        written.append(out / fname)
+    bars = [(f"{name}\n{label}", parts) for name, rows in runs.items() for label, parts in _phases(rows)]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(bars) + 2), 4.2))
+    bottom = [0.0] * len(bars)
+    for i, part in enumerate(PARTS):
+        heights = [1000 * parts[part] for _, parts in bars]
+        ax.bar(range(len(bars)), heights, bottom=bottom, color=f"C{i}", label=_LABELS[part])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("time per iteration (ms)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "breakdown.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "breakdown.png")
+    summary = out / "summary.md"
+    tmp = summary.with_suffix(".md.tmp")
+    tmp.write_text(f"# Training report\n\nRuns: {', '.join(runs)}\n\n" + summarise(runs)
+                   + "\nPlots: accuracy.png, loss.png, breakdown.png\n")
+    os.replace(tmp, summary)
+    written.append(summary)
+    return written
