@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "HelpFormatter", "main"]
 
 # name -> (module, one-line help). Adding a subcommand is one entry and one module.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,6 +22,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tools.train", "train an image model end to end from the cache"),
     "report": ("tools.report", "plot training curves and time breakdowns of runs"),
 }
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to a flag's help unless the help already states it or X is unset."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -49,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=f"cachepipe {name}",
         description=help_text,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     module.configure(parser)
     args = parser.parse_args(rest)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from tools.cli import HelpFormatter
+
 __all__ = ["BENCHMARKS", "configure", "main"]
 
 # name -> (module, one-line help)
@@ -34,6 +36,6 @@ def main(args: argparse.Namespace) -> int:
     module_name, help_text = BENCHMARKS[args.bench]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"cachepipe bench {args.bench}", description=help_text,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     module.configure(parser)
     return int(module.main(parser.parse_args(args.bench_args)) or 0)
