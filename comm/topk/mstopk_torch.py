@@ -77,17 +77,21 @@ def scan(x: torch.Tensor, cut: float) -> Scan:
         idx = torch.nonzero(a >= cut).squeeze(1)
         return Scan(a.sum(dtype=torch.float64), a.max(), idx, a[idx])
     n, dt = x.numel(), _mag_dtype(x.dtype)
-    buf = torch.empty(min(CHUNK, -(-n // BLOCK) * BLOCK), dtype=dt)
+    chunk = max(BLOCK, CHUNK // BLOCK * BLOCK)
+    buf = torch.empty(min(chunk, -(-n // BLOCK) * BLOCK), dtype=dt)
     sums, maxes, idxs, vals = [], [], [torch.empty(0, dtype=torch.int64)], [buf[:0].clone()]
-    for start in range(0, n, CHUNK):
-        part = x[start:start + CHUNK]
+    for start in range(0, n, chunk):
+        part = x[start:start + chunk]
         m = part.numel()
         a = buf[:m]
         torch.abs(part, out=a) if part.dtype == dt else a.copy_(part).abs_()
         blocks = buf[:-(-m // BLOCK) * BLOCK]
         blocks[m:] = -1.0  # padding of the last block: never the max, never selected
         blocks = blocks.view(-1, BLOCK)
-        sums.append(a.sum())
+        total = a.sum()
+        if not torch.isfinite(total):  # finite magnitudes near the float32 max overflow
+            total = a.sum(dtype=torch.float64)
+        sums.append(total)
         bmax = blocks.amax(1)
         maxes.append(bmax.max())
         if cut != math.inf:
