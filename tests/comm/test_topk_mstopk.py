@@ -131,3 +131,15 @@ def test_torch_path_across_many_chunks_and_a_ragged_tail(monkeypatch, chunk, den
     _check_band(x, k, fast)
     assert recall(x, fast.indices) >= 0.95
     assert int(fast.indices.max()) < x.numel()
+
+
+@pytest.mark.parametrize("scale", [1e-40, 1e37])
+def test_subnormal_and_huge_magnitudes(scale):
+    # 1e-40 is subnormal in float32; 1e37 * 300K overflows a float32 sum of |x|.
+    x = torch.randn(300_000, generator=_gen(3)) * scale
+    assert bool(torch.isfinite(x).all())
+    for iters in (1, 30):
+        res = mstopk_select(x, 3_000, iters=iters, kernel="torch", generator=_gen())
+        ref = mstopk_select(x, 3_000, iters=iters, kernel="bisect", generator=_gen())
+        assert torch.equal(res.indices, ref.indices)
+        _check_band(x, 3_000, res)
