@@ -148,3 +148,11 @@ def test_a_tensor_that_requires_grad_is_accepted(name):
     values, indices = get_selector(name)(x, 50)
     assert indices.numel() == 50
     torch.testing.assert_close(values.detach(), x.detach()[indices], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_selector_ignores_the_others_options(name):
+    x = make_input("laplace", 10_000, seed=9)
+    values, indices = get_selector(name)(x, 100, generator=None, iters=12, kernel="torch", ratio=0.05,
+                                         min_samples=64)
+    _check_contract(x, 100, values, indices)
