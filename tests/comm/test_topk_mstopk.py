@@ -143,3 +143,14 @@ def test_subnormal_and_huge_magnitudes(scale):
         ref = mstopk_select(x, 3_000, iters=iters, kernel="bisect", generator=_gen())
         assert torch.equal(res.indices, ref.indices)
         _check_band(x, 3_000, res)
+
+
+def test_cpu_path_restores_the_thread_count_even_on_errors():
+    before = torch.get_num_threads()
+    x = make_input("gaussian", 50_000, seed=18)
+    mstopk(x, 50)
+    assert torch.get_num_threads() == before
+    x[7] = float("nan")
+    with pytest.raises(ValueError):
+        mstopk(x, 50)
+    assert torch.get_num_threads() == before
