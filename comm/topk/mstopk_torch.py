@@ -118,7 +118,7 @@ def _scan_cpu(x: torch.Tensor, cut: float) -> Scan:
         blocks = buf[:-(-m // BLOCK) * BLOCK]
         blocks[m:] = -1.0  # padding of the last block: never the max, never selected
         blocks = blocks.view(-1, BLOCK)
-        total = a.sum()
+        total = a.sum().double()
         if not torch.isfinite(total):  # finite magnitudes near the float32 max overflow
             total = a.sum(dtype=torch.float64)
         sums.append(total)
@@ -135,7 +135,7 @@ def _scan_cpu(x: torch.Tensor, cut: float) -> Scan:
                 rc = torch.nonzero(rows >= cut)
                 idxs.append(start + hot[rc[:, 0]] * BLOCK + rc[:, 1])
                 vals.append(rows[rc[:, 0], rc[:, 1]])
-    return Scan(torch.stack(sums).double().sum(), torch.stack(maxes).max(), torch.cat(idxs), torch.cat(vals))
+    return Scan(torch.stack(sums).sum(), torch.stack(maxes).max(), torch.cat(idxs), torch.cat(vals))
 
 
 def abs_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
