@@ -141,7 +141,7 @@ def test_subnormal_and_huge_magnitudes(monkeypatch, scale):
 
     monkeypatch.setattr(impl, "CHUNK", 65_536)
     x = torch.randn(300_000, generator=_gen(3)) * scale
-    x[:100_000] *= 1e-3
+    x[:100_000] *= 1e-6
     assert bool(torch.isfinite(x).all())
     for iters in (1, 30):
         res = mstopk_select(x, 3_000, iters=iters, kernel="torch", generator=_gen())
