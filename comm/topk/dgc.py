@@ -63,7 +63,7 @@ def dgc_topk(x: torch.Tensor, k: int, *, ratio: float = 0.01, min_samples: int =
     k = check_args(x, k)
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"ratio must be in (0, 1], got {ratio}")
-    n = x.numel()
+    x, n = x.detach(), x.numel()
     if k == 0:
         return take_none(x)
     if k == n:

@@ -89,6 +89,7 @@ def mstopk_select(x: torch.Tensor, k: int, *, iters: int = 30, generator: torch.
         True
     """
     k = check_args(x, k)
+    x = x.detach()  # selection is not differentiable; values come back detached
     if not 0 <= int(iters) <= MAX_ITERS:
         raise ValueError(f"iters must be in [0, {MAX_ITERS}], got {iters}")
     name = resolve_kernel(kernel, x)

@@ -21,6 +21,7 @@ which is why this path beats ``torch.topk`` (a partial sort of all of ``x``).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ from comm.topk.mstopk_band import (MSTopKBand, band_from_kth, kth_largest, selec
                                    smallest_positive)
 
 __all__ = ["Scan", "scan", "abs_stats", "candidates", "mstopk_torch", "SAMPLE_STRIDE", "SAMPLE_MAX", "CHUNK",
-           "BLOCK"]
+           "BLOCK", "SCAN_THREADS"]
 
 SAMPLE_STRIDE = 64  # the sample reads at most one entry in 64 ...
 SAMPLE_MAX = 1 << 16  # ... and at most 64K entries
@@ -46,6 +47,16 @@ BLOCK = 64  # entries per block whose max decides whether the block is searched
 # are compared and compacted. Chunks are not smaller because every parallel op ends in
 # a barrier, and on an oversubscribed CPU each barrier can wait a whole time slice for
 # a descheduled thread. On CUDA the whole tensor is processed at once.
+#
+# NOTE [single-threaded scan]: the CPU path runs its ops on SCAN_THREADS (1) intra-op
+# threads. Each op on a 1M chunk is short enough that, whenever the machine has more
+# runnable threads than cores (data-loader workers, gloo, other jobs: the normal state
+# of a CPU training box), its closing barrier waits for a descheduled thread; measured
+# on a loaded 2-core box, two threads made the scan 10-20x slower, one thread kept it
+# 6-9x faster than torch.topk (itself single-threaded on a 1-D tensor). The scan is
+# memory-bound, so one core loses little on a quiet box. ``torch.set_num_threads`` is
+# restored afterwards; with OpenMP it only affects the calling thread.
+SCAN_THREADS: int | None = 1  # None: use torch's setting
 
 
 class Scan(NamedTuple):
@@ -76,18 +87,41 @@ def scan(x: torch.Tensor, cut: float) -> Scan:
         a = _mag(x)
         idx = torch.nonzero(a >= cut).squeeze(1)
         return Scan(a.sum(dtype=torch.float64), a.max(), idx, a[idx])
+    with cpu_threads():
+        return _scan_cpu(x, cut)
+
+
+@contextlib.contextmanager
+def cpu_threads():
+    """Run the CPU work on ``SCAN_THREADS`` intra-op threads (NOTE [single-threaded scan])."""
+    threads = torch.get_num_threads()
+    if SCAN_THREADS is None or SCAN_THREADS == threads:
+        yield
+        return
+    torch.set_num_threads(SCAN_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _scan_cpu(x: torch.Tensor, cut: float) -> Scan:
     n, dt = x.numel(), _mag_dtype(x.dtype)
-    buf = torch.empty(min(CHUNK, -(-n // BLOCK) * BLOCK), dtype=dt)
+    chunk = max(BLOCK, CHUNK // BLOCK * BLOCK)
+    buf = torch.empty(min(chunk, -(-n // BLOCK) * BLOCK), dtype=dt)
     sums, maxes, idxs, vals = [], [], [torch.empty(0, dtype=torch.int64)], [buf[:0].clone()]
-    for start in range(0, n, CHUNK):
-        part = x[start:start + CHUNK]
+    for start in range(0, n, chunk):
+        part = x[start:start + chunk]
         m = part.numel()
         a = buf[:m]
         torch.abs(part, out=a) if part.dtype == dt else a.copy_(part).abs_()
         blocks = buf[:-(-m // BLOCK) * BLOCK]
         blocks[m:] = -1.0  # padding of the last block: never the max, never selected
         blocks = blocks.view(-1, BLOCK)
-        sums.append(a.sum())
+        total = a.sum().double()
+        if not torch.isfinite(total):  # finite magnitudes near the float32 max overflow
+            total = a.sum(dtype=torch.float64)
+        sums.append(total)
         bmax = blocks.amax(1)
         maxes.append(bmax.max())
         if cut != math.inf:
@@ -101,7 +135,7 @@ def scan(x: torch.Tensor, cut: float) -> Scan:
                 rc = torch.nonzero(rows >= cut)
                 idxs.append(start + hot[rc[:, 0]] * BLOCK + rc[:, 1])
                 vals.append(rows[rc[:, 0], rc[:, 1]])
-    return Scan(torch.stack(sums).double().sum(), torch.stack(maxes).max(), torch.cat(idxs), torch.cat(vals))
+    return Scan(torch.stack(sums).sum(), torch.stack(maxes).max(), torch.cat(idxs), torch.cat(vals))
 
 
 def abs_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,6 +172,14 @@ def mstopk_torch(x: torch.Tensor, k: int, iters: int,
     Raises:
         ValueError: for NaN/Inf in ``x`` (NOTE [non-finite inputs]).
     """
+    if x.is_cuda:
+        return _mstopk_torch(x, k, iters, generator)
+    with cpu_threads():
+        return _mstopk_torch(x, k, iters, generator)
+
+
+def _mstopk_torch(x: torch.Tensor, k: int, iters: int,
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
     # NOTE [zero cut]: a cut of 0 would make every entry a candidate. Cutting at the
     # smallest positive value instead keeps only nonzero entries; if at most k are nonzero,
     # the (k+1)-th magnitude is 0, the band's lower end is 0, and the band is simply every

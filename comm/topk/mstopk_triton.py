@@ -130,12 +130,11 @@ def gpu_candidates(x: torch.Tensor, k: int) -> tuple | None:
     _stats_kernel[(progs,)](x, n, psum, pmax, per_prog, BLOCK=_BLOCK, num_warps=_WARPS)
     total, vmax = psum.sum(), pmax.max()
     mean32 = (total / n).float()
-    zero = torch.zeros((), dtype=torch.float32, device=dev)
-    params = torch.stack([
-        mean32,
-        torch.where(mean32 > 0, HALF_BINS / mean32, zero),
-        torch.where(vmax > mean32, HALF_BINS / (vmax - mean32), zero),
-    ])
+    lo_span, hi_span = mean32.double(), vmax.double() - mean32.double()
+    # Scales are finite even for subnormal ranges: an inf scale would turn 0 * inf into
+    # NaN and break the monotone binning the candidate set relies on.
+    scale = lambda span: torch.where(span > 0, HALF_BINS / span, 0.0).clamp(max=1e30).float()
+    params = torch.stack([mean32, scale(lo_span), scale(hi_span)])
     hist = torch.zeros(2 * HALF_BINS, dtype=torch.int32, device=dev)
     _hist_kernel[(progs,)](x, n, params, hist, per_prog, BLOCK=_BLOCK, H=HALF_BINS, num_warps=_WARPS)
     hist[0] -= progs * per_prog * _BLOCK - n  # padding lanes of the last blocks

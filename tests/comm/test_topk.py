@@ -140,3 +140,19 @@ def test_recall_and_energy_helpers():
     # Ties at the k-th magnitude: either zero completes an exact top-4.
     assert recall(x, torch.tensor([0, 1, 2, 4])) == 1.0
     assert captured_energy(torch.zeros(3), torch.tensor([1])) == 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_tensor_that_requires_grad_is_accepted(name):
+    x = torch.randn(5_000, requires_grad=True)
+    values, indices = get_selector(name)(x, 50)
+    assert indices.numel() == 50
+    torch.testing.assert_close(values.detach(), x.detach()[indices], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_selector_ignores_the_others_options(name):
+    x = make_input("laplace", 10_000, seed=9)
+    values, indices = get_selector(name)(x, 100, generator=None, iters=12, kernel="torch", ratio=0.05,
+                                         min_samples=64)
+    _check_contract(x, 100, values, indices)

@@ -92,3 +92,12 @@ def test_every_selector_runs_on_cuda(name):
     assert indices.device.type == "cuda" and indices.unique().numel() == 500
     torch.testing.assert_close(values, x[indices], rtol=0, atol=0)
     assert recall(x, indices) >= 0.95
+
+
+@pytest.mark.parametrize("scale", [1e-40, 1e37])
+def test_gpu_kernel_on_subnormal_and_huge_magnitudes(scale):
+    x = torch.randn(1_000_003, device="cuda") * scale
+    for iters in (1, 30):
+        gpu = mstopk_select(x, 5_000, iters=iters, kernel="gpu", generator=_gen())
+        ref = mstopk_select(x, 5_000, iters=iters, kernel="torch", generator=_gen())
+        assert torch.equal(gpu.indices, ref.indices)

@@ -131,3 +131,31 @@ def test_torch_path_across_many_chunks_and_a_ragged_tail(monkeypatch, chunk, den
     _check_band(x, k, fast)
     assert recall(x, fast.indices) >= 0.95
     assert int(fast.indices.max()) < x.numel()
+
+
+@pytest.mark.parametrize("scale", [1e-40, 1e37])
+def test_subnormal_and_huge_magnitudes(monkeypatch, scale):
+    # 1e-40 is subnormal in float32; 1e37 * 300K overflows a float32 sum of |x|, but only
+    # in some chunks (the first third is scaled down).
+    import comm.topk.mstopk_torch as impl
+
+    monkeypatch.setattr(impl, "CHUNK", 65_536)
+    x = torch.randn(300_000, generator=_gen(3)) * scale
+    x[:100_000] *= 1e-6
+    assert bool(torch.isfinite(x).all())
+    for iters in (1, 30):
+        res = mstopk_select(x, 3_000, iters=iters, kernel="torch", generator=_gen())
+        ref = mstopk_select(x, 3_000, iters=iters, kernel="bisect", generator=_gen())
+        assert torch.equal(res.indices, ref.indices)
+        _check_band(x, 3_000, res)
+
+
+def test_cpu_path_restores_the_thread_count_even_on_errors():
+    before = torch.get_num_threads()
+    x = make_input("gaussian", 50_000, seed=18)
+    mstopk(x, 50)
+    assert torch.get_num_threads() == before
+    x[7] = float("nan")
+    with pytest.raises(ValueError):
+        mstopk(x, 50)
+    assert torch.get_num_threads() == before

@@ -95,21 +95,21 @@ def parse_size(text: str) -> int:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=None,
-                        help=f"comma-separated vector sizes (default: {CPU_SIZES} on cpu, {GPU_SIZES} on cuda)")
-    parser.add_argument("--density", default="0.001,0.01", help="comma-separated k / d (default: 0.001,0.01)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where x lives (default: cpu)")
+                        help=f"comma-separated vector sizes; None means {CPU_SIZES} on cpu, {GPU_SIZES} on cuda")
+    parser.add_argument("--density", default="0.001,0.01", help="comma-separated k / d")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where x lives")
     parser.add_argument("--repeats", type=int, default=5,
-                        help="timed calls per measurement; the median is reported (default: 5)")
+                        help="timed calls per measurement; the median is reported")
     parser.add_argument("--dist", default="gaussian",
-                        help=f"comma-separated input distributions, of {sorted(DISTRIBUTIONS)} (default: gaussian)")
+                        help=f"comma-separated input distributions, of {sorted(DISTRIBUTIONS)}")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
-                        help="dtype of x (default: float32)")
+                        help="dtype of x")
     parser.add_argument("--impls", default=IMPLS,
-                        help=f"selector[:kernel] list; unavailable ones are skipped (default: {IMPLS})")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch's default (default: 0)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the fill (default: 0)")
-    parser.add_argument("--json", default=None, help="write the rows as JSON to this path (default: none)")
-    parser.add_argument("--plot", default=None, help="write a Figure-6-style PNG to this path (default: none)")
+                        help="selector[:kernel] list; unavailable ones are skipped")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch's default")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the fill")
+    parser.add_argument("--json", default=None, help="write the rows as JSON to this path")
+    parser.add_argument("--plot", default=None, help="write a Figure-6-style PNG to this path")
 
 
 def _sync(device: torch.device) -> None:
@@ -212,6 +212,14 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown --dist {d!r}; valid: {sorted(DISTRIBUTIONS)}")
     dtype = getattr(torch, args.dtype)
     impls = [i.strip() for i in args.impls.split(",")]
+    for impl in impls:
+        name, _, kernel = impl.partition(":")
+        try:
+            get_selector(name)
+        except ValueError as e:
+            raise SystemExit(f"--impls: {e}") from None
+        if kernel and (name != "mstopk" or kernel not in ("torch", "bisect", "gpu")):
+            raise SystemExit(f"--impls: {impl!r}: only mstopk takes a kernel (torch, bisect, gpu)")
     machine = machine_description() + (f"; GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     print(f"machine: {machine}; torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
     rows = run(sizes, densities, device, args.repeats, dists, dtype, impls, args.seed)
