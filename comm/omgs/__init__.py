@@ -14,8 +14,8 @@ from comm.omgs.model import (BYTES_PER_SELECTED, CostModel, groups_from_plan, pl
 from comm.omgs.pipeline import OMGSExchanger, broadcast_plan
 from comm.omgs.planner import (PLANNERS, find_merged_layers, lags_plan, single_bucket_plan,
                                threshold_plan)
-from comm.omgs.profile import (BackwardProfile, fit_alpha_beta, fit_gamma, fit_sparsify_cost, gamma_from_timings, load_profile,
-                               measure_backward_times, save_profile)
+from comm.omgs.profile import (BackwardProfile, fit_alpha_beta, fit_gamma, fit_sparsify_cost,
+                               gamma_from_timings, load_profile, measure_backward_times, save_profile)
 
 __all__ = [
     "BYTES_PER_SELECTED", "CostModel", "groups_from_plan", "plan_from_groups",

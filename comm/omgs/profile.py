@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from comm.omgs.codec import compress
 from comm.omgs.model import BYTES_PER_SELECTED, CostModel, selected_count
-from comm.omgs.pipeline import ordered_params, resolve_group
+from comm.omgs.pipeline import resolve_group
 from comm.topk import get_selector
 
 __all__ = ["BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",
