@@ -14,14 +14,14 @@ from comm.omgs.model import (BYTES_PER_SELECTED, CostModel, groups_from_plan, pl
 from comm.omgs.pipeline import OMGSExchanger, broadcast_plan
 from comm.omgs.planner import (PLANNERS, find_merged_layers, lags_plan, single_bucket_plan,
                                threshold_plan)
-from comm.omgs.profile import (BackwardProfile, fit_alpha_beta, fit_gamma, gamma_from_timings, load_profile,
-                               measure_backward_times, save_profile)
+from comm.omgs.profile import (BackwardProfile, fit_alpha_beta, fit_gamma, fit_sparsify_cost,
+                               gamma_from_timings, load_profile, measure_backward_times, save_profile)
 
 __all__ = [
     "BYTES_PER_SELECTED", "CostModel", "groups_from_plan", "plan_from_groups",
     "predict_iteration_time", "selected_count", "simulate",
     "PLANNERS", "find_merged_layers", "lags_plan", "single_bucket_plan", "threshold_plan",
     "OMGSExchanger", "broadcast_plan", "OMGSHookState", "omgs_hook", "build_omgs_exchanger",
-    "BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_alpha_beta",
+    "BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",
     "save_profile", "load_profile",
 ]

@@ -65,7 +65,12 @@ class OMGSHookState:
 
 def omgs_hook(state: OMGSHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Compress the bucket's planned groups with top-k + error feedback, all-gather them
-    asynchronously, and resolve to the averaged (sparse) bucket."""
+    asynchronously, and resolve to the averaged (sparse) bucket.
+
+    Example:
+        >>> ddp = DistributedDataParallel(model, bucket_cap_mb=4)  # doctest: +SKIP
+        >>> ddp.register_comm_hook(OMGSHookState(model, density=0.001, plan=plan), omgs_hook)  # doctest: +SKIP
+    """
     params, grads = bucket.parameters(), bucket.gradients()
     segments: dict[int, list[int]] = {}
     for pos, p in enumerate(params):

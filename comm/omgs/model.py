@@ -14,8 +14,9 @@ to 0, so layer ``L - 1`` gets its gradient first.
   ``[s, e]`` with ``merged[s] == False`` and ``merged[s+1..e] == True``; it becomes ready
   when layer ``s`` (its lowest index) finishes backward.
 - A group of ``n`` elements selects ``k(n) = ceil(rho * n)`` entries (at least 1).
-  Sparsification costs ``t_s(n) = gamma * k(n)/n * n * ln n = gamma * rho * n * ln n``
-  (eq. 10, natural log, 0 for n <= 1).
+  Sparsification costs ``t_s(n) = ts0 + gamma * rho * n * ln n`` (eq. 10, natural log,
+  the log term 0 for n <= 1); ``ts0`` (default 0, as in the paper) is an optional fixed
+  per-group CPU overhead (hooks, kernel launches, Python), which dominates tiny layers.
 - The sparse all-gather sends, per worker, ``k`` float32 values and ``k`` int32 indices
   packed into ONE tensor: ``BYTES_PER_SELECTED = 8`` bytes per selected element, and
   costs ``t_c(n) = alpha + beta * 8 * k(n)`` (eq. 11, beta in seconds per byte of one
@@ -62,6 +63,7 @@ class CostModel:
         beta: all-gather seconds per byte of one worker's payload (>= 0).
         gamma: top-k cost coefficient in ``gamma * rho * n * ln n`` (>= 0).
         rho: density, the fraction of entries kept, in (0, 1].
+        ts0: fixed per-group sparsification overhead in seconds (>= 0, default 0).
 
     Raises:
         ValueError: on a negative coefficient or a density outside (0, 1].
@@ -71,17 +73,20 @@ class CostModel:
     beta: float
     gamma: float
     rho: float
+    ts0: float = 0.0
 
     def __post_init__(self):
-        for name in ("alpha", "beta", "gamma"):
+        for name in ("alpha", "beta", "gamma", "ts0"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.rho <= 1:
             raise ValueError(f"rho (density) must be in (0, 1], got {self.rho}")
 
     def sparsify_time(self, n: int) -> float:
-        """``t_s(n) = gamma * rho * n * ln n`` (eq. 10); 0 for ``n <= 1``."""
-        return self.gamma * self.rho * n * math.log(n) if n > 1 else 0.0
+        """``t_s(n) = ts0 + gamma * rho * n * ln n`` (eq. 10); 0 for an empty group."""
+        if n <= 0:
+            return 0.0
+        return self.ts0 + (self.gamma * self.rho * n * math.log(n) if n > 1 else 0.0)
 
     def comm_time(self, n: int) -> float:
         """``t_c(n) = alpha + beta * 8 * k(n)`` (eq. 11); 0 for an empty group."""
@@ -160,7 +165,7 @@ def simulate(tb: Sequence[float], d: Sequence[int], merged: Sequence[bool], cost
 
 def predict_iteration_time(tb: Sequence[float], d: Sequence[int], merged: Sequence[bool],
                            alpha: float, beta: float, gamma: float, rho: float,
-                           tf: float = 0.0, tu: float = 0.0) -> float:
+                           tf: float = 0.0, tu: float = 0.0, ts0: float = 0.0) -> float:
     """Modelled iteration time of MGS-SGD with the given plan (eq. 17).
 
     Args:
@@ -171,6 +176,7 @@ def predict_iteration_time(tb: Sequence[float], d: Sequence[int], merged: Sequen
         tf: forward time added in front (default 0: the time from backward start).
         tu: time after the last all-gather (decompression and update; default 0, which
             the paper assumes).
+        ts0: fixed per-group sparsification overhead (default 0, as in the paper).
 
     Returns:
         Seconds from the start of the iteration to the end of the last communication.
@@ -182,5 +188,5 @@ def predict_iteration_time(tb: Sequence[float], d: Sequence[int], merged: Sequen
         >>> predict_iteration_time([1.0, 1.0], [100, 100], [False, False], 0.5, 0.0, 0.0, 0.1)
         2.5
     """
-    rows = simulate(tb, d, merged, CostModel(alpha, beta, gamma, rho), tf)
+    rows = simulate(tb, d, merged, CostModel(alpha, beta, gamma, rho, ts0), tf)
     return rows[-1]["comm_end"] + tu

@@ -107,13 +107,15 @@ def _pareto_dp(tb: Sequence[float], d: Sequence[int], cost: CostModel, tf: float
     pre_d = torch.tensor([0] + list(accumulate(int(x) for x in d)), dtype=f64)
     size = (pre_d[None, :] - pre_d[:, None]).clamp(min=0)  # size[i, j] = elements of [i, j)
     log = torch.where(size > 1, size.clamp(min=1).log(), torch.zeros_like(size))
-    t_s = cost.gamma * cost.rho * size * log
+    t_s = cost.gamma * cost.rho * size * log + torch.where(size > 0, cost.ts0, 0.0)
     k = torch.where(size > 0, (cost.rho * size - 1e-9).ceil().clamp(min=1), torch.zeros_like(size))
     k = torch.minimum(k, size)
     t_c = torch.where(size > 0, cost.alpha + cost.beta * BYTES_PER_SELECTED * k, torch.zeros_like(size))
     work = (pre_t[None, :] - pre_t[:, None]) + t_s
     # lower bounds for the layers 0..i-1 still to group
-    per_layer = torch.tensor([float(t) + cost.sparsify_time(int(x)) for t, x in zip(tb, d)], dtype=f64)
+    # per layer: backward + the superadditive part of t_s (ts0 is paid once per group, so
+    # merging saves it: only the log term may be summed layer by layer in a lower bound)
+    per_layer = torch.tensor([float(t) + cost.sparsify_time(int(x)) - cost.ts0 for t, x in zip(tb, d)], dtype=f64)
     rest_work = torch.cat([torch.zeros(1, dtype=f64), per_layer.cumsum(0)])  # rest_work[i]: layers < i
     rest_comm = t_c[0]  # rest_comm[i]: comm of layers < i merged into one group
     last_comm = cost.alpha + cost.beta * BYTES_PER_SELECTED
@@ -128,7 +130,7 @@ def _pareto_dp(tb: Sequence[float], d: Sequence[int], cost: CostModel, tf: float
         c2 = c_l + work[i, b_l]
         e2 = torch.maximum(c2, e_l) + t_c[i, b_l]
         if i > 0:
-            bound = torch.maximum(c2 + rest_work[i] + last_comm, e2 + rest_comm[i])
+            bound = torch.maximum(c2 + rest_work[i] + cost.ts0 + last_comm, e2 + rest_comm[i])
         else:
             bound = e2
         keep = bound <= upper
@@ -186,7 +188,8 @@ PLANNERS = {"paper": _paper_plan, "optimal": _optimal_plan}
 
 
 def find_merged_layers(tb: Sequence[float], d: Sequence[int], alpha: float, beta: float,
-                       gamma: float, rho: float, method: str = "paper", tf: float = 0.0) -> list[bool]:
+                       gamma: float, rho: float, method: str = "paper", tf: float = 0.0,
+                       ts0: float = 0.0) -> list[bool]:
     """Choose which layers to merge into the one before them (forward order).
 
     Args:
@@ -196,6 +199,7 @@ def find_merged_layers(tb: Sequence[float], d: Sequence[int], alpha: float, beta
         method: ``"paper"`` (Algorithm 1, greedy, O(L^2)) or ``"optimal"`` (exact minimum
             of :func:`comm.omgs.predict_iteration_time`, NOTE [optimal planner]).
         tf: forward time (shifts every time stamp; default 0).
+        ts0: fixed per-group sparsification overhead (default 0, as in the paper).
 
     Returns:
         ``merged``: ``merged[i]`` is True when layer i joins layer ``i - 1``;
@@ -214,7 +218,7 @@ def find_merged_layers(tb: Sequence[float], d: Sequence[int], alpha: float, beta
     except KeyError:
         raise ValueError(f"unknown OMGS planner {method!r}; valid: {sorted(PLANNERS)}") from None
     validate_profile(tb, d)
-    return planner(tb, d, CostModel(alpha, beta, gamma, rho), tf)
+    return planner(tb, d, CostModel(alpha, beta, gamma, rho, ts0), tf)
 
 
 def lags_plan(num_layers: int) -> list[bool]:

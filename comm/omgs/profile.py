@@ -17,10 +17,10 @@ import torch.distributed as dist
 
 from comm.omgs.codec import compress
 from comm.omgs.model import BYTES_PER_SELECTED, CostModel, selected_count
-from comm.omgs.pipeline import ordered_params, resolve_group
+from comm.omgs.pipeline import resolve_group
 from comm.topk import get_selector
 
-__all__ = ["BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_alpha_beta",
+__all__ = ["BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",
            "save_profile", "load_profile"]
 
 
@@ -117,6 +117,27 @@ def gamma_from_timings(sizes: Sequence[int], times: Sequence[float], rho: float)
     if not pts:
         raise ValueError("need at least one size > 1")
     return max(0.0, sum(x * t for x, t in pts) / sum(x * x for x, _ in pts))
+
+
+def fit_sparsify_cost(sizes: Sequence[int], times: Sequence[float], rho: float) -> tuple[float, float]:
+    """Least-squares ``(ts0, gamma)`` of ``t = ts0 + gamma * rho * n * ln n`` (both >= 0):
+    the intercept is the fixed per-group overhead that dominates tiny layers.
+
+    Raises:
+        ValueError: on different lengths or fewer than two sizes.
+    """
+    if len(sizes) != len(times) or len(sizes) < 2:
+        raise ValueError("need as many times as sizes, and at least two")
+    xs = [rho * n * math.log(n) if n > 1 else 0.0 for n in sizes]
+    mx, mt = statistics.fmean(xs), statistics.fmean(times)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    gamma = sum((x - mx) * (t - mt) for x, t in zip(xs, times)) / sxx if sxx > 0 else 0.0
+    ts0 = mt - gamma * mx
+    if ts0 < 0:
+        return 0.0, gamma_from_timings(sizes, times, rho)
+    if gamma < 0:
+        return mt, 0.0
+    return ts0, gamma
 
 
 def fit_gamma(sizes: Sequence[int], rho: float, selector: str = "exact", repeats: int = 3,

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from comm.omgs import (build_omgs_exchanger, OMGSExchanger, OMGSHookState, find_merged_layers, fit_alpha_beta, fit_gamma,
-                       groups_from_plan, load_profile, measure_backward_times, omgs_hook, save_profile,
-                       CostModel)
+from comm.omgs import (CostModel, OMGSExchanger, OMGSHookState, build_omgs_exchanger, fit_alpha_beta,
+                       fit_gamma, groups_from_plan, load_profile, measure_backward_times, omgs_hook,
+                       save_profile)
 from tests.distributed import run_distributed
 
 

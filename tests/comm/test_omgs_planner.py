@@ -104,3 +104,18 @@ def test_optimal_planner_handles_resnet_sized_profiles():
     opt = predict_iteration_time(tb, d, plan, **c)
     for other in (lags_plan(220), single_bucket_plan(220), find_merged_layers(tb, d, **c)):
         assert opt <= predict_iteration_time(tb, d, other, **c) * (1 + 1e-12)
+
+
+def test_optimal_with_per_group_overhead_equals_brute_force():
+    rng = random.Random(5)
+    for _ in range(25):
+        n = rng.randint(2, 9)
+        tb, d, c = _random_profile(rng, n)
+        ts0 = rng.uniform(0, 0.005)
+        plan = find_merged_layers(tb, d, **c, method="optimal", ts0=ts0)
+        got = predict_iteration_time(tb, d, plan, **c, ts0=ts0)
+        best = min(predict_iteration_time(tb, d, [False, *rest], **c, ts0=ts0)
+                   for rest in itertools.product([False, True], repeat=n - 1))
+        assert got == pytest.approx(best, rel=1e-12, abs=1e-15)
+    # a per-group overhead makes merging worth it where it was not
+    assert find_merged_layers([0.0, 0.0], [10, 10], 0.0, 0.0, 0.0, 0.1, method="optimal", ts0=1.0) == [False, True]

@@ -4,11 +4,13 @@ Run by the benchmark inside a network namespace (``python -m tools.omgs.worker S
 with the usual torch.distributed environment variables set.
 
 NOTE [bench calibration]
-alpha and beta come from timing the OMGS all-gather alone; gamma and the decompression
-time ``tu`` come from runs of the three baseline plans (TopK-SGD, LAGS, fusion) with the
-real pipelined exchanger: every group's measured compression time is a point of the gamma
-fit, so the fit sees the same contention (four workers on a shared machine) as the timed
-runs. A calibration run gives the coefficients the OMGS plans are made with. Timed
+alpha and beta come from timing the OMGS all-gather alone; ts0 and gamma, and the
+decompression time ``tu = tu0 + tu1 * groups``, come from runs of the three baseline
+plans (TopK-SGD, LAGS, fusion: 1, 161 and ~19 groups) with the real pipelined exchanger:
+every group's measured compression time is a point of the (ts0, gamma) fit, so the fit
+sees the same contention (four workers on a shared machine) as the timed runs. The
+planners get ``ts0 + tu1`` as the per-group overhead (decompression is charged to the
+group's sparsification). A calibration run gives the coefficients the OMGS plans are made with. Timed
 iterations of all modes are then interleaved (mode A, B, C, ..., A, B, C, ...) so that a
 change of the machine's load hits every mode alike, and the predictions use gamma and tu
 refitted from the baselines' timed iterations and the per-layer times scaled to the
@@ -25,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from comm.omgs import (OMGSExchanger, fit_alpha_beta, find_merged_layers, gamma_from_timings, lags_plan,
+from comm.omgs import (OMGSExchanger, fit_alpha_beta, find_merged_layers, fit_sparsify_cost, lags_plan,
                        measure_backward_times, predict_iteration_time, single_bucket_plan,
                        threshold_plan)
 from comm.omgs.pipeline import broadcast_plan
@@ -52,6 +54,14 @@ def _iteration(model, exchangers: dict, active) -> float:
     t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # an iteration ends when the slowest rank ends
     return float(t)
+
+
+def _line(xs, ys) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` (a, b >= 0): decompression time vs number of groups."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 0.0) if sxx else 0.0
+    return max(my - b * mx, 0.0), b
 
 
 def _reset(ex) -> None:
@@ -87,11 +97,11 @@ def run(spec: dict) -> dict:
         sizes += [g.numel for g in ex.groups]
         times += [g.compress_s / spec["fit_repeats"] for g in ex.groups]
         decompress.append((ex.stats["sync_s"] - ex.stats["wait_s"]) / spec["fit_repeats"])
-    gamma = _mean(gamma_from_timings(sizes, times, rho))
-    tu = _mean(statistics.median(decompress))
+    ts0, gamma = (_mean(v) for v in fit_sparsify_cost(sizes, times, rho))
+    tu0, tu1 = (_mean(v) for v in _line([len(ex.groups) for ex in exchangers.values()], decompress))
     coeffs = dict(alpha=alpha, beta=beta, gamma=gamma, rho=rho)
-    for method in ("paper", "optimal"):
-        exchangers[f"omgs {method}"] = make(find_merged_layers(tb, d, **coeffs, method=method))
+    for method in ("paper", "optimal"):  # decompression's per-group cost is charged to ts0
+        exchangers[f"omgs {method}"] = make(find_merged_layers(tb, d, **coeffs, method=method, ts0=ts0 + tu1))
     modes = [None, *exchangers]
     for name in exchangers:
         for _ in range(spec["warmup"]):
@@ -102,24 +112,29 @@ def run(spec: dict) -> dict:
         for m in modes:
             measured[m].append(_iteration(model, exchangers, m))
     baselines = [ex for name, ex in exchangers.items() if not name.startswith("omgs")]
-    gamma_t = _mean(gamma_from_timings([g.numel for ex in baselines for g in ex.groups],
-                                       [g.compress_s / iters for ex in baselines for g in ex.groups], rho))
-    tu_t = _mean(statistics.median((ex.stats["sync_s"] - ex.stats["wait_s"]) / iters for ex in baselines))
+    ts0_t, gamma_t = (_mean(v) for v in fit_sparsify_cost([g.numel for ex in baselines for g in ex.groups],
+                                                          [g.compress_s / iters for ex in baselines for g in ex.groups],
+                                                          rho))
+    tu0_t, tu1_t = (_mean(v) for v in _line([len(ex.groups) for ex in baselines],
+                                            [(ex.stats["sync_s"] - ex.stats["wait_s"]) / iters for ex in baselines]))
     scale = statistics.median(measured[None]) / sum(tb)
     tb_t = [t * scale for t in tb]
-    planned_with = dict(coeffs, tu=tu)
+    planned_with = dict(coeffs, ts0=ts0, tu0=tu0, tu1=tu1)
+    coeffs_p = dict(coeffs, ts0=ts0)
     coeffs = dict(coeffs, gamma=gamma_t)
     rows = [dict(mode="backward only", groups=0, measured_ms=1e3 * statistics.median(measured[None]),
                  min_ms=1e3 * min(measured[None]), max_ms=1e3 * max(measured[None]), predicted_ms=1e3 * sum(tb_t))]
     for name, ex in exchangers.items():
         rows.append(dict(mode=name, groups=len(ex.groups), measured_ms=1e3 * statistics.median(measured[name]),
                          min_ms=1e3 * min(measured[name]), max_ms=1e3 * max(measured[name]),
-                         predicted_ms=1e3 * predict_iteration_time(tb_t, d, ex.plan, **coeffs, tu=tu_t),
-                         planned_pred_ms=1e3 * predict_iteration_time(tb, d, ex.plan, **planned_with),
+                         predicted_ms=1e3 * predict_iteration_time(tb_t, d, ex.plan, **coeffs, ts0=ts0_t,
+                                                                   tu=tu0_t + tu1_t * len(ex.groups)),
+                         planned_pred_ms=1e3 * predict_iteration_time(tb, d, ex.plan, **coeffs_p,
+                                                                      tu=tu0 + tu1 * len(ex.groups)),
                          **{k[:-2] + "_ms": 1e3 * _mean(v) / iters for k, v in ex.stats.items()}))
     plans = {name: ex.plan for name, ex in exchangers.items()}
-    return {"rows": rows, "coeffs": coeffs, "tu": tu_t, "tb_effective": tb_t, "plans": plans,
-            "planned_with": planned_with}
+    return {"rows": rows, "coeffs": dict(coeffs, ts0=ts0_t), "tu0": tu0_t, "tu1": tu1_t, "tb_effective": tb_t,
+            "plans": plans, "planned_with": planned_with}
 
 
 def main(argv: list[str]) -> int:
