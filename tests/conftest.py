@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
 
 from cachepipe.demo_data import make_dataset
+from cachepipe.embedded import EmbeddedRedis
 from tests.redis_servers import RedisServer
 
 
@@ -39,6 +41,22 @@ def tiny_dataset(tmp_path_factory) -> Path:
     """A 4-class ImageNet-layout JPEG dataset (``train/``: 6 per class, ``val/``: 2)."""
     root = tmp_path_factory.mktemp("tiny_dataset")
     return make_dataset(root, classes=4, per_class=6, val_per_class=2, size=48, seed=0)
+
+
+@pytest.fixture
+def source(tiny_dataset, tmp_path):
+    """A private, modifiable copy of ``tiny_dataset/train`` (4 classes x 6 JPEGs of ~48 px)."""
+    dst = tmp_path / "src"
+    shutil.copytree(tiny_dataset / "train", dst)
+    return dst
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    """A cache directory; its embedded Redis (if a test started one) is stopped after."""
+    path = tmp_path / "cache"
+    yield path
+    EmbeddedRedis(path).stop()
 
 
 def _has_cuda() -> bool:

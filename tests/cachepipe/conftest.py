@@ -1,31 +1,12 @@
-"""Fixtures for the cache tests: private copies of the tiny dataset and cache dirs whose
-embedded Redis is stopped at teardown."""
+"""Helpers for the cache tests: a Pillow reference decoder, file truncation, and a real
+Redis Cluster fixture (``source`` and ``cache_dir`` come from tests/conftest.py)."""
 from __future__ import annotations
 
 import io
-import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
-
-from cachepipe.embedded import EmbeddedRedis
-
-
-@pytest.fixture
-def source(tiny_dataset, tmp_path):
-    """A private, modifiable copy of ``tiny_dataset/train`` (4 classes x 6 JPEGs)."""
-    dst = tmp_path / "src"
-    shutil.copytree(tiny_dataset / "train", dst)
-    return dst
-
-
-@pytest.fixture
-def cache_dir(tmp_path):
-    """A cache directory; its embedded Redis (if any test started one) is stopped after."""
-    path = tmp_path / "cache"
-    yield path
-    EmbeddedRedis(path).stop()
 
 
 def reference_pixels(data: bytes, size: int) -> np.ndarray:
