@@ -55,18 +55,23 @@ class EmulatedCluster:
         nodes: number of node namespaces (1..250).
         inter_mbit: egress rate of every node's link in Mbit/s; None: unlimited.
         tag: short unique tag in namespace/interface names (default: random).
+        burst_bytes: tbf bucket size; None: NOTE [tbf burst]. Benchmarks of many small
+            messages pass a smaller bucket so that each message pays the link rate.
 
     Raises:
         ValueError: for a bad node count or rate.
         RuntimeError: when a namespace command fails (already cleaned up).
     """
 
-    def __init__(self, nodes: int, inter_mbit: float | None = None, *, tag: str | None = None):
+    def __init__(self, nodes: int, inter_mbit: float | None = None, *, tag: str | None = None,
+                 burst_bytes: int | None = None):
         if not 1 <= nodes <= 250:
             raise ValueError(f"nodes must be in 1..250, got {nodes}")
         if inter_mbit is not None and inter_mbit <= 0:
             raise ValueError(f"inter_mbit must be > 0, got {inter_mbit}")
-        self.nodes, self.inter_mbit = nodes, inter_mbit
+        if burst_bytes is not None and burst_bytes < 2048:
+            raise ValueError(f"burst_bytes must be >= 2048 (one MTU-sized packet), got {burst_bytes}")
+        self.nodes, self.inter_mbit, self.burst_bytes = nodes, inter_mbit, burst_bytes
         self.tag = tag or uuid.uuid4().hex[:5]
         self.switch = f"cp{self.tag}-sw"
         self.namespaces = [f"cp{self.tag}-n{i}" for i in range(nodes)]
@@ -80,6 +85,10 @@ class EmulatedCluster:
     def command(self, node: int, argv: list[str]) -> list[str]:
         """``argv`` wrapped to run inside node ``node``'s namespace."""
         return ["ip", "netns", "exec", self.namespaces[node], *argv]
+
+    def env(self, node: int) -> dict[str, str]:
+        """Environment for a gloo worker on ``node``: bound to the node's link, rank 0 on node 0."""
+        return {"GLOO_SOCKET_IFNAME": "eth0", "MASTER_ADDR": self.address(0)}
 
     def start(self) -> "EmulatedCluster":
         """Create the namespaces, links and limits (cleans up if anything fails)."""
@@ -112,9 +121,11 @@ class EmulatedCluster:
 
     def _limit(self, ns: str) -> None:
         # NOTE [tbf burst]: veth hands tbf GSO packets of up to 64 KiB; a bucket smaller
-        # than one such packet drops it forever, so the burst is at least 256 KiB.
+        # than one such packet drops it forever, so the burst is at least 256 KiB. That
+        # lets a message under 256 KiB cross at line rate; benchmarks of small messages
+        # (OMGS groups) pass ``burst_bytes`` (32 KiB there, measured to limit correctly).
         rate_bytes = self.inter_mbit * 1e6 / 8
-        burst = max(256 * 1024, int(rate_bytes / 100))
+        burst = self.burst_bytes or max(256 * 1024, int(rate_bytes / 100))
         cmd = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
                "rate", f"{self.inter_mbit}mbit", "burst", str(burst), "latency", "200ms"]
         proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -2,8 +2,8 @@
 
 1. Measures ResNet-50's per-layer backward times on this CPU (one process, real model).
 2. Compares the paper's greedy planner with the optimal one on random layer profiles.
-3. On an emulated cluster (2 nodes x 2 workers, ``--rate-mbit`` between nodes; NOTE
-   [emulated cluster]) every rank replays the measured backward (NOTE [emulated backward]),
+3. On the emulated cluster of tools/cluster.py (2 nodes x 2 workers, ``--rate-mbit``
+   between nodes) every rank replays the measured backward (NOTE [emulated backward]),
    fits alpha, beta, gamma in place, plans, and times each mode with the real pipelined
    exchanger; the table puts each measured iteration time next to the model's prediction.
 """
@@ -153,12 +153,12 @@ def _launch(spec: dict, args, tmp: Path) -> tuple[dict, str]:
             raise RuntimeError(f"benchmark workers failed with exit codes {codes}")
         return json.loads(out_path.read_text())
 
-    from tools.omgs.netns import EmulatedCluster, netns_available
+    from tools.cluster import EmulatedCluster, netns_unavailable_reason
 
-    if args.no_netns or args.nodes == 1 or not netns_available():
-        why = "requested" if args.no_netns or args.nodes == 1 else "needs root + iproute2"
-        return start(None), f"loopback gloo, {world} workers, no rate limit ({why})"
-    with EmulatedCluster(rate_mbit=args.rate_mbit) as cluster:
+    reason = "requested" if args.no_netns or args.nodes == 1 else netns_unavailable_reason()
+    if reason:
+        return start(None), f"loopback gloo, {world} workers, no rate limit ({reason})"
+    with EmulatedCluster(args.nodes, args.rate_mbit, burst_bytes=32 * 1024) as cluster:
         return start(cluster), (f"netns cluster: {args.nodes} nodes x {args.workers_per_node} workers, "
                                 f"{args.rate_mbit:g} Mbit/s tbf between nodes")
 
