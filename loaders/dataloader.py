@@ -15,6 +15,7 @@ import torch.utils.data
 from loaders.folder import CachedImageFolder
 from loaders.recycle import RecyclingNormalizer
 from loaders.sampler import BatchRequest, ShardedBatchSampler
+from loaders.shared_batches import SharedBatchPool, release
 from loaders.transforms import make_transform
 
 __all__ = ["CachedDataLoader", "cached_dataloader", "resolve_rank"]
@@ -59,21 +60,12 @@ def _keep_freed_memory(worker_id: int = 0) -> None:
         pass
 
 
-def _shared_batch(transform, n: int, size: int) -> torch.Tensor | None:
-    """In a DataLoader worker: an output batch allocated in shared memory (no copy on send)."""
-    if torch.utils.data.get_worker_info() is None:
-        return None
-    layout = torch.channels_last if transform.channels_last else torch.contiguous_format
-    meta = torch.empty((n, 3, size, size), dtype=transform.torch_dtype, memory_format=layout, device="meta")
-    storage = torch.UntypedStorage._new_shared(meta.numel() * meta.element_size())
-    return torch.empty(0, dtype=meta.dtype).set_(storage, 0, meta.shape, meta.stride())
-
-
 class _BatchDataset(torch.utils.data.Dataset):
     """Adapts a CachedImageFolder to batch requests: fetch once per batch, transform as a batch."""
 
-    def __init__(self, folder: CachedImageFolder, transform) -> None:
+    def __init__(self, folder: CachedImageFolder, transform, recycle: bool = False) -> None:
         self.folder, self.transform = folder, transform
+        self.pool = SharedBatchPool(recycle)  # per worker after fork / spawn
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -88,7 +80,8 @@ class _BatchDataset(torch.utils.data.Dataset):
         samples, targets, skipped = self.folder.load_many(request, copy=False)  # crops copy anyway
         waited = time.perf_counter() - t0
         images = self.transform.batch(samples, random.Random(seed), size,
-                                      out=_shared_batch(self.transform, len(samples), size))
+                                      out=self.pool.batch((len(samples), 3, size, size), self.transform.torch_dtype,
+                                                          self.transform.channels_last))
         return images, torch.tensor(targets, dtype=torch.int64), torch.tensor(skipped, dtype=torch.int64), waited
 
 
@@ -125,7 +118,10 @@ class CachedDataLoader:
         if workers > 0:
             kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
                           multiprocessing_context=multiprocessing_context, worker_init_fn=_keep_freed_memory)
-        self.loader = torch.utils.data.DataLoader(_BatchDataset(dataset, transform), batch_sampler=sampler,
+        # NOTE [recycled shared batches] (loaders.shared_batches): only the internal uint8 batches
+        # that the normaliser consumes are released back to their worker
+        batches = _BatchDataset(dataset, transform, recycle=self.normalizer is not None)
+        self.loader = torch.utils.data.DataLoader(batches, batch_sampler=sampler,
                                                   num_workers=workers, collate_fn=_passthrough,
                                                   pin_memory=pin_memory, **kwargs)
         self.skipped: list[int] = []
@@ -144,8 +140,15 @@ class CachedDataLoader:
             self.cache_wait_s += waited
             if len(skipped):
                 self.skipped.extend(skipped.tolist())
-            if len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
-                yield (self.normalizer(images) if self.normalizer else images), labels
+            if not len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
+                continue
+            if self.normalizer is None:
+                yield images, labels
+                continue
+            out = self.normalizer(images)
+            release(images)  # its worker may now reuse the buffer
+            del images
+            yield out, labels
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s permutation (seeded by ``seed + epoch``, the same on every rank)."""
