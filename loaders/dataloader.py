@@ -1,6 +1,7 @@
 """``cached_dataloader``: torch's DataLoader over the cache, batch-at-a-time, rank-sharded and resumable."""
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import os
@@ -124,6 +125,9 @@ class CachedDataLoader:
         self.loader = torch.utils.data.DataLoader(batches, batch_sampler=sampler,
                                                   num_workers=workers, collate_fn=_passthrough,
                                                   pin_memory=pin_memory, **kwargs)
+        # the mappings of recycled worker buffers stay open here, so torch's shared_cache hands the
+        # same mapping back for the buffer's next batch (no munmap/mmap and page faults per batch)
+        self._mapped: collections.deque = collections.deque(maxlen=batches.pool.keep * max(1, workers))
         self.skipped: list[int] = []
         self.cache_wait_s = 0.0
         self.batches_done = 0
@@ -147,6 +151,8 @@ class CachedDataLoader:
                 continue
             out = self.normalizer(images)
             release(images)  # its worker may now reuse the buffer
+            if images.untyped_storage().is_shared():
+                self._mapped.append(images.untyped_storage())
             del images
             yield out, labels
 
