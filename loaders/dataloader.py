@@ -105,11 +105,14 @@ class CachedDataLoader:
                  pin_memory: bool, prefetch_factor: int, multiprocessing_context=None) -> None:
         self.dataset, self.sampler = dataset, sampler
         # NOTE [uint8 between processes] (loaders.recycle): workers make uint8, we normalise here
+        # (raw uint8 output from workers goes the same way, copied without arithmetic: that
+        # lets the workers recycle their shared buffers too)
         self.normalizer = None
-        if transform.normalize:
+        if transform.normalize or workers > 0:
             self.normalizer = RecyclingNormalizer(transform.torch_dtype, transform.channels_last,
                                                   mean=transform.mean, std=transform.std,
-                                                  pin_memory=pin_memory and torch.cuda.is_available())
+                                                  pin_memory=pin_memory and torch.cuda.is_available(),
+                                                  normalize=transform.normalize)
             # NOTE [channels-last between processes]: the resized crop comes out channels-last
             # (NOTE [fast resized crop]); shipping it as is saves the worker a uint8 transpose,
             # and the normaliser changes the layout in the float conversion it does anyway.
