@@ -44,9 +44,11 @@ def _crop_copy(img, win: CropWindow, flip: bool) -> torch.Tensor:
     Only the window is copied, so a read-only numpy view of a Redis reply can be used directly.
     """
     crop = img[win.top:win.top + win.height, win.left:win.left + win.width]
-    if isinstance(crop, torch.Tensor):
-        return crop.flip(1) if flip else crop.contiguous()
-    return torch.from_numpy((crop[:, ::-1] if flip else crop).copy())  # a C-order, writable copy
+    if not isinstance(crop, torch.Tensor):
+        if not flip:
+            return torch.from_numpy(crop.copy())  # a C-order, writable copy of the window only
+        crop = torch.from_numpy(crop.copy())  # numpy's flipped copy moves 3-byte items one by one: 10x slower
+    return crop.flip(1) if flip else crop.contiguous()
 
 
 def _resized_crop(img, win: CropWindow, out_h: int, out_w: int, flip: bool = False) -> torch.Tensor:
