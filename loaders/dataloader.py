@@ -1,6 +1,7 @@
 """``cached_dataloader``: torch's DataLoader over the cache, batch-at-a-time, rank-sharded and resumable."""
 from __future__ import annotations
 
+import collections
 import ctypes
 import dataclasses
 import os
@@ -15,6 +16,7 @@ import torch.utils.data
 from loaders.folder import CachedImageFolder
 from loaders.recycle import RecyclingNormalizer
 from loaders.sampler import BatchRequest, ShardedBatchSampler
+from loaders.shared_batches import SharedBatchPool, release
 from loaders.transforms import make_transform
 
 __all__ = ["CachedDataLoader", "cached_dataloader", "resolve_rank"]
@@ -59,21 +61,12 @@ def _keep_freed_memory(worker_id: int = 0) -> None:
         pass
 
 
-def _shared_batch(transform, n: int, size: int) -> torch.Tensor | None:
-    """In a DataLoader worker: an output batch allocated in shared memory (no copy on send)."""
-    if torch.utils.data.get_worker_info() is None:
-        return None
-    layout = torch.channels_last if transform.channels_last else torch.contiguous_format
-    meta = torch.empty((n, 3, size, size), dtype=transform.torch_dtype, memory_format=layout, device="meta")
-    storage = torch.UntypedStorage._new_shared(meta.numel() * meta.element_size())
-    return torch.empty(0, dtype=meta.dtype).set_(storage, 0, meta.shape, meta.stride())
-
-
 class _BatchDataset(torch.utils.data.Dataset):
     """Adapts a CachedImageFolder to batch requests: fetch once per batch, transform as a batch."""
 
-    def __init__(self, folder: CachedImageFolder, transform) -> None:
+    def __init__(self, folder: CachedImageFolder, transform, recycle: bool = False) -> None:
         self.folder, self.transform = folder, transform
+        self.pool = SharedBatchPool(recycle)  # per worker after fork / spawn
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -85,10 +78,11 @@ class _BatchDataset(torch.utils.data.Dataset):
         size = request.size if isinstance(request, BatchRequest) else self.transform.size
         seed = request.seed if isinstance(request, BatchRequest) else None
         t0 = time.perf_counter()
-        samples, targets, skipped = self.folder.load_many(request)
+        samples, targets, skipped = self.folder.load_many(request, copy=False)  # crops copy anyway
         waited = time.perf_counter() - t0
         images = self.transform.batch(samples, random.Random(seed), size,
-                                      out=_shared_batch(self.transform, len(samples), size))
+                                      out=self.pool.batch((len(samples), 3, size, size), self.transform.torch_dtype,
+                                                          self.transform.channels_last))
         return images, torch.tensor(targets, dtype=torch.int64), torch.tensor(skipped, dtype=torch.int64), waited
 
 
@@ -111,20 +105,32 @@ class CachedDataLoader:
                  pin_memory: bool, prefetch_factor: int, multiprocessing_context=None) -> None:
         self.dataset, self.sampler = dataset, sampler
         # NOTE [uint8 between processes] (loaders.recycle): workers make uint8, we normalise here
+        # (raw uint8 output from workers goes the same way, copied without arithmetic: that
+        # lets the workers recycle their shared buffers too)
         self.normalizer = None
-        if transform.normalize:
+        if transform.normalize or workers > 0:
             self.normalizer = RecyclingNormalizer(transform.torch_dtype, transform.channels_last,
                                                   mean=transform.mean, std=transform.std,
-                                                  pin_memory=pin_memory and torch.cuda.is_available())
-            transform = dataclasses.replace(transform, normalize=False, dtype="uint8")
+                                                  pin_memory=pin_memory and torch.cuda.is_available(),
+                                                  normalize=transform.normalize)
+            # NOTE [channels-last between processes]: the resized crop comes out channels-last
+            # (NOTE [fast resized crop]); shipping it as is saves the worker a uint8 transpose,
+            # and the normaliser changes the layout in the float conversion it does anyway.
+            transform = dataclasses.replace(transform, normalize=False, dtype="uint8", channels_last=True)
         self.transform = transform
         kwargs = {}
         if workers > 0:
             kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
                           multiprocessing_context=multiprocessing_context, worker_init_fn=_keep_freed_memory)
-        self.loader = torch.utils.data.DataLoader(_BatchDataset(dataset, transform), batch_sampler=sampler,
+        # NOTE [recycled shared batches] (loaders.shared_batches): only the internal uint8 batches
+        # that the normaliser consumes are released back to their worker
+        batches = _BatchDataset(dataset, transform, recycle=self.normalizer is not None)
+        self.loader = torch.utils.data.DataLoader(batches, batch_sampler=sampler,
                                                   num_workers=workers, collate_fn=_passthrough,
                                                   pin_memory=pin_memory, **kwargs)
+        # the mappings of recycled worker buffers stay open here, so torch's shared_cache hands the
+        # same mapping back for the buffer's next batch (no munmap/mmap and page faults per batch)
+        self._mapped: collections.deque = collections.deque(maxlen=batches.pool.keep * max(1, workers))
         self.skipped: list[int] = []
         self.cache_wait_s = 0.0
         self.batches_done = 0
@@ -141,8 +147,17 @@ class CachedDataLoader:
             self.cache_wait_s += waited
             if len(skipped):
                 self.skipped.extend(skipped.tolist())
-            if len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
-                yield (self.normalizer(images) if self.normalizer else images), labels
+            if not len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
+                continue
+            if self.normalizer is None:
+                yield images, labels
+                continue
+            out = self.normalizer(images)
+            release(images)  # its worker may now reuse the buffer
+            if images.untyped_storage().is_shared():
+                self._mapped.append(images.untyped_storage())
+            del images
+            yield out, labels
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s permutation (seeded by ``seed + epoch``, the same on every rank)."""

@@ -43,11 +43,18 @@ class RecyclingNormalizer:
         mean, std: per-channel statistics (default ImageNet's).
         keep: most buffers kept for reuse (default 4).
         pin_memory: allocate page-locked buffers (fast, asynchronous copies to a GPU).
+        normalize: False copies the uint8 pixels as they are (only the memory format may
+            change; ``dtype`` must then be uint8): the recycled-buffer transport without the
+            arithmetic, for loaders that return raw uint8.
     """
 
     def __init__(self, dtype: torch.dtype = torch.float32, channels_last: bool = False, *,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, keep: int = 4, pin_memory: bool = False) -> None:
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD, keep: int = 4, pin_memory: bool = False,
+                 normalize: bool = True) -> None:
+        if not normalize and dtype != torch.uint8:
+            raise ValueError(f"normalize=False copies raw pixels: dtype must be torch.uint8, got {dtype}")
         self.dtype = dtype
+        self.normalize = normalize
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, 3, 1, 1)
         self.bias = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, 3, 1, 1)
@@ -71,6 +78,9 @@ class RecyclingNormalizer:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 NCHW -> normalised ``dtype`` NCHW (a pooled buffer; see NOTE above)."""
         out = self._buffer(images.shape)
+        if not self.normalize:
+            out.copy_(images)
+            return out
         scale, bias = self.scale[0], self.bias[0]
         for n in range(len(images)):  # one sample at a time stays in the CPU cache
             if self.dtype == torch.float32:

@@ -1,6 +1,7 @@
 """RecyclingNormalizer reuses a float buffer only when nothing else can see it."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from loaders.recycle import RecyclingNormalizer
@@ -48,3 +49,11 @@ def test_channels_last_and_half_outputs():
     x = RecyclingNormalizer(torch.float16, channels_last=True)(batch())
     assert x.dtype == torch.float16 and x.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(x.float(), normalize(batch()), rtol=1e-3, atol=1e-2)
+
+
+def test_raw_uint8_mode_copies_pixels_into_the_requested_layout():
+    src = torch.randint(0, 256, (2, 3, 5, 7), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    out = RecyclingNormalizer(torch.uint8, normalize=False)(src)
+    assert out.dtype == torch.uint8 and out.is_contiguous() and torch.equal(out, src)
+    with pytest.raises(ValueError, match="uint8"):
+        RecyclingNormalizer(torch.float32, normalize=False)

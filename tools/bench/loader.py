@@ -5,7 +5,11 @@ All loaders use the same batch size, worker count, crop size and training augmen
 code; only where the pixels come from differs:
 
 - ``plain``: the files under SRC, read and decoded at full size with Pillow every time
-  (what torchvision's ImageFolder does), torch DataLoader with W workers;
+  (what torchvision's ImageFolder does), torch DataLoader with W workers. As in
+  ``cachepipe bench cache``, each file is evicted from the OS page cache with
+  ``posix_fadvise(DONTNEED)`` just before it is read, so the read comes from the storage
+  under SRC (a training set that does not fit in RAM, the case the cache is built for);
+  ``--warm-source`` lets reads hit the page cache instead (a dataset that fits in RAM);
 - ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first);
 - ``dali``: ``build_dali_loader`` (CPU mode unless a GPU is present), W DALI threads.
 
@@ -19,6 +23,7 @@ its workers and the Redis servers.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import time
 from pathlib import Path
@@ -56,22 +61,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "JPEGs per class first (0: don't)")
     parser.add_argument("--classes", type=int, default=10, help="classes of --make-dataset")
     parser.add_argument("--image-px", type=int, default=400, help="typical image side of --make-dataset")
+    parser.add_argument("--warm-source", action="store_true",
+                        help="plain: let file reads hit the OS page cache (default: evict each file with "
+                             "posix_fadvise(DONTNEED) before reading it, as `bench cache` does)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
 
 
 class PlainFiles:
-    """The baseline source: read each file and decode it at full size with Pillow."""
+    """The baseline source: read each file and decode it at full size with Pillow.
 
-    def __init__(self, manifest) -> None:
+    ``cold``: evict the file from the OS page cache before reading it (see the module doc).
+    """
+
+    def __init__(self, manifest, cold: bool = True) -> None:
         self.manifest = manifest
         self.targets = list(manifest.targets)
+        self.cold = cold
 
-    def load_many(self, indices):
+    def load_many(self, indices, *, copy: bool = True):
         from PIL import Image
 
         samples = []
         for i in indices:
-            with Image.open(self.manifest.path(int(i))) as img:
+            with open(self.manifest.path(int(i)), "rb") as f:
+                if self.cold:
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                data = f.read()
+            with Image.open(io.BytesIO(data)) as img:
                 samples.append(np.asarray(img.convert("RGB")))
         return samples, [self.targets[int(i)] for i in indices], []
 
@@ -90,7 +106,7 @@ def _build(kind: str, root: str, args, cache):
     common = dict(batch_size=args.batch_size, train=True, size=args.size, workers=args.workers, seed=0)
     raw = args.dtype == "uint8"
     if kind == "plain":
-        source = PlainFiles(cache.manifest)
+        source = PlainFiles(cache.manifest, cold=not args.warm_source)
         sampler = ShardedBatchSampler(len(source.targets), args.batch_size, shuffle=True, drop_last=True,
                                       size=args.size)
         transform = TrainTransform(size=args.size, dtype=args.dtype, normalize=not raw)
@@ -206,17 +222,20 @@ def main(args: argparse.Namespace) -> int:
         for loader in loaders.values():
             loader.close()
     rows = []
+    source = "page-cached" if args.warm_source else "evicted from the page cache before each read"
     for kind in kinds:
         median = sorted(runs[kind], key=lambda m: m["images_per_s"])[len(runs[kind]) // 2]
         row = {"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
                "dtype": args.dtype, "rounds": args.rounds, **median,
                "images_per_s_all": [m["images_per_s"] for m in runs[kind]],
-               "mean_image_px": mean_px, "mean_file_kib": mean_bytes / 1024}
+               "mean_image_px": mean_px, "mean_file_kib": mean_bytes / 1024,
+               "plain_source": source if kind == "plain" else None}
         if "plain" in runs:  # ratio within each round (same load), then the median over rounds
             ratios = sorted(m["images_per_s"] / p["images_per_s"] for m, p in zip(runs[kind], runs["plain"]))
             row["speedup"] = ratios[len(ratios) // 2]
         rows.append(row)
     print(format_table(rows, COLUMNS))
+    print(f"plain source files: {source}")
     print(f"machine: {machine_description()}")
     if args.json:
         write_json(args.json, rows)
