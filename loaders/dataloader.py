@@ -61,6 +61,17 @@ def _keep_freed_memory(worker_id: int = 0) -> None:
         pass
 
 
+# Cache counters every batch reports back, so that reads made in worker processes count.
+HIT_COUNTERS = ("l2_hits", "l1_hits", "source_reads")
+
+
+def _hit_counts(cache) -> list[int]:
+    if cache is None:
+        return [0] * len(HIT_COUNTERS)
+    stats = cache.stats()
+    return [stats[k] for k in HIT_COUNTERS]
+
+
 class _BatchDataset(torch.utils.data.Dataset):
     """Adapts a CachedImageFolder to batch requests: fetch once per batch, transform as a batch."""
 
@@ -77,13 +88,16 @@ class _BatchDataset(torch.utils.data.Dataset):
     def __getitems__(self, request: BatchRequest):
         size = request.size if isinstance(request, BatchRequest) else self.transform.size
         seed = request.seed if isinstance(request, BatchRequest) else None
+        before = _hit_counts(getattr(self.folder, "cache", None))
         t0 = time.perf_counter()
         samples, targets, skipped = self.folder.load_many(request, copy=False)  # crops copy anyway
         waited = time.perf_counter() - t0
+        after = _hit_counts(getattr(self.folder, "cache", None))
+        hits = torch.tensor([a - b for a, b in zip(after, before)], dtype=torch.int64)
         images = self.transform.batch(samples, random.Random(seed), size,
                                       out=self.pool.batch((len(samples), 3, size, size), self.transform.torch_dtype,
                                                           self.transform.channels_last))
-        return images, torch.tensor(targets, dtype=torch.int64), torch.tensor(skipped, dtype=torch.int64), waited
+        return images, torch.tensor(targets, dtype=torch.int64), torch.tensor(skipped, dtype=torch.int64), waited, hits
 
 
 def _passthrough(batch):
@@ -99,6 +113,8 @@ class CachedDataLoader:
         loader: the underlying ``torch.utils.data.DataLoader``.
         skipped: indices of corrupt samples skipped so far (``on_error="skip"``).
         cache_wait_s: seconds workers spent waiting on the cache, summed over batches.
+        cache_hits: ``{"l2_hits", "l1_hits", "source_reads"}`` of the batches yielded so far,
+            counted where the reads happen (in the workers when ``workers > 0``).
     """
 
     def __init__(self, dataset: CachedImageFolder, transform, sampler: ShardedBatchSampler, *, workers: int,
@@ -133,6 +149,7 @@ class CachedDataLoader:
         self._mapped: collections.deque = collections.deque(maxlen=batches.pool.keep * max(1, workers))
         self.skipped: list[int] = []
         self.cache_wait_s = 0.0
+        self.cache_hits = dict.fromkeys(HIT_COUNTERS, 0)
         self.batches_done = 0
 
     def __len__(self) -> int:
@@ -142,9 +159,11 @@ class CachedDataLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch."""
         self.batches_done = self.sampler.start
-        for images, labels, skipped, waited in self.loader:
+        for images, labels, skipped, waited, hits in self.loader:
             self.batches_done += 1
             self.cache_wait_s += waited
+            for name, n in zip(HIT_COUNTERS, hits.tolist()):
+                self.cache_hits[name] += n
             if len(skipped):
                 self.skipped.extend(skipped.tolist())
             if not len(labels):  # a batch whose samples were all corrupt and skipped yields nothing

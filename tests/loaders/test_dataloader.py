@@ -43,6 +43,12 @@ def test_workers_with_redis_match_in_process_loading(source, cache_dir, redis_se
             assert_same_batches(got, run_epoch(single, epoch))
         assert multi.cache_wait_s > 0
         assert redis_server.client().dbsize() == 24  # every sample is now in L2
+        # reads made in the workers are counted: 2 epochs x 20 samples, each from some level;
+        # epoch 1 finds in L2 what epoch 0 read (samples dropped by drop_last in epoch 0 miss)
+        hits = multi.cache_hits
+        assert hits["l2_hits"] + hits["l1_hits"] + hits["source_reads"] == 40
+        assert hits["source_reads"] >= 20 and hits["l2_hits"] >= 16
+        assert multi.dataset.cache.stats()["l2_hits"] == 0  # none of them in this process
     finally:
         multi.close()
         single.close()
