@@ -37,8 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithms", nargs="+", default=ALL, choices=ALL, metavar="ALG",
                         help=f"algorithms to time, from {ALL}")
     parser.add_argument("--selector", default=None,
-                        help="top-k selector from comm.topk.SELECTORS (default: dgc if registered, else exact; "
-                             "both return the exact top-k, dgc faster on CPU)")
+                        help="top-k selector from comm.topk.SELECTORS (default: mstopk, the papers' choice "
+                             "and the fastest here; exact and dgc return the exact top-k)")
     parser.add_argument("--value-dtype", default=None, choices=["fp16", "bf16"], help="wire dtype of values (default fp32)")
     parser.add_argument("--reps", type=int, default=3, help="timed exchanges per algorithm and size")
     parser.add_argument("--warmup", type=int, default=1, help="untimed exchanges first")
@@ -55,9 +55,9 @@ def main(args: argparse.Namespace) -> int:
     if args.nodes < 1 or args.local_size < 1 or not 0 < args.density <= 1:
         print("bench comm: --nodes and --local-size must be >= 1 and --density in (0, 1]", file=sys.stderr)
         return 2
-    from comm.topk import SELECTORS, get_selector
+    from comm.topk import get_selector
 
-    selector = args.selector or ("dgc" if "dgc" in SELECTORS else "exact")
+    selector = args.selector or "mstopk"
     get_selector(selector)  # unknown name -> ValueError listing the valid ones
     reason = "--loopback given" if args.loopback else netns_unavailable_reason()
     if reason:
