@@ -30,7 +30,7 @@ from loaders._optional import require_dali
 from loaders.crop import CropWindow, center_crop_window
 from loaders.dataloader import resolve_rank
 from loaders.folder import CachedImageFolder
-from loaders.sampler import ShardedBatchSampler
+from loaders.sampler import SamplerControls, ShardedBatchSampler
 from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform
 
 __all__ = ["DALILoader", "build_dali_loader"]
@@ -120,7 +120,7 @@ def _pipeline(source, device: str, out_dtype: str, mean, std):
     return images, labels
 
 
-class DALILoader:
+class DALILoader(SamplerControls):
     """Iterates ``(images NCHW, labels int64)`` from a DALI pipeline; made by ``build_dali_loader``.
 
     Same interface as ``CachedDataLoader``: ``len``, iteration, ``set_epoch``, ``set_size``,
@@ -180,23 +180,9 @@ class DALILoader:
             yield out[0]["images"], out[0]["labels"].view(-1)
         self._running = False
 
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    def set_size(self, size: int) -> None:
-        self.sampler.set_size(size)
-
-    @property
-    def size(self) -> int:
-        return self.sampler.size
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict(self.batches_done)
-
     def load_state_dict(self, state: dict) -> None:
-        self._finish_epoch()
-        self.sampler.load_state_dict(state)
-        self.batches_done = self.sampler.start
+        self._finish_epoch()  # DALI may still hold batches of the pass that stopped early
+        super().load_state_dict(state)
 
     def close(self) -> None:
         self._finish_epoch()

@@ -15,7 +15,7 @@ import torch.utils.data
 
 from loaders.folder import CachedImageFolder
 from loaders.recycle import RecyclingNormalizer
-from loaders.sampler import BatchRequest, ShardedBatchSampler
+from loaders.sampler import BatchRequest, SamplerControls, ShardedBatchSampler
 from loaders.shared_batches import SharedBatchPool, release
 from loaders.transforms import make_transform
 
@@ -104,7 +104,7 @@ def _passthrough(batch):
     return batch
 
 
-class CachedDataLoader:
+class CachedDataLoader(SamplerControls):
     """Iterates ``(images, labels)`` batches of one rank; made by ``cached_dataloader``.
 
     Attributes:
@@ -177,36 +177,6 @@ class CachedDataLoader:
                 self._mapped.append(images.untyped_storage())
             del images
             yield out, labels
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s permutation (seeded by ``seed + epoch``, the same on every rank)."""
-        self.sampler.set_epoch(epoch)
-
-    def set_size(self, size: int) -> None:
-        """Crop size from the next batch requested on (progressive resizing, no cache rebuild).
-
-        Call it between epochs: workers may already hold prefetched batches of the old size
-        while an epoch is running.
-        """
-        self.sampler.set_size(size)
-
-    @property
-    def size(self) -> int:
-        return self.sampler.size
-
-    def state_dict(self) -> dict:
-        """Position in the current epoch (batches yielded so far) plus what must match on resume."""
-        return self.sampler.state_dict(self.batches_done)
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume: the next iteration yields exactly the batches after the saved position.
-
-        Raises:
-            ValueError: the state belongs to a loader with a different dataset length,
-                batch size, world size or seed.
-        """
-        self.sampler.load_state_dict(state)
-        self.batches_done = self.sampler.start
 
     def close(self) -> None:
         """Stop the workers and close the dataset's cache connections."""

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["BatchRequest", "ShardedBatchSampler", "shard_indices"]
+__all__ = ["BatchRequest", "SamplerControls", "ShardedBatchSampler", "shard_indices"]
 
 
 class BatchRequest(list):
@@ -152,3 +152,44 @@ class ShardedBatchSampler:
             raise ValueError(f"batches_done={state['batches_done']} outside [0, {len(self)}]")
         self.epoch, self.size = int(state["epoch"]), int(state["size"])
         self.start = int(state["batches_done"])
+
+
+class SamplerControls:
+    """Epoch, crop size and resume position of a loader, all kept by its ``sampler``.
+
+    Mixed into ``CachedDataLoader`` and ``DALILoader``; the loader sets ``self.sampler``
+    (a :class:`ShardedBatchSampler`) and counts ``self.batches_done`` in the current epoch.
+    """
+
+    sampler: ShardedBatchSampler
+    batches_done: int
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s permutation (seeded by ``seed + epoch``, the same on every rank)."""
+        self.sampler.set_epoch(epoch)
+
+    def set_size(self, size: int) -> None:
+        """Crop size from the next batch requested on (progressive resizing, no cache rebuild).
+
+        Call it between epochs: workers may already hold prefetched batches of the old size
+        while an epoch is running.
+        """
+        self.sampler.set_size(size)
+
+    @property
+    def size(self) -> int:
+        return self.sampler.size
+
+    def state_dict(self) -> dict:
+        """Position in the current epoch (batches yielded so far) plus what must match on resume."""
+        return self.sampler.state_dict(self.batches_done)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next iteration yields exactly the batches after the saved position.
+
+        Raises:
+            ValueError: the state belongs to a loader with a different dataset length,
+                batch size, world size or seed.
+        """
+        self.sampler.load_state_dict(state)
+        self.batches_done = self.sampler.start
