@@ -30,7 +30,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cachepipe.redis_binary import find_redis_server
+from cachepipe.redis_binary import find_redis_server, server_env
 
 __all__ = ["EmbeddedRedis", "parse_memory"]
 
@@ -174,8 +174,8 @@ class EmbeddedRedis:
                     "--maxmemory", str(maxmemory), "--maxmemory-policy", "noeviction",
                     "--daemonize", "yes", "--pidfile", str(self.pid_path),
                     "--logfile", str(self.log_path), "--dir", str(self.dir)]
-            subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+            subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=server_env(), timeout=timeout, check=False)
             deadline = time.monotonic() + timeout
             while not self.ping():
                 if time.monotonic() > deadline:

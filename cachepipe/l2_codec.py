@@ -45,11 +45,11 @@ def encode_sample(index: int, pixels: np.ndarray) -> bytes:
     return header + bytes(body)
 
 
-def decode_sample(value: bytes, index: int, *, copy: bool = True) -> np.ndarray:
+def decode_sample(value: bytes | memoryview, index: int, *, copy: bool = True) -> np.ndarray:
     """Parse a value written by :func:`encode_sample` for sample ``index``.
 
     Args:
-        value: the stored bytes.
+        value: the stored bytes (any bytes-like object).
         index: the index the caller asked for (must match the header).
         copy: return a writable copy (default) instead of a read-only view of ``value``.
 
@@ -69,4 +69,7 @@ def decode_sample(value: bytes, index: int, *, copy: bool = True) -> np.ndarray:
     if checksum64(body) != checksum:
         raise ValueError("checksum mismatch")
     arr = np.frombuffer(body, dtype=np.uint8).reshape(h, w, c)
-    return arr.copy() if copy else arr
+    if copy:
+        return arr.copy()
+    arr.flags.writeable = False  # a view of the reply buffer, whatever its owner allows
+    return arr

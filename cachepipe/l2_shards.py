@@ -13,6 +13,7 @@ from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.hashing import rendezvous_owners, shard_seed
 from cachepipe.l2_store import is_oom, warn_once
+from cachepipe.resp_mget import MGetConnection
 
 __all__ = ["ShardedRedisStore", "make_client"]
 
@@ -55,6 +56,8 @@ class ShardedRedisStore:
         self.replicas = replicas
         self.seeds = [shard_seed(u) for u in self.urls]
         self.clients = [make_client(u, timeout) for u in self.urls]
+        # NOTE [zero-copy MGET] (resp_mget.py): reads skip redis-py's copies, except over TLS
+        self.readers = [None if u.startswith("rediss:") else MGetConnection(u, timeout) for u in self.urls]
         self.health = [ShardHealth() for _ in self.urls]
         self._warned: set = set()
 
@@ -92,7 +95,9 @@ class ShardedRedisStore:
                     still.append(pos)
                     continue
                 try:
-                    values = self.clients[s].mget([self.key(int(i)) for i in idx[pos]])
+                    keys = [self.key(int(i)) for i in idx[pos]]
+                    reader = self.readers[s]
+                    values = reader.mget(keys) if reader else self.clients[s].mget(keys)
                 except _NET_ERRORS as exc:
                     self._failed(int(s), exc, "read")
                     still.append(pos)
@@ -187,7 +192,7 @@ class ShardedRedisStore:
         return info
 
     def close(self) -> None:
-        for c in self.clients:
+        for c in [*self.clients, *filter(None, self.readers)]:
             try:
                 c.close()
             except Exception:  # closing a dead connection must never raise

