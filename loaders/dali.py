@@ -9,6 +9,15 @@ seed, and the output size is a per-batch tensor argument: ``set_size`` changes i
 epochs without rebuilding the pipeline (``fn.random_resized_crop``'s ``size`` is not a
 tensor argument in DALI 2.4, and its fallback differs from torchvision's).
 
+NOTE [DALI CPU resize]: DALI 2.4's CPU resampling costs 0.6-0.9 ms of CPU per 224 crop
+(measured: ROI resize, with or without antialiasing, any filter), ten times torch's
+vectorised uint8 kernel (NOTE [fast resized crop] in ``loaders.transforms``), and on a
+CPU-only machine that one operator would cost more than decoding the JPEG saves. So by
+default (``dali_resize=None``) the resized crop runs in DALI only on the GPU; in CPU mode
+the source callback resizes each window with torch's kernel and DALI does the rest (flip,
+normalisation, layout, batching). The windows, flips and output are the same either way;
+``dali_resize=True`` keeps DALI's CPU resize (the GPU graph, e.g. to test it on a CPU).
+
 NOTE [DALI epochs]: the source snapshots epoch, size and resume position when an epoch's
 first batch is requested, which happens when ``__iter__`` resets DALI, after any
 ``set_epoch``/``set_size``. Sharding and the last batch follow NOTE [sharding and the last
@@ -22,6 +31,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -31,7 +41,7 @@ from loaders.crop import CropWindow, center_crop_window
 from loaders.dataloader import resolve_rank
 from loaders.folder import CachedImageFolder
 from loaders.sampler import SamplerControls, ShardedBatchSampler
-from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform
+from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform, _resized_crop
 
 __all__ = ["DALILoader", "build_dali_loader"]
 
@@ -41,8 +51,12 @@ _OUT_DTYPES = ("float32", "float16", "uint8")
 class _CacheSource:
     """``external_source`` iterable: one batch per ``__next__`` from the cache (see NOTE [DALI epochs])."""
 
-    def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool) -> None:
+    def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool,
+                 resize_here: bool, threads: int) -> None:
         self.folder, self.sampler, self.train = folder, sampler, train
+        self.resize_here = resize_here  # NOTE [DALI CPU resize]
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="dali-crop") if resize_here else None
         self.crop = TrainTransform()
         self.val = ValTransform()
         self._batches = None
@@ -67,7 +81,15 @@ class _CacheSource:
             self.skipped.extend(skipped)
             if samples:
                 break
-        return (samples,) + self.plan(samples, targets, request.size, random.Random(request.seed))
+        labels, start, end, size, mirror, crop, crop_pos = self.plan(samples, targets, request.size,
+                                                                     random.Random(request.seed))
+        if not self.resize_here:
+            return samples, labels, start, end, size, mirror, crop, crop_pos
+        jobs = list(zip(samples, start.astype(int), end.astype(int), size.astype(int)))
+        parts = [jobs[i::self.threads] for i in range(self.threads)]
+        done = list(self.pool.map(_resize_part, parts))  # torch's kernel releases the GIL
+        resized = [done[k % len(parts)][k // len(parts)] for k in range(len(jobs))]
+        return resized, labels, mirror, crop, crop_pos
 
     def plan(self, samples, targets, size: int, rng: random.Random) -> tuple[np.ndarray, ...]:
         """Per-sample operator arguments as one (N, k) array each (DALI takes a uniform batch as one array).
@@ -98,18 +120,33 @@ class _CacheSource:
         return labels, roi[:, :2].copy(), roi[:, 2:].copy(), resize, mirror, crop, crop_pos
 
 
+def _resize_part(jobs) -> list[np.ndarray]:
+    """Resized crops ``(sample, (top, left), (bottom, right), (h, w))`` -> uint8 HWC arrays."""
+    out = []
+    for sample, (top, left), (bottom, right), (h, w) in jobs:
+        x = _resized_crop(sample, CropWindow(top, left, bottom - top, right - left), h, w)
+        out.append(x[0].permute(1, 2, 0).numpy())  # channels-last memory: an HWC array view
+    return out
+
+
 def _pipeline(source, device: str, out_dtype: str, mean, std):
     from nvidia.dali import fn, types
 
-    images, labels, start, end, size, mirror, crop, crop_pos = fn.external_source(
-        source=source, num_outputs=8, batch=True, cycle="raise",
-        layout=["HWC", "", "", "", "", "", "", ""],
-        dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT, types.FLOAT, types.INT32, types.FLOAT,
-               types.FLOAT])
+    if source.resize_here:  # NOTE [DALI CPU resize]
+        images, labels, mirror, crop, crop_pos = fn.external_source(
+            source=source, num_outputs=5, batch=True, cycle="raise", layout=["HWC", "", "", "", ""],
+            dtype=[types.UINT8, types.INT64, types.INT32, types.FLOAT, types.FLOAT])
+    else:
+        images, labels, start, end, size, mirror, crop, crop_pos = fn.external_source(
+            source=source, num_outputs=8, batch=True, cycle="raise",
+            layout=["HWC", "", "", "", "", "", "", ""],
+            dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT, types.FLOAT, types.INT32, types.FLOAT,
+                   types.FLOAT])
     if device == "gpu":
         images = images.gpu()
-    images = fn.resize(images, roi_start=start, roi_end=end, roi_relative=False, size=size,
-                       antialias=True, interp_type=types.INTERP_LINEAR, dtype=types.UINT8)
+    if not source.resize_here:
+        images = fn.resize(images, roi_start=start, roi_end=end, roi_relative=False, size=size,
+                           antialias=True, interp_type=types.INTERP_LINEAR, dtype=types.UINT8)
     pos_y, pos_x = crop_pos[0], crop_pos[1]
     if out_dtype == "uint8":  # raw pixels: normalise on the GPU later (loaders.transforms.normalize)
         mean, std = (0.0, 0.0, 0.0), (1 / 255.0,) * 3
@@ -128,12 +165,13 @@ class DALILoader(SamplerControls):
     """
 
     def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool, *,
-                 device: str, device_id, workers: int, out_dtype: str, prefetch_queue_depth: int, seed: int) -> None:
+                 device: str, device_id, workers: int, out_dtype: str, prefetch_queue_depth: int, seed: int,
+                 dali_resize: bool) -> None:
         from nvidia.dali import pipeline_def
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         self.dataset, self.sampler = folder, sampler
-        self.source = _CacheSource(folder, sampler, train)
+        self.source = _CacheSource(folder, sampler, train, resize_here=not dali_resize, threads=max(1, workers))
         build = pipeline_def(_pipeline, batch_size=sampler.batch_size, num_threads=max(1, workers),
                              device_id=device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
         self.pipe = build(self.source, device, out_dtype, IMAGENET_MEAN, IMAGENET_STD)
@@ -187,6 +225,8 @@ class DALILoader(SamplerControls):
     def close(self) -> None:
         self._finish_epoch()
         del self._iter, self.pipe
+        if self.source.pool is not None:
+            self.source.pool.shutdown()
         self.dataset.close()
 
 
@@ -195,12 +235,13 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
                       seed: int = 0, cache_dir=None, redis=None, workers: int = 2, cache=None,
                       on_error: str = "raise", cache_size: int = 256, drop_last: bool | None = None,
                       dtype: str = "float32", device_id: int | None = None,
-                      prefetch_queue_depth: int = 2) -> DALILoader:
+                      prefetch_queue_depth: int = 2, dali_resize: bool | None = None) -> DALILoader:
     """A DALI loader over the two-level cache yielding ``(images NCHW, labels int64)``, like ``cached_dataloader``.
 
     Each batch is fetched with ``get_many`` (one MGET per Redis shard) inside
     ``fn.external_source``; the resized crop, flip, normalisation and HWC->CHW run as DALI
-    operators, on the GPU when ``device="gpu"`` (see NOTE [DALI crop parameters]).
+    operators, on the GPU when ``device="gpu"`` (see NOTE [DALI crop parameters]); in CPU
+    mode the resized crop runs in the source, in torch (NOTE [DALI CPU resize]).
 
     Args:
         root: ImageFolder root.
@@ -212,12 +253,15 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
             when initialised, else 0 and 1.
         seed: shuffling, augmentation and DALI seed; equal on every rank.
         cache_dir, redis, cache, on_error, cache_size: as ``CachedImageFolder``.
-        workers: DALI CPU threads (default 2).
+        workers: DALI CPU threads, and threads of the source's resized crops in CPU mode
+            (default 2).
         drop_last: default True for training, False for validation.
         dtype: "float32" (default), "float16", or "uint8" (not normalised: move to the GPU,
             then ``loaders.transforms.normalize``).
         device_id: CUDA device (default: the current one) for device="gpu".
         prefetch_queue_depth: batches DALI keeps in flight (default 2).
+        dali_resize: resize with DALI's operator; default (``None``): on the GPU only, with
+            torch's faster uint8 kernel in the source in CPU mode (NOTE [DALI CPU resize]).
 
     Raises:
         ImportError: DALI is not installed (names ``pip install 'cachepipe[dali]'``).
@@ -248,4 +292,5 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     sampler = ShardedBatchSampler(len(folder), batch_size, shuffle=train, seed=seed, rank=rank, world_size=world,
                                   drop_last=drop_last, size=size)
     return DALILoader(folder, sampler, train, device=device, device_id=device_id, workers=workers,
-                      out_dtype=dtype, prefetch_queue_depth=prefetch_queue_depth, seed=seed)
+                      out_dtype=dtype, prefetch_queue_depth=prefetch_queue_depth, seed=seed,
+                      dali_resize=device == "gpu" if dali_resize is None else bool(dali_resize))
