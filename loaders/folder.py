@@ -14,13 +14,6 @@ __all__ = ["CachedImageFolder", "ON_ERROR"]
 
 ON_ERROR = ("raise", "skip")
 
-# NOTE [MGET chunks]: a batch is fetched in MGETs of at most this many samples (~3 MB of
-# 256-px samples). One MGET of a whole 64-sample batch moves ~13 MB through the socket
-# buffers and the client's reply buffer, which no longer fits the CPU caches: measured on
-# the 2-core bench machine, chunks of 16 cost ~25% less CPU in both the Redis server and
-# the client per sample than one MGET of 64, for a few more (microsecond) round trips.
-MGET_CHUNK = 16
-
 
 class CachedImageFolder(torch.utils.data.Dataset):
     """A drop-in for ``torchvision.datasets.ImageFolder`` served from the cachepipe cache.
@@ -123,10 +116,10 @@ class CachedImageFolder(torch.utils.data.Dataset):
                   copy: bool = True) -> tuple[list[np.ndarray], list[int], list[int]]:
         """Untransformed samples of a batch: ``(samples, targets, skipped_indices)``.
 
-        One round trip per Redis shard and chunk of ``MGET_CHUNK`` samples (NOTE [MGET
-        chunks]). With ``on_error="skip"`` corrupt samples are left out (and returned in
-        ``skipped_indices``); otherwise they raise. ``copy=False`` returns cached samples
-        as read-only views of the Redis reply (for callers that crop them anyway).
+        One round trip (an MGET) per Redis shard. With ``on_error="skip"`` corrupt samples
+        are left out (and returned in ``skipped_indices``); otherwise they raise.
+        ``copy=False`` returns cached samples as read-only views of the Redis reply (for
+        callers that crop them anyway).
         """
         indices = [int(i) for i in indices]
         skip = self.on_error == "skip"
@@ -140,10 +133,7 @@ class CachedImageFolder(torch.utils.data.Dataset):
                         raise
                     arrays.append(None)
         else:
-            arrays = []
-            for lo in range(0, len(indices), MGET_CHUNK):
-                arrays += self.cache.get_many(indices[lo:lo + MGET_CHUNK], errors="skip" if skip else "raise",
-                                              copy=copy)
+            arrays = self.cache.get_many(indices, errors="skip" if skip else "raise", copy=copy)
         samples, targets, skipped = [], [], []
         for i, arr in zip(indices, arrays):
             if arr is None:

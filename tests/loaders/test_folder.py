@@ -82,11 +82,11 @@ def test_torch_dataloader_fetches_each_batch_with_one_mget_per_shard(source, cac
     shards = redis_servers(2)
     ds = CachedImageFolder(source, ValTransform(size=32), target_transform=lambda t: t * 10,
                            cache_dir=cache_dir, redis=[s.url for s in shards], cache_size=40)
-    loader = torch.utils.data.DataLoader(ds, batch_size=6, shuffle=False, num_workers=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=24, shuffle=False, num_workers=0)
     for s in shards:
         s.client().config_resetstat()
     images, labels = next(iter(loader))
-    assert images.shape == (6, 3, 32, 32) and labels.tolist() == [t * 10 for t in ds.targets[:6]]
+    assert images.shape == (24, 3, 32, 32) and labels.tolist() == [t * 10 for t in ds.targets]
     mgets = sum(int(s.client().info("commandstats").get("cmdstat_mget", {}).get("calls", 0)) for s in shards)
     assert 1 <= mgets <= 2  # one round trip per shard holding part of the batch, not one per sample
 
