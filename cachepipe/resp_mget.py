@@ -4,7 +4,7 @@ NOTE [zero-copy MGET]: redis-py with hiredis reads a reply into hiredis's buffer
 a ``bytes`` object from it and hands that on: each ~200 KB sample crosses memory again
 after the kernel has copied it into user space. This reader parses the RESP reply itself
 and ``recv_into``s the whole reply into one ``numpy.empty`` buffer (no zero fill, unlike
-``bytearray``), sized from the largest value seen so far, and returns each value as a
+``bytearray``), sized from the previous reply's values, and returns each value as a
 memoryview of it: the kernel's copy is the only one, with about as few ``recv`` calls as
 hiredis's 1 MB reads. It speaks just what the L2 read path needs: connect (TCP or Unix
 socket), ``AUTH`` and ``SELECT`` from the URL, and ``MGET``; everything else (writes,
@@ -58,7 +58,7 @@ class MGetConnection:
         self._db = int(kw.get("db", 0) or 0)
         self._sock: socket.socket | None = None
         self._pid = 0
-        self._value_bytes = _FIRST_GUESS  # largest value seen: sizes the next reply's buffer
+        self._value_bytes = _FIRST_GUESS  # sizes the next reply's buffer (grown when short)
 
     # -- connection ---------------------------------------------------------------------
     def _socket(self) -> socket.socket:
@@ -133,7 +133,9 @@ class MGetConnection:
             if isinstance(exc, OSError):
                 raise redis.ConnectionError(f"error reading from {self.url}: {exc}") from None
             raise
-        self._value_bytes = max([self._value_bytes] + [len(v) for v in values if v is not None])
+        sizes = [len(v) for v in values if v is not None]
+        if sizes:  # a quarter over the last mean: rarely short, and untouched pages cost nothing
+            self._value_bytes = 5 * sum(sizes) // (4 * len(sizes))
         return values
 
 
