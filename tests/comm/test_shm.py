@@ -34,7 +34,10 @@ def _leftovers(name: str) -> list[str]:
 def shm_ops(rank, world, nodes, local_size):
     topo = Topology(nodes=nodes, local_size=local_size)
     shm, group, n = topo.shm, topo.intra_group, local_size
-    out = {"has_shm": shm is not None,
+    x = torch.ones(1000)
+    out = {"small_declined": shm.reduce_scatter(x) is None and shm.all_gather(x) is None}
+    shm.min_bytes = 0  # carry everything here, to test small and uneven sizes too
+    out |= {"has_shm": shm is not None,
            "disabled": Topology(nodes=nodes, local_size=local_size, shared_memory=False).shm is None}
     out["name"], out["leftovers"] = shm.name, _leftovers(shm.name)
     leader = topo.intra_ranks[0]
@@ -93,7 +96,7 @@ def fail_while_growing(rank, world, report):
 def test_shm_collectives_equal_process_group(nodes, local_size):
     results = restore(run_distributed(shm_ops, nodes * local_size, nodes, local_size))
     for rank, res in enumerate(results):
-        assert res["has_shm"] and res["disabled"], rank
+        assert res["has_shm"] and res["disabled"] and res["small_declined"], rank
         assert [c for c in res["checks"] if not c[2]] == [], rank
         caps = res["capacities"]
         assert caps[0] == 2**20 and caps[2] > caps[0] and caps == sorted(caps), caps  # grows, never shrinks
@@ -124,6 +127,7 @@ def small_file_limit(rank, world):
     topo = Topology(nodes=1, local_size=world)
     plain = Topology(nodes=1, local_size=world, shared_memory=False)
     shm, group = topo.shm, topo.intra_group
+    shm.min_bytes = 0
     checks = []
     for step, d in enumerate([1000, 600_000, 1000, 700_000]):  # 600k floats: a 4.8 MB segment
         x = _integers(rank, step, d, torch.float32)
