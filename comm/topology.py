@@ -9,6 +9,8 @@ import os
 
 import torch.distributed as dist
 
+from comm.shm import SharedMemoryGroup
+
 __all__ = ["Topology"]
 
 
@@ -22,6 +24,8 @@ class Topology:
         nodes: number of nodes ``m``; ``None`` derives it from ``local_size``.
         local_size: workers per node ``n``; ``None`` derives it from ``nodes``.
         backend: backend of the subgroups (default: the default group's backend).
+        shared_memory: give the node a shared-memory transport for CPU tensors when its
+            workers share ``/dev/shm`` (NOTE [intra-node transport]); default True.
 
     Attributes:
         rank, world_size: of the default group.
@@ -30,6 +34,8 @@ class Topology:
         intra_group: the workers of my node.
         inter_group: the workers with my ``local_rank`` on every node.
         leader_group: local rank 0 of every node; ``None`` on non-leaders.
+        shm: the node's :class:`comm.shm.SharedMemoryGroup`, or ``None`` (one worker per
+            node, a backend other than gloo, workers on different hosts, or turned off).
         intra_ranks, inter_ranks, leader_ranks: the global ranks of those groups.
 
     Raises:
@@ -41,7 +47,8 @@ class Topology:
         >>> topo = Topology(nodes=2, local_size=2)   # 4 processes act as 2 nodes x 2
     """
 
-    def __init__(self, nodes: int | None = None, local_size: int | None = None, *, backend: str | None = None):
+    def __init__(self, nodes: int | None = None, local_size: int | None = None, *, backend: str | None = None,
+                 shared_memory: bool = True):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("Topology needs torch.distributed.init_process_group() to be called first")
         world, rank = dist.get_world_size(), dist.get_rank()
@@ -65,9 +72,16 @@ class Topology:
                 self.inter_group = g
         g = dist.new_group(self.leader_ranks, backend=backend)
         self.leader_group = g if self.local_rank == 0 else None
+        # NOTE [intra-node transport]: gloo moves intra-node data over TCP loopback, which
+        # is CPU-bound; CPU tensors use a shared-memory segment instead (like NCCL's SHM
+        # transport). NCCL groups (and mixed backends) keep the process group: NCCL has
+        # its own P2P/SHM transports and CUDA tensors never take this path.
+        self.shm = None
+        if shared_memory and n > 1 and dist.get_backend(self.intra_group) == "gloo":
+            self.shm = SharedMemoryGroup.create(self.intra_group, self.local_rank, n)
 
     @classmethod
-    def from_env(cls, *, backend: str | None = None) -> "Topology":
+    def from_env(cls, *, backend: str | None = None, shared_memory: bool = True) -> "Topology":
         """Build the layout from torchrun's environment (``LOCAL_WORLD_SIZE``, ``LOCAL_RANK``).
 
         Raises:
@@ -84,7 +98,7 @@ class Topology:
                 f"LOCAL_RANK={local_rank} but rank {rank} with LOCAL_WORLD_SIZE={local_size} is local rank "
                 f"{rank % max(local_size, 1)}: launch with torchrun (node-major ranks) or pass "
                 "Topology(nodes=..., local_size=...) explicitly")
-        return cls(local_size=local_size, backend=backend)
+        return cls(local_size=local_size, backend=backend, shared_memory=shared_memory)
 
     @property
     def is_leader(self) -> bool:

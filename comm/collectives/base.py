@@ -14,8 +14,8 @@ import torch.distributed as dist
 from comm.residual import ResidualMemory
 from comm.topology import Topology
 
-__all__ = ["Exchanger", "WIRE_DTYPES", "all_gather_flat", "reduce_scatter_flat", "nonfinite_anywhere", "k_for",
-           "index_dtype", "pad_to_multiple"]
+__all__ = ["Exchanger", "WIRE_DTYPES", "all_gather_flat", "all_gather_async", "reduce_scatter_flat",
+           "nonfinite_anywhere", "k_for", "index_dtype", "pack_pairs", "add_pairs_", "pad_to_multiple"]
 
 WIRE_DTYPES = {None: None, "fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
                "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -103,24 +103,69 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2**31 else torch.int64
 
 
-def all_gather_flat(x: torch.Tensor, group, size: int) -> torch.Tensor:
-    """All-gather equal-sized 1-D tensors into one ``size * numel`` tensor (rank order)."""
-    out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
+def all_gather_flat(x: torch.Tensor, group, size: int, shm=None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """All-gather equal-sized 1-D tensors into one ``size * numel`` tensor (rank order).
+
+    ``shm``: the group's :class:`comm.shm.SharedMemoryGroup`, which carries CPU tensors that
+    fit in it (NOTE [intra-node transport] in comm/topology.py). ``out``: where to write the result.
+    """
+    if out is None:
+        out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
     if size == 1:
         return out.copy_(x)
+    if shm is not None and x.device.type == "cpu" and shm.all_gather(x, out=out) is not None:
+        return out
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(out, x.contiguous(), group=group)
     return out
 
 
-def reduce_scatter_flat(x: torch.Tensor, group, size: int) -> torch.Tensor:
-    """Sum ``x`` over ``group`` and keep this member's ``1/size`` slice (numel divisible by size)."""
+def reduce_scatter_flat(x: torch.Tensor, group, size: int, shm=None) -> torch.Tensor:
+    """Sum ``x`` over ``group`` and keep this member's slice of ``ceil(numel / size)`` elements.
+
+    ``x`` counts as zero-padded to a multiple of ``size``; ``shm`` as in :func:`all_gather_flat`.
+    """
     if size == 1:
         return x.clone()
+    if shm is not None and x.device.type == "cpu":
+        out = shm.reduce_scatter(x)
+        if out is not None:
+            return out
+    x = pad_to_multiple(x, size) if x.numel() % size else x.contiguous()
     out = torch.empty(x.numel() // size, dtype=x.dtype, device=x.device)
     fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, x.contiguous(), group=group)
+    fn(out, x, group=group)
     return out
+
+
+def pack_pairs(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``values`` then ``indices`` as the bytes of one tensor: one all-gather carries both."""
+    return torch.cat([values.view(torch.uint8), indices.view(torch.uint8)])
+
+
+def add_pairs_(out: torch.Tensor, gathered: torch.Tensor, k: int, value_dtype: torch.dtype, idx_dtype: torch.dtype,
+               scale: float, row_offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Scatter-add into ``out`` the ``k`` pairs of every row of gathered :func:`pack_pairs`, divided by ``scale``.
+
+    ``row_offsets`` (one per row) is added to the indices of each row.
+    """
+    split = k * torch.empty(0, dtype=value_dtype).element_size()
+    rows = gathered.view(-1, split + k * torch.empty(0, dtype=idx_dtype).element_size())
+    values = rows[:, :split].contiguous().view(value_dtype)
+    indices = rows[:, split:].contiguous().view(idx_dtype).long()
+    if row_offsets is not None:
+        indices += row_offsets.unsqueeze(1)
+    return out.index_add_(0, indices.view(-1), values.view(-1).to(out.dtype).div_(scale))
+
+
+def all_gather_async(x: torch.Tensor, group, size: int):
+    """Start an all-gather of ``x`` over ``group`` in the background: ``(out, work)``; wait on ``work``
+    (``None`` for one member) before reading ``out``."""
+    out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
+    if size == 1:
+        return out.copy_(x), None
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return out, fn(out, x.contiguous(), group=group, async_op=True)
 
 
 def pad_to_multiple(x: torch.Tensor, n: int) -> torch.Tensor:

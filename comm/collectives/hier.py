@@ -3,7 +3,9 @@
 Intra-node reduce to the node leader, all-reduce among the leaders, intra-node broadcast:
 ``4(n-1) + 2(m-1)`` steps instead of ``2(mn-1)``, so it wins on small (latency-bound)
 tensors; the hybrid choice in :mod:`comm.fusion` sends small buckets here. Large tensors
-are pipelined in segments as in NOTE [2dtar pipelining] (comm/collectives/torus2d.py).
+are pipelined in segments as in NOTE [2dtar pipelining] (comm/collectives/torus2d.py):
+the leaders' all-reduce of one segment runs in the background while the node reduces
+the next and broadcasts the previous one.
 """
 from __future__ import annotations
 
@@ -28,19 +30,31 @@ class HierExchanger(Exchanger):
     def _exchange(self, x: torch.Tensor) -> torch.Tensor:
         t = self.topology
         buf = x.to(self.wire_dtype(x), copy=True)
-        segments = list(buf.split(max(1, self.segment_bytes // buf.element_size())))
-        leader = t.intra_ranks[0]
-        intra = t.local_size > 1
-        reduces = [dist.reduce(s, dst=leader, group=t.intra_group, async_op=True) if intra else None
-                   for s in segments]
-        bcasts = []
-        for seg, work in zip(segments, reduces):
-            if work is not None:
-                work.wait()
-            if t.is_leader and t.nodes > 1:
-                dist.all_reduce(seg, group=t.leader_group)
-            if intra:
-                bcasts.append(dist.broadcast(seg, src=leader, group=t.intra_group, async_op=True))
-        for work in bcasts:
-            work.wait()
+        pending = []  # (leaders' all-reduce, segment)
+        for seg in buf.split(max(1, self.segment_bytes // buf.element_size())):
+            self._intra(seg, "reduce")
+            work = dist.all_reduce(seg, group=t.leader_group, async_op=True) if t.is_leader and t.nodes > 1 else None
+            pending.append((work, seg))
+            if len(pending) > 1:
+                self._broadcast(*pending.pop(0))
+        for p in pending:
+            self._broadcast(*p)
         return buf.to(x.dtype).div_(t.world_size)
+
+    def _broadcast(self, work, seg: torch.Tensor) -> None:
+        if work is not None:
+            work.wait()
+        self._intra(seg, "broadcast")
+
+    def _intra(self, seg: torch.Tensor, op: str) -> None:
+        """In-place reduce to / broadcast from local rank 0 (shared memory for CPU tensors)."""
+        t = self.topology
+        if t.local_size == 1:
+            return
+        if t.shm is not None and seg.device.type == "cpu":
+            if (t.shm.reduce_ if op == "reduce" else t.shm.broadcast_)(seg) is not None:
+                return
+        if op == "reduce":
+            dist.reduce(seg, dst=t.intra_ranks[0], group=t.intra_group)
+        else:
+            dist.broadcast(seg, src=t.intra_ranks[0], group=t.intra_group)

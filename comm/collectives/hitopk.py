@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import torch
 
-from comm.collectives.base import Exchanger, all_gather_flat, index_dtype, k_for, pad_to_multiple, reduce_scatter_flat
+from comm.collectives.base import (Exchanger, add_pairs_, all_gather_async, all_gather_flat, index_dtype, k_for,
+                                   pack_pairs, reduce_scatter_flat)
 
 __all__ = ["HiTopKExchanger"]
 
 
 class HiTopKExchanger(Exchanger):
-    """HiTopKComm over ``intra_group`` and ``inter_group`` of the topology."""
+    """HiTopKComm over ``intra_group`` (or the node's shared memory) and ``inter_group``.
+
+    Values and indices travel packed in one tensor, so each level is one all-gather.
+    """
 
     name = "hitopk"
     sparse = True
@@ -33,24 +37,26 @@ class HiTopKExchanger(Exchanger):
     def _exchange(self, x: torch.Tensor) -> torch.Tensor:
         t = self.topology
         n, m = t.local_size, t.nodes
-        d = x.numel()
         acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        full = x.to(acc_dtype)
-        chunk = reduce_scatter_flat(pad_to_multiple(full, n) if d % n else full, t.intra_group, n)
+        # step 1: chunk local_rank of the node sum (x zero-padded to a multiple of n)
+        chunk = reduce_scatter_flat(x.to(acc_dtype), t.intra_group, n, t.shm)
         acc = self.memory.compensate(chunk, inplace=True)  # chunk is ours: no copy
-        c = acc.numel()
-        values, indices = self.topk(acc, k_for(c, self.density))
+        c, k = acc.numel(), k_for(acc.numel(), self.density)
+        values, indices = self.topk(acc, k)  # step 2
         sent = values.to(self.wire_dtype(x))
+        # step 3: inter-node all-gather among same-local-rank workers, in the background
+        node_pairs, work = all_gather_async(pack_pairs(sent, indices.to(index_dtype(c))), t.inter_group, m)
+        # NOTE [sparse overlap]: the CPU work that does not need the gathered pairs (the
+        # residual, and zeroing the d-element output, the costliest allocation) runs while
+        # the pairs cross the slow inter-node link. topk_ag does the same.
         if self.memory.enabled:  # acc becomes the residual
             acc[indices] = values - sent.to(acc.dtype)
             self.memory.update(acc)
-        # step 3: inter-node all-gather among same-local-rank workers
-        node_values = all_gather_flat(sent, t.inter_group, m)
-        node_indices = all_gather_flat(indices.to(index_dtype(c)), t.inter_group, m)
-        # step 4: intra-node all-gather of the gathered pairs; row j belongs to chunk j
-        all_values = all_gather_flat(node_values, t.intra_group, n).view(n, -1)
-        all_indices = all_gather_flat(node_indices, t.intra_group, n).view(n, -1).long()
-        all_indices += torch.arange(n, device=acc.device).unsqueeze(1) * c
         out = torch.zeros(n * c, dtype=acc.dtype, device=acc.device)
-        out.index_add_(0, all_indices.reshape(-1), all_values.reshape(-1).to(acc.dtype).div_(t.world_size))
-        return out[:d]
+        if work is not None:
+            work.wait()
+        # step 4: intra-node all-gather of the gathered pairs; row i * m + j: chunk i, node j
+        rows = all_gather_flat(node_pairs, t.intra_group, n, t.shm)
+        offsets = torch.arange(n, device=acc.device).repeat_interleave(m) * c
+        add_pairs_(out, rows, k, sent.dtype, index_dtype(c), t.world_size, offsets)
+        return out[: x.numel()]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from comm.collectives.base import Exchanger, all_gather_flat, index_dtype, k_for
+from comm.collectives.base import Exchanger, add_pairs_, all_gather_async, index_dtype, k_for, pack_pairs
 
 __all__ = ["TopKAllGatherExchanger"]
 
@@ -18,7 +18,9 @@ class TopKAllGatherExchanger(Exchanger):
     Error feedback (Algorithm 1, lines 4-8): ``acc = grad + residual``; the residual
     becomes ``acc`` with the selected entries removed. With a narrower wire dtype the
     rounding error of the sent values also stays in the residual, so that
-    ``sum(inputs) + sum(old residuals) == P * output + sum(new residuals)``.
+    ``sum(inputs) + sum(old residuals) == P * output + sum(new residuals)``. Values and
+    indices travel packed in one all-gather, overlapped as in NOTE [sparse overlap]
+    (comm/collectives/hitopk.py).
     """
 
     name = "topk_ag"
@@ -27,14 +29,14 @@ class TopKAllGatherExchanger(Exchanger):
     def _exchange(self, x: torch.Tensor) -> torch.Tensor:
         t = self.topology
         acc = self.memory.compensate(x)
-        d = acc.numel()
-        values, indices = self.topk(acc, k_for(d, self.density))
+        d, k = acc.numel(), k_for(acc.numel(), self.density)
+        values, indices = self.topk(acc, k)
         sent = values.to(self.wire_dtype(x))
+        gathered, work = all_gather_async(pack_pairs(sent, indices.to(index_dtype(d))), None, t.world_size)
         if self.memory.enabled:  # acc becomes the residual: no copy of d elements
             acc[indices] = values - sent.to(acc.dtype)
             self.memory.update(acc)
-        all_values = all_gather_flat(sent, None, t.world_size)
-        all_indices = all_gather_flat(indices.to(index_dtype(d)), None, t.world_size)
         out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
-        out.index_add_(0, all_indices.long(), all_values.to(acc.dtype).div_(t.world_size))
-        return out
+        if work is not None:
+            work.wait()
+        return add_pairs_(out, gathered, k, sent.dtype, index_dtype(d), t.world_size)

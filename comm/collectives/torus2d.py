@@ -5,23 +5,20 @@ with the same local rank on every node (``n`` concurrent inter-node all-reduces,
 ``1/n`` of the data), then an intra-node all-gather.
 
 NOTE [2dtar pipelining]: a large tensor is cut into segments of about
-``segment_bytes`` and the three phases are pipelined across segments with async ops:
-while segment ``s`` crosses the slow inter-node link, segment ``s+1`` is being
-reduce-scattered and segment ``s-1`` all-gathered inside the node (the intra and inter
-groups are separate communicators, so their ops run concurrently). The result is the
-same as the unsegmented algorithm.
+``segment_bytes`` and the phases are pipelined across segments: the inter-node
+all-reduce of segment ``s`` runs in the background (its own communicator) while this
+thread reduce-scatters segment ``s+1`` and all-gathers segment ``s-1`` inside the node
+(over shared memory for CPU tensors, NOTE [intra-node transport] in comm/topology.py).
+The result is the same as the unsegmented algorithm.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from comm.collectives.base import Exchanger, pad_to_multiple
+from comm.collectives.base import Exchanger, all_gather_flat, reduce_scatter_flat
 
 __all__ = ["Torus2DExchanger"]
-
-_RS = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_AG = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class Torus2DExchanger(Exchanger):
@@ -39,27 +36,19 @@ class Torus2DExchanger(Exchanger):
         n = t.local_size
         buf = x.to(self.wire_dtype(x))
         per_segment = max(n, self.segment_bytes // buf.element_size() // n * n)
-        buf = pad_to_multiple(buf, n) if buf.numel() % n else buf
-        segments = list(buf.split(per_segment))
-        chunks = [torch.empty(s.numel() // n, dtype=buf.dtype, device=buf.device) for s in segments]
-        out = torch.empty_like(buf)
-        gathered = list(out.split(per_segment))
-        if n > 1:
-            rs = [_RS(c, s, group=t.intra_group, async_op=True) for c, s in zip(chunks, segments)]
-        else:
-            rs = [None] * len(segments)
-            for c, s in zip(chunks, segments):
-                c.copy_(s)
-        ag = []
-        for i, chunk in enumerate(chunks):
-            if rs[i] is not None:
-                rs[i].wait()
-            if t.nodes > 1:
-                dist.all_reduce(chunk, group=t.inter_group)
-            if n > 1:
-                ag.append(_AG(gathered[i], chunk, group=t.intra_group, async_op=True))
-            else:
-                gathered[i].copy_(chunk)
-        for work in ag:
-            work.wait()
+        out = torch.empty(-(-buf.numel() // n) * n, dtype=buf.dtype, device=buf.device)
+        pending = []  # (inter-node all-reduce, its chunk, where the segment's result goes)
+        for start in range(0, buf.numel(), per_segment):
+            chunk = reduce_scatter_flat(buf[start: start + per_segment], t.intra_group, n, t.shm)
+            work = dist.all_reduce(chunk, group=t.inter_group, async_op=True) if t.nodes > 1 else None
+            pending.append((work, chunk, out[start: start + n * chunk.numel()]))
+            if len(pending) > 1:
+                self._gather(*pending.pop(0))
+        for p in pending:
+            self._gather(*p)
         return out[: x.numel()].to(x.dtype).div_(t.world_size)
+
+    def _gather(self, work, chunk: torch.Tensor, dst: torch.Tensor) -> None:
+        if work is not None:
+            work.wait()
+        all_gather_flat(chunk, self.topology.intra_group, self.topology.local_size, self.topology.shm, out=dst)

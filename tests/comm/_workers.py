@@ -48,7 +48,7 @@ def exchanges(rank, world, nodes, local_size, d, steps, density):
     """Every algorithm on this layout: dense outputs, sparse outputs and residuals per step."""
     topo = Topology(nodes=nodes, local_size=local_size)
     assert (topo.node_rank, topo.local_rank) == divmod(rank, local_size)
-    out = {"dense": {}, "sparse": {}, "bf16": {}}
+    out = {"dense": {}, "sparse": {}, "bf16": {}, "has_shm": topo.shm is not None}
     x = make_input(rank, 0, d, torch.float32)
     for name in DENSE:
         out["dense"][name] = build_exchanger(name, topo).exchange(x)

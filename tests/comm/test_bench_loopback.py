@@ -18,5 +18,6 @@ def test_bench_comm_on_loopback_writes_rows_and_plot(tmp_path, capsys):
     assert [(r["algorithm"], r["numel"]) for r in rows] == [("2dtar", 5000), ("gtopk", 5000),
                                                             ("2dtar", 20000), ("gtopk", 20000)]
     assert all(r["inter_mbit"] is None and r["median_s"] > 0 and r["predicted_s"] >= 0 for r in rows)
+    assert all(r["intra_transport"] == "gloo" for r in rows)  # one worker per node: nothing to share
     assert (tmp_path / "fig.png").stat().st_size > 0
     assert "loopback" in capsys.readouterr().err

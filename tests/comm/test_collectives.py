@@ -91,3 +91,9 @@ def test_no_error_feedback_keeps_no_residual_and_bad_layout_is_explained(layout_
     assert all("nodes * local_size" in r["bad_layout"] for r in results)
     assert all("not a multiple of local_size" in r["bad_env"] for r in results)
     assert [r["from_env"] for r in results] == [(1, len(results), r == 0) for r in range(len(results))]
+
+
+def test_nodes_with_several_workers_get_shared_memory(layout_run):
+    # NOTE [intra-node transport]: one worker per node has nothing to share
+    _, local_size, results = layout_run
+    assert [r["has_shm"] for r in results] == [local_size > 1] * len(results)

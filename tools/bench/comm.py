@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3, help="timed exchanges per algorithm and size")
     parser.add_argument("--warmup", type=int, default=1, help="untimed exchanges first")
     parser.add_argument("--loopback", action="store_true", help="skip namespaces: all workers on loopback, no limit")
+    parser.add_argument("--no-shm", action="store_true",
+                        help="intra-node traffic over the gloo process group (default: the node's shared memory, "
+                             "comm.shm, when its workers share /dev/shm)")
     parser.add_argument("--port", type=int, default=29577, help="rendezvous port on rank 0's address")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the workers are stopped")
     parser.add_argument("--json", default=None, help="write the rows as JSON here")
@@ -77,7 +80,8 @@ def main(args: argparse.Namespace) -> int:
         result = json.loads(out.read_text())
     rows = _with_predictions(result["rows"], result["gamma"], inter_mbit)
     print(f"\n{machine_description()}; {args.nodes} nodes x {args.local_size} workers, "
-          f"{'%g Mbit/s between nodes' % inter_mbit if inter_mbit else 'loopback'}, selector {selector}")
+          f"{'%g Mbit/s between nodes' % inter_mbit if inter_mbit else 'loopback'}, selector {selector}, "
+          f"intra-node transport {rows[0]['intra_transport']}")
     print(format_table(rows, ["algorithm", "numel", "density", "median_s", "predicted_s", "nominal_s",
                               "speedup_vs_dense"]))
     if args.json:
@@ -101,6 +105,8 @@ def _run_workers(args, cluster, selector, inter_mbit, out: Path) -> None:
                     "--warmup", str(args.warmup), "--out", str(out)]
             if args.value_dtype:
                 argv += ["--value-dtype", args.value_dtype]
+            if args.no_shm:
+                argv.append("--no-shm")
             if inter_mbit:
                 argv += ["--inter-mbit", str(inter_mbit)]
             node = rank // args.local_size

@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--value-dtype", default=None)
     p.add_argument("--inter-mbit", type=float, default=None)
     p.add_argument("--out", required=True)
+    p.add_argument("--no-shm", action="store_true")
     return p
 
 
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
                             rank=args.rank, world_size=args.world, timeout=timedelta(minutes=20))
     try:
-        topo = Topology(nodes=args.nodes, local_size=args.local_size)
+        topo = Topology(nodes=args.nodes, local_size=args.local_size, shared_memory=not args.no_shm)
+        transport = "shm" if topo.shm is not None else "gloo"
         rows, gamma = [], None
         for numel in args.sizes:
             x = torch.randn(numel, generator=torch.Generator().manual_seed(args.rank))
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(dict(algorithm=name, nodes=args.nodes, local_size=args.local_size,
                                  inter_mbit=args.inter_mbit, numel=numel, density=args.density if sparse else None,
                                  value_dtype=args.value_dtype or "fp32", selector=args.selector if sparse else "",
-                                 median_s=statistics.median(times), min_s=min(times), reps=len(times)))
+                                 median_s=statistics.median(times), min_s=min(times), reps=len(times),
+                                 intra_transport=transport))
                 if args.rank == 0:
                     print(f"  {name:8s} numel={numel:>11,d} median {rows[-1]['median_s']:.4f}s", flush=True)
         if args.rank == 0:
