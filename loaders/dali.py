@@ -18,6 +18,13 @@ the source callback resizes each window with torch's kernel and DALI does the re
 normalisation, layout, batching). The windows, flips and output are the same either way;
 ``dali_resize=True`` keeps DALI's CPU resize (the GPU graph, e.g. to test it on a CPU).
 
+NOTE [DALI read-ahead]: the source runs on the thread that iterates the loader, so a
+batch's MGET (a ~13 MB reply, mostly waiting on the server and the socket) would stall
+everything else that thread does. While a batch is planned, cropped and handed to DALI,
+the next batch of the epoch is already being read on one reader thread; only that
+thread touches the cache, so the cache needs no locking. ``cache_wait_s`` is the time
+the source still waits for a read.
+
 NOTE [DALI epochs]: the source snapshots epoch, size and resume position when an epoch's
 first batch is requested, which happens when ``__iter__`` resets DALI, after any
 ``set_epoch``/``set_size``. Sharding and the last batch follow NOTE [sharding and the last
@@ -31,7 +38,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -57,6 +64,8 @@ class _CacheSource:
         self.resize_here = resize_here  # NOTE [DALI CPU resize]
         self.threads = threads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="dali-crop") if resize_here else None
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="dali-read")  # NOTE [DALI read-ahead]
+        self._ahead: Future | None = None
         self.crop = TrainTransform()
         self.val = ValTransform()
         self._batches = None
@@ -65,19 +74,36 @@ class _CacheSource:
         self.cache_wait_s = 0.0
 
     def __iter__(self):
+        self.settle()
         self._batches, self.abort = None, False
         return self
+
+    def settle(self) -> None:
+        """Wait for a read-ahead the last pass left behind (its batch is never used)."""
+        if self._ahead is not None:
+            self._ahead.exception()  # an error there belongs to a batch nobody asked for
+            self._ahead = None
+
+    def _read_next(self) -> Future | None:
+        """Start reading the next batch of the epoch on the reader thread (None: epoch over)."""
+        request = next(self._batches, None)
+        if request is None:
+            return None
+        return self.reader.submit(lambda: (request, self.folder.load_many(request, copy=False)))
 
     def __next__(self):
         if self._batches is None:
             self._batches = iter(self.sampler)
+            self._ahead = self._read_next()
         if self.abort:
             raise StopIteration
         while True:
-            request = next(self._batches)
+            if self._ahead is None:
+                raise StopIteration
             t0 = time.perf_counter()
-            samples, targets, skipped = self.folder.load_many(request, copy=False)  # DALI copies them in
+            request, (samples, targets, skipped) = self._ahead.result()
             self.cache_wait_s += time.perf_counter() - t0
+            self._ahead = self._read_next()  # read the next batch while this one is processed
             self.skipped.extend(skipped)
             if samples:
                 break
@@ -225,6 +251,8 @@ class DALILoader(SamplerControls):
     def close(self) -> None:
         self._finish_epoch()
         del self._iter, self.pipe
+        self.source.settle()
+        self.source.reader.shutdown()
         if self.source.pool is not None:
             self.source.pool.shutdown()
         self.dataset.close()
