@@ -48,7 +48,7 @@ from loaders.crop import CropWindow, center_crop_window
 from loaders.dataloader import resolve_rank
 from loaders.folder import CachedImageFolder
 from loaders.sampler import SamplerControls, ShardedBatchSampler
-from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform, _resized_crop
+from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform, resized_crop
 
 __all__ = ["DALILoader", "build_dali_loader"]
 
@@ -150,7 +150,7 @@ def _resize_part(jobs) -> list[np.ndarray]:
     """Resized crops ``(sample, (top, left), (bottom, right), (h, w))`` -> uint8 HWC arrays."""
     out = []
     for sample, (top, left), (bottom, right), (h, w) in jobs:
-        x = _resized_crop(sample, CropWindow(top, left, bottom - top, right - left), h, w)
+        x = resized_crop(sample, CropWindow(top, left, bottom - top, right - left), h, w)
         out.append(x[0].permute(1, 2, 0).numpy())  # channels-last memory: an HWC array view
     return out
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from loaders.crop import (DEFAULT_RATIO, DEFAULT_SCALE, VAL_RESIZE_FRACTION, CropWindow, center_crop_window,
                           random_resized_crop_window, resize_shorter_dims)
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "TrainTransform", "ValTransform", "make_transform", "normalize"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "TrainTransform", "ValTransform", "make_transform", "normalize", "resized_crop"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -51,7 +51,7 @@ def _crop_copy(img, win: CropWindow, flip: bool) -> torch.Tensor:
     return crop.flip(1) if flip else crop.contiguous()
 
 
-def _resized_crop(img, win: CropWindow, out_h: int, out_w: int, flip: bool = False) -> torch.Tensor:
+def resized_crop(img, win: CropWindow, out_h: int, out_w: int, flip: bool = False) -> torch.Tensor:
     """uint8 HWC -> uint8 1x3xHxW (channels-last memory); see NOTE [fast resized crop].
 
     The flip is applied to the crop (the copy that makes it contiguous anyway); bilinear
@@ -201,7 +201,7 @@ class TrainTransform(_Base):
 
     def _one(self, img, size, rng):
         win, flip = self.plan(img.shape[0], img.shape[1], rng)
-        return _resized_crop(img, win, size, size, flip)
+        return resized_crop(img, win, size, size, flip)
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class ValTransform(_Base):
 
     def _one(self, img, size, rng):
         rh, rw = self.resize_to(img.shape[0], img.shape[1], size)
-        resized = _resized_crop(img, CropWindow(0, 0, img.shape[0], img.shape[1]), rh, rw)
+        resized = resized_crop(img, CropWindow(0, 0, img.shape[0], img.shape[1]), rh, rw)
         c = center_crop_window(rh, rw, size)
         return resized[:, :, c.top:c.top + size, c.left:c.left + size]
 
