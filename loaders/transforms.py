@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from loaders.crop import (DEFAULT_RATIO, DEFAULT_SCALE, VAL_RESIZE_FRACTION, CropWindow, center_crop_window,
                           random_resized_crop_window, resize_shorter_dims)
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "TrainTransform", "ValTransform", "make_transform", "normalize", "resized_crop"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "TrainTransform", "ValTransform", "make_transform", "normalize",
+           "resized_crop"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
