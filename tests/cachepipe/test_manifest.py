@@ -6,23 +6,8 @@ import time
 
 import pytest
 
-from cachepipe import IMG_EXTENSIONS, Manifest
-
-
-def torchvision_imagefolder(root):
-    """torchvision.datasets.folder.find_classes + make_dataset, transcribed (torchvision is
-    not installed here); the reference for ordering and extension rules."""
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    class_to_idx = {c: i for i, c in enumerate(classes)}
-    instances = []
-    for target_class in sorted(class_to_idx.keys()):
-        target_dir = os.path.join(root, target_class)
-        for dirpath, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
-            for fname in sorted(fnames):
-                path = os.path.join(dirpath, fname)
-                if path.lower().endswith(IMG_EXTENSIONS):
-                    instances.append((path, class_to_idx[target_class]))
-    return classes, class_to_idx, instances
+from cachepipe import Manifest
+from tests.torchvision_reference import torchvision_image_folder
 
 
 def _touch(path, data=b"x"):
@@ -43,7 +28,7 @@ def test_ordering_matches_imagefolder(tmp_path):
     os.symlink(tmp_path / "elsewhere" / "k", root / "a" / "via_link")  # symlinked subdir
     _touch(root / "stray.jpg")  # a file in the root is no class
     m = Manifest.scan(root)
-    classes, class_to_idx, instances = torchvision_imagefolder(str(root))
+    classes, class_to_idx, instances = torchvision_image_folder(str(root))
     assert m.classes == classes == ["B", "a", "b", "c d", "linkcls"]
     assert m.class_to_idx == class_to_idx
     assert [(os.path.join(m.root, p), t) for p, t in m.samples] == instances

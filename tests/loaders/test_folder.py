@@ -12,23 +12,7 @@ from PIL import Image
 from cachepipe import CorruptSampleError
 from loaders import CachedImageFolder
 from loaders.transforms import ValTransform
-
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-
-def torchvision_image_folder(root):
-    """torchvision's ``find_classes`` + ``make_dataset`` (datasets/folder.py), transcribed."""
-    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-    class_to_idx = {c: i for i, c in enumerate(classes)}
-    instances = []
-    for target_class in sorted(class_to_idx):
-        target_dir = os.path.join(root, target_class)
-        for dirpath, _, fnames in sorted(os.walk(target_dir, followlinks=True)):
-            for fname in sorted(fnames):
-                path = os.path.join(dirpath, fname)
-                if path.lower().endswith(IMG_EXTENSIONS):
-                    instances.append((path, class_to_idx[target_class]))
-    return classes, class_to_idx, instances
+from tests.torchvision_reference import torchvision_image_folder
 
 
 def write_image(path, seed, size=(20, 16)):
