@@ -165,7 +165,7 @@ class SharedMemoryGroup:
     def _begin(self, numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         """The segment as ``numel`` elements of ``dtype``, safe to write (NOTE [shm synchronisation]);
         ``None`` for an operation below ``min_bytes`` or when the segment cannot grow that far."""
-        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if nbytes < self.min_bytes:
             return None
         if nbytes <= self.capacity:

@@ -17,6 +17,9 @@ from comm.topology import Topology
 __all__ = ["Exchanger", "WIRE_DTYPES", "all_gather_flat", "all_gather_async", "reduce_scatter_flat",
            "nonfinite_anywhere", "k_for", "index_dtype", "pack_pairs", "add_pairs_", "pad_to_multiple"]
 
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 WIRE_DTYPES = {None: None, "fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
                "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -109,14 +112,13 @@ def all_gather_flat(x: torch.Tensor, group, size: int, shm=None, *, out: torch.T
     ``shm``: the group's :class:`comm.shm.SharedMemoryGroup`, which carries CPU tensors that
     fit in it (NOTE [intra-node transport] in comm/topology.py). ``out``: where to write the result.
     """
-    if out is None:
-        out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
-    if size == 1:
-        return out.copy_(x)
-    if shm is not None and x.device.type == "cpu" and shm.all_gather(x, out=out) is not None:
-        return out
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, x.contiguous(), group=group)
+    if shm is not None and size > 1 and x.device.type == "cpu":
+        out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device) if out is None else out
+        if shm.all_gather(x, out=out) is not None:
+            return out
+    out, work = all_gather_async(x, group, size, out=out)
+    if work is not None:
+        work.wait()
     return out
 
 
@@ -133,8 +135,7 @@ def reduce_scatter_flat(x: torch.Tensor, group, size: int, shm=None) -> torch.Te
             return out
     x = pad_to_multiple(x, size) if x.numel() % size else x.contiguous()
     out = torch.empty(x.numel() // size, dtype=x.dtype, device=x.device)
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(out, x, group=group)
+    _REDUCE_SCATTER(out, x, group=group)
     return out
 
 
@@ -149,8 +150,8 @@ def add_pairs_(out: torch.Tensor, gathered: torch.Tensor, k: int, value_dtype: t
 
     ``row_offsets`` (one per row) is added to the indices of each row.
     """
-    split = k * torch.empty(0, dtype=value_dtype).element_size()
-    rows = gathered.view(-1, split + k * torch.empty(0, dtype=idx_dtype).element_size())
+    split = k * value_dtype.itemsize
+    rows = gathered.view(-1, split + k * idx_dtype.itemsize)
     values = rows[:, :split].contiguous().view(value_dtype)
     indices = rows[:, split:].contiguous().view(idx_dtype).long()
     if row_offsets is not None:
@@ -158,14 +159,14 @@ def add_pairs_(out: torch.Tensor, gathered: torch.Tensor, k: int, value_dtype: t
     return out.index_add_(0, indices.view(-1), values.view(-1).to(out.dtype).div_(scale))
 
 
-def all_gather_async(x: torch.Tensor, group, size: int):
+def all_gather_async(x: torch.Tensor, group, size: int, *, out: torch.Tensor | None = None):
     """Start an all-gather of ``x`` over ``group`` in the background: ``(out, work)``; wait on ``work``
     (``None`` for one member) before reading ``out``."""
-    out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
     if size == 1:
         return out.copy_(x), None
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return out, fn(out, x.contiguous(), group=group, async_op=True)
+    return out, _ALL_GATHER(out, x.contiguous(), group=group, async_op=True)
 
 
 def pad_to_multiple(x: torch.Tensor, n: int) -> torch.Tensor:
