@@ -4,10 +4,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
 
+from cachepipe import CacheWarning, CorruptSampleError, TwoLevelCache
 from loaders import build_dali_loader, cached_dataloader
 from loaders.transforms import normalize
 
@@ -147,3 +149,57 @@ def test_loaders_import_without_dali_and_name_the_extra(source):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install 'cachepipe[dali]'" in out.stdout
+
+
+@pytest.mark.dali
+def test_shard_killed_mid_epoch_degrades_to_l1_and_keeps_order(source, cache_dir, redis_servers):
+    shards = redis_servers(2)
+    urls = [s.url for s in shards]
+    with TwoLevelCache(source, cache_dir, redis=urls, cache_size=40) as cache:  # warm L1 and both shards
+        cache.get_many(range(24))
+    assert all(s.client().dbsize() > 0 for s in shards)
+    loader = build_dali_loader(source, batch_size=4, train=True, size=24, device="cpu", cache_dir=cache_dir,
+                               redis=urls, seed=1, **SMALL)
+    try:
+        reference = epoch(loader, 2)
+        loader.set_epoch(2)
+        got = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for x, y in loader:  # the read-ahead thread is already reading the next batches
+                got.append((x.clone(), y.clone()))
+                if len(got) == 1:
+                    shards[0].kill()
+        assert len(got) == len(reference) == 6
+        for (xa, ya), (xb, yb) in zip(got, reference):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+        assert any(issubclass(w.category, CacheWarning) and "shard" in str(w.message) for w in caught)
+        assert loader.dataset.cache.stats()["l1_hits"] > 0
+    finally:
+        loader.close()
+
+
+@pytest.mark.dali
+def test_corrupt_samples_are_skipped_and_counted_or_raise_naming_the_file(source, cache_dir):
+    bad = sorted((source / "class_0002").iterdir())[0]
+    bad.write_bytes(b"\xff\xd8 truncated")
+    kwargs = dict(batch_size=8, train=False, size=24, device="cpu", cache_dir=cache_dir, redis=False, **SMALL)
+    skip = build_dali_loader(source, on_error="skip", **kwargs)
+    try:
+        with pytest.warns(RuntimeWarning, match="skipped 1 corrupt"):
+            batches = epoch(skip, 0)
+        bad_index = [p for p, _ in skip.dataset.samples].index(str(bad))
+        sizes = [8, 8, 8]
+        sizes[bad_index // 8] -= 1  # the corrupt sample's batch is one shorter
+        assert [len(y) for _, y in batches] == sizes
+        assert skip.skipped == [bad_index]
+        labels = torch.cat([y for _, y in batches]).tolist()
+        assert labels == [t for i, t in enumerate(skip.dataset.targets) if i != bad_index]
+    finally:
+        skip.close()
+    strict = build_dali_loader(source, **kwargs)
+    try:
+        with pytest.raises(CorruptSampleError, match=bad.name):  # from the source, through DALI, same type
+            epoch(strict, 0)
+    finally:
+        strict.close()
