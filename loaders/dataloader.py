@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import gc
 import os
 import random
 import time
@@ -158,6 +159,14 @@ class CachedDataLoader(SamplerControls):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch."""
+        if self.loader.num_workers and self.loader._iterator is None:  # workers are forked now
+            # NOTE [collect before fork]: garbage this process has not collected yet (a
+            # reference cycle) is copied into every forked worker, and the first collection
+            # there runs its finalizers in a process without the threads they may wait for. A
+            # DALI pipeline dropped here hung a worker forever that way (Executor2's destructor
+            # in pthread_cond_destroy; seen in the test suite). Collecting first runs those
+            # finalizers here, where their threads live.
+            gc.collect()
         self.batches_done = self.sampler.start
         for images, labels, skipped, waited, hits in self.loader:
             self.batches_done += 1

@@ -2,6 +2,8 @@
 resizing, mid-epoch resume, a shard lost mid-epoch, corrupt samples."""
 from __future__ import annotations
 
+import gc
+import os
 import warnings
 
 import pytest
@@ -177,3 +179,27 @@ def test_spawned_workers_get_a_picklable_dataset(source, cache_dir, redis_server
         assert_same_batches(run_epoch(spawned, 0), run_epoch(cached_dataloader(source, workers=0, **kwargs), 0))
     finally:
         spawned.close()
+
+
+def test_garbage_is_collected_here_before_workers_fork(source, cache_dir):
+    """NOTE [collect before fork]: a cycle dropped before the workers start is finalized in
+    this process, not by the first garbage collection inside a forked worker."""
+    finalized_in = []
+
+    class Cycle:
+        def __init__(self):
+            self.me = self  # only the cycle collector frees it
+
+        def __del__(self):
+            finalized_in.append(os.getpid())
+
+    garbage = Cycle()
+    gc.collect()  # it survives into the oldest generation, which is collected rarely
+    del garbage
+    loader = cached_dataloader(source, batch_size=4, train=True, workers=2, cache_dir=cache_dir, redis=False,
+                               **SMALL)
+    try:
+        next(iter(loader))
+        assert finalized_in == [os.getpid()]
+    finally:
+        loader.close()
