@@ -164,8 +164,9 @@ class CachedDataLoader(SamplerControls):
             # reference cycle) is copied into every forked worker, and the first collection
             # there runs its finalizers in a process without the threads they may wait for. A
             # DALI pipeline dropped here hung a worker forever that way (Executor2's destructor
-            # in pthread_cond_destroy; seen in the test suite). Collecting first runs those
-            # finalizers here, where their threads live.
+            # in pthread_cond_destroy; seen in the test suite), or crashed it (SIGSEGV, when
+            # the worker collects at once). Collecting first runs those finalizers here, where
+            # their threads live.
             gc.collect()
         self.batches_done = self.sampler.start
         for images, labels, skipped, waited, hits in self.loader:
