@@ -6,8 +6,9 @@ largest cost of an L2 read (a 256x341 RGB sample is 262 KB). This checksum is a
 Fletcher-style pair of sums over little-endian 64-bit words, ``sum(w_i)`` and
 ``sum(i * w_i)`` (mod 2**64), computed with numpy at memory speed (the weighted sum as
 one ``np.dot`` pass over the words: 2.2x faster than multiplying into a scratch array
-and summing it, and the same value); the trailing bytes form a last word. The position weights catch swapped or shifted blocks, which a plain
-sum would not. It guards against torn, truncated or foreign values, not adversaries.
+and summing it, and the same value); the trailing bytes form a last word. The position
+weights catch swapped or shifted blocks, which a plain sum would not. It guards against
+torn, truncated or foreign values, not adversaries.
 """
 from __future__ import annotations
 
