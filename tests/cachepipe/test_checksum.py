@@ -28,7 +28,7 @@ def test_equals_the_documented_formula(n):
     assert checksum64(data) == reference(data)
 
 
-def test_accepts_any_buffer_without_copying_semantics_changing():
+def test_every_bytes_like_form_of_the_same_bytes_gives_the_same_value():
     data = random.Random(1).randbytes(1000)
     arr = np.frombuffer(data, dtype=np.uint8).reshape(10, 100)
     assert checksum64(data) == checksum64(memoryview(data)) == checksum64(arr) == checksum64(bytearray(data))
