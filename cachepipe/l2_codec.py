@@ -9,7 +9,9 @@ HWC order::
 
 The index in the header guards against a value stored under the wrong key; the checksum
 against torn or foreign values. Any mismatch makes :func:`decode_sample` raise
-``ValueError``, which readers count as a corrupt value and treat as a miss.
+``ValueError``, which readers count as a corrupt value and treat as a miss. Version 2
+(the current one) checksums with XXH3-64; version 1 used a Fletcher-style sum, and its
+values read as foreign.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from cachepipe.checksum import checksum64
 __all__ = ["HEADER", "MAGIC", "VERSION", "decode_sample", "encode_sample", "encoded_size"]
 
 MAGIC = b"CPL2"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct("<4sHHIIQQ")
 
 

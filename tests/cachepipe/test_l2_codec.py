@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cachepipe.l2_codec import HEADER, decode_sample, encode_sample
+from cachepipe.l2_codec import HEADER, VERSION, decode_sample, encode_sample
 
 
 def test_round_trip_and_views():
@@ -28,3 +28,12 @@ def test_rejects_corruption():
             decode_sample(bad, 4 if msg.startswith("belongs") else 3)
     with pytest.raises(ValueError, match="uint8"):
         encode_sample(0, arr.astype(np.float32))
+
+
+def test_values_of_another_format_version_are_rejected():
+    """Format 1 (the Fletcher checksum) and any later format read as foreign, never as pixels."""
+    value = encode_sample(3, np.zeros((4, 4, 3), dtype=np.uint8))
+    for version in (1, VERSION + 1):
+        other = value[:4] + version.to_bytes(2, "little") + value[6:]
+        with pytest.raises(ValueError, match=f"version.*/{version}"):
+            decode_sample(other, 3)
