@@ -35,9 +35,6 @@ _OPEN: dict[tuple[int, str], "L1Mirror"] = {}
 _META = struct.Struct("<QQ")
 
 
-_checksum = checksum64
-
-
 class L1Mirror:
     """LMDB mirror of raw file bytes, keyed by sample index.
 
@@ -111,7 +108,7 @@ class L1Mirror:
                     continue
                 value = txn.get(key, db=self.data_db)
                 size, checksum = _META.unpack(meta) if len(meta) == _META.size else (-1, 0)
-                if value is None or len(value) != size or _checksum(value) != checksum:
+                if value is None or len(value) != size or checksum64(value) != checksum:
                     out.append(None)
                     corrupt.append(i)
                     continue
@@ -131,7 +128,7 @@ class L1Mirror:
                 for i, data in items:
                     key = _KEY.pack(i)
                     txn.put(key, data, db=self.data_db)
-                    txn.put(key, _META.pack(len(data), _checksum(data)), db=self.meta_db)
+                    txn.put(key, _META.pack(len(data), checksum64(data)), db=self.meta_db)
         except lmdb.MapFullError:
             raise L1FullError(errno.ENOSPC, f"L1 mirror {self.path} is full: its LMDB map size is "
                               f"{self.map_size / 2**20:.1f} MiB ({self.entries()} entries "
