@@ -14,16 +14,28 @@ NOTE [DALI CPU resize]: DALI 2.4's CPU resampling costs 0.6-0.9 ms of CPU per 22
 vectorised uint8 kernel (NOTE [fast resized crop] in ``loaders.transforms``), and on a
 CPU-only machine that one operator would cost more than decoding the JPEG saves. So by
 default (``dali_resize=None``) the resized crop runs in DALI only on the GPU; in CPU mode
-the source callback resizes each window with torch's kernel and DALI does the rest (flip,
-normalisation, layout, batching). The windows, flips and output are the same either way;
-``dali_resize=True`` keeps DALI's CPU resize (the GPU graph, e.g. to test it on a CPU).
+it runs in torch before DALI, which normalises and lays out the batch (NOTE [DALI CPU
+source]). The windows, flips and output are the same either way; ``dali_resize=True``
+keeps DALI's CPU resize (the GPU graph, e.g. to test it on a CPU).
 
-NOTE [DALI read-ahead]: the source runs on the thread that iterates the loader, so a
-batch's MGET (a ~13 MB reply, mostly waiting on the server and the socket) would stall
-everything else that thread does. While a batch is planned, cropped and handed to DALI,
-the next batch of the epoch is already being read on one reader thread; only that
-thread touches the cache, so the cache needs no locking. ``cache_wait_s`` is the time
-the source still waits for a read.
+NOTE [DALI CPU source]: in CPU mode the source is a ``CachedDataLoader`` making uint8
+crops: ``workers`` processes read their batches from the cache and crop and flip them
+(the cached loader's transform, same windows and flips for the same seed) into shared
+memory, and ``external_source`` hands each batch to DALI as an NHWC view; DALI copies it
+when fed, after which the buffer goes back to its worker (NOTE [recycled shared batches]).
+Python threads in this process could not do that work in parallel (measured on the 2-core
+bench VM: a reader and two crop threads kept 1.54 cores busy, the processes keep 1.75;
+medians of an interleaved A/B, 2.8k vs 3.2k images/s). Cache reads and counters (``skipped``,
+``cache_wait_s``) come back with each batch; warnings of a read that degraded are
+printed by the worker that made it. With ``workers=0`` the batch is read and cropped
+here, when DALI asks for it.
+
+NOTE [DALI read-ahead]: with DALI's resize (the GPU graph) the source runs on the thread
+that iterates the loader, so a batch's MGET (a ~13 MB reply, mostly waiting on the server
+and the socket) would stall everything else that thread does. While a batch is planned
+and handed to DALI, the next batch of the epoch is already being read on one reader
+thread; only that thread touches the cache, so the cache needs no locking.
+``cache_wait_s`` is the time the source still waits for a read.
 
 NOTE [DALI epochs]: the source snapshots epoch, size and resume position when an epoch's
 first batch is requested, which happens when ``__iter__`` resets DALI, after any
@@ -45,10 +57,10 @@ import torch
 
 from loaders._optional import require_dali
 from loaders.crop import CropWindow, center_crop_window
-from loaders.dataloader import resolve_rank
+from loaders.dataloader import HIT_COUNTERS, CachedDataLoader, resolve_rank
 from loaders.folder import CachedImageFolder
 from loaders.sampler import SamplerControls, ShardedBatchSampler
-from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform, resized_crop
+from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform, make_transform
 
 __all__ = ["DALILoader", "build_dali_loader"]
 
@@ -58,12 +70,8 @@ _OUT_DTYPES = ("float32", "float16", "uint8")
 class _CacheSource:
     """``external_source`` iterable: one batch per ``__next__`` from the cache (see NOTE [DALI epochs])."""
 
-    def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool,
-                 resize_here: bool, threads: int) -> None:
+    def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool) -> None:
         self.folder, self.sampler, self.train = folder, sampler, train
-        self.resize_here = resize_here  # NOTE [DALI CPU resize]
-        self.threads = threads
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="dali-crop") if resize_here else None
         self.reader = ThreadPoolExecutor(1, thread_name_prefix="dali-read")  # NOTE [DALI read-ahead]
         self._ahead: Future | None = None
         self.crop = TrainTransform()
@@ -83,6 +91,15 @@ class _CacheSource:
         if self._ahead is not None:
             self._ahead.exception()  # an error there belongs to a batch nobody asked for
             self._ahead = None
+
+    @property
+    def cache_hits(self) -> dict[str, int]:
+        stats = self.folder.cache.stats() if self.folder.cache is not None else {}
+        return {name: stats.get(name, 0) for name in HIT_COUNTERS}  # this process reads
+
+    def close(self) -> None:
+        self.settle()
+        self.reader.shutdown()
 
     def _read_next(self) -> Future | None:
         """Start reading the next batch of the epoch on the reader thread (None: epoch over)."""
@@ -107,15 +124,7 @@ class _CacheSource:
             self.skipped.extend(skipped)
             if samples:
                 break
-        labels, start, end, size, mirror, crop, crop_pos = self.plan(samples, targets, request.size,
-                                                                     random.Random(request.seed))
-        if not self.resize_here:
-            return samples, labels, start, end, size, mirror, crop, crop_pos
-        jobs = list(zip(samples, start.astype(int), end.astype(int), size.astype(int)))
-        parts = [jobs[i::self.threads] for i in range(self.threads)]
-        done = list(self.pool.map(_resize_part, parts))  # torch's kernel releases the GIL
-        resized = [done[k % len(parts)][k // len(parts)] for k in range(len(jobs))]
-        return resized, labels, mirror, crop, crop_pos
+        return (samples, *self.plan(samples, targets, request.size, random.Random(request.seed)))
 
     def plan(self, samples, targets, size: int, rng: random.Random) -> tuple[np.ndarray, ...]:
         """Per-sample operator arguments as one (N, k) array each (DALI takes a uniform batch as one array).
@@ -146,40 +155,64 @@ class _CacheSource:
         return labels, roi[:, :2].copy(), roi[:, 2:].copy(), resize, mirror, crop, crop_pos
 
 
-def _resize_part(jobs) -> list[np.ndarray]:
-    """Resized crops ``(sample, (top, left), (bottom, right), (h, w))`` -> uint8 HWC arrays."""
-    out = []
-    for sample, (top, left), (bottom, right), (h, w) in jobs:
-        x = resized_crop(sample, CropWindow(top, left, bottom - top, right - left), h, w)
-        out.append(x[0].permute(1, 2, 0).numpy())  # channels-last memory: an HWC array view
-    return out
+class _CropSource:
+    """``external_source`` iterable for CPU mode: uint8 crops made in worker processes (NOTE [DALI CPU source])."""
+
+    def __init__(self, crops: CachedDataLoader) -> None:
+        self.crops = crops
+        self._batches = None
+        self.abort = False
+
+    def __iter__(self):
+        self._batches, self.abort = None, False
+        return self
+
+    def __next__(self):
+        if self._batches is None:
+            self._batches = self.crops.transported(recycle=True)  # DALI copies each batch when fed
+        if self.abort:
+            raise StopIteration
+        images, labels = next(self._batches)
+        return images.permute(0, 2, 3, 1).numpy(), labels.numpy().reshape(-1, 1)  # channels-last: NHWC views
+
+    @property
+    def skipped(self) -> list[int]:
+        return self.crops.skipped  # counted from what the workers report
+
+    @property
+    def cache_wait_s(self) -> float:
+        return self.crops.cache_wait_s
+
+    @property
+    def cache_hits(self) -> dict[str, int]:
+        return self.crops.cache_hits
+
+    def close(self) -> None:
+        self._batches = None
+        self.crops.close()
 
 
 def _pipeline(source, device: str, out_dtype: str, mean, std):
     from nvidia.dali import fn, types
 
-    if source.resize_here:  # NOTE [DALI CPU resize]
-        images, labels, mirror, crop, crop_pos = fn.external_source(
-            source=source, num_outputs=5, batch=True, cycle="raise", layout=["HWC", "", "", "", ""],
-            dtype=[types.UINT8, types.INT64, types.INT32, types.FLOAT, types.FLOAT])
-    else:
-        images, labels, start, end, size, mirror, crop, crop_pos = fn.external_source(
-            source=source, num_outputs=8, batch=True, cycle="raise",
-            layout=["HWC", "", "", "", "", "", "", ""],
-            dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT, types.FLOAT, types.INT32, types.FLOAT,
-                   types.FLOAT])
-    if device == "gpu":
-        images = images.gpu()
-    if not source.resize_here:
-        images = fn.resize(images, roi_start=start, roi_end=end, roi_relative=False, size=size,
-                           antialias=True, interp_type=types.INTERP_LINEAR, dtype=types.UINT8)
-    pos_y, pos_x = crop_pos[0], crop_pos[1]
     if out_dtype == "uint8":  # raw pixels: normalise on the GPU later (loaders.transforms.normalize)
         mean, std = (0.0, 0.0, 0.0), (1 / 255.0,) * 3
-    images = fn.crop_mirror_normalize(
-        images, crop=crop, crop_pos_y=pos_y, crop_pos_x=pos_x, mirror=mirror,
-        mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std], output_layout="CHW",
-        dtype={"float16": types.FLOAT16, "uint8": types.UINT8}.get(out_dtype, types.FLOAT))
+    normalize = dict(mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std], output_layout="CHW",
+                     dtype={"float16": types.FLOAT16, "uint8": types.UINT8}.get(out_dtype, types.FLOAT))
+    if isinstance(source, _CropSource):  # NOTE [DALI CPU source]: crops come resized and flipped
+        images, labels = fn.external_source(source=source, num_outputs=2, batch=True, cycle="raise",
+                                            layout=["HWC", ""], dtype=[types.UINT8, types.INT64])
+        return fn.crop_mirror_normalize(images.gpu() if device == "gpu" else images, **normalize), labels
+    images, labels, start, end, size, mirror, crop, crop_pos = fn.external_source(
+        source=source, num_outputs=8, batch=True, cycle="raise", layout=["HWC", "", "", "", "", "", "", ""],
+        dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT, types.FLOAT, types.INT32, types.FLOAT,
+               types.FLOAT])
+    if device == "gpu":
+        images = images.gpu()
+    images = fn.resize(images, roi_start=start, roi_end=end, roi_relative=False, size=size,
+                       antialias=True, interp_type=types.INTERP_LINEAR, dtype=types.UINT8)
+    images = fn.crop_mirror_normalize(images, crop=crop, crop_pos_y=crop_pos[0], crop_pos_x=crop_pos[1],
+                                      mirror=mirror, **normalize)
     return images, labels
 
 
@@ -187,7 +220,8 @@ class DALILoader(SamplerControls):
     """Iterates ``(images NCHW, labels int64)`` from a DALI pipeline; made by ``build_dali_loader``.
 
     Same interface as ``CachedDataLoader``: ``len``, iteration, ``set_epoch``, ``set_size``,
-    ``state_dict``, ``load_state_dict``, ``close``; ``skipped`` and ``cache_wait_s`` too.
+    ``state_dict``, ``load_state_dict``, ``close``; ``skipped``, ``cache_wait_s`` and
+    ``cache_hits`` too.
     """
 
     def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool, *,
@@ -197,7 +231,12 @@ class DALILoader(SamplerControls):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         self.dataset, self.sampler = folder, sampler
-        self.source = _CacheSource(folder, sampler, train, resize_here=not dali_resize, threads=max(1, workers))
+        if dali_resize:
+            self.source = _CacheSource(folder, sampler, train)
+        else:  # NOTE [DALI CPU source]
+            crops = make_transform(train, sampler.size, dtype="uint8", normalize=False, channels_last=True)
+            self.source = _CropSource(CachedDataLoader(folder, crops, sampler, workers=workers, pin_memory=False,
+                                                       prefetch_factor=2))
         build = pipeline_def(_pipeline, batch_size=sampler.batch_size, num_threads=max(1, workers),
                              device_id=device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
         self.pipe = build(self.source, device, out_dtype, IMAGENET_MEAN, IMAGENET_STD)
@@ -215,6 +254,11 @@ class DALILoader(SamplerControls):
     @property
     def cache_wait_s(self) -> float:
         return self.source.cache_wait_s
+
+    @property
+    def cache_hits(self) -> dict[str, int]:
+        """``{"l2_hits", "l1_hits", "source_reads"}`` of the reads made for this loader."""
+        return self.source.cache_hits
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -251,10 +295,7 @@ class DALILoader(SamplerControls):
     def close(self) -> None:
         self._finish_epoch()
         del self._iter, self.pipe
-        self.source.settle()
-        self.source.reader.shutdown()
-        if self.source.pool is not None:
-            self.source.pool.shutdown()
+        self.source.close()
         self.dataset.close()
 
 
@@ -269,7 +310,8 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     Each batch is fetched with ``get_many`` (one MGET per Redis shard) inside
     ``fn.external_source``; the resized crop, flip, normalisation and HWC->CHW run as DALI
     operators, on the GPU when ``device="gpu"`` (see NOTE [DALI crop parameters]); in CPU
-    mode the resized crop runs in the source, in torch (NOTE [DALI CPU resize]).
+    mode worker processes read and crop in torch, and DALI normalises (NOTE [DALI CPU resize],
+    NOTE [DALI CPU source]).
 
     Args:
         root: ImageFolder root.
@@ -281,15 +323,15 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
             when initialised, else 0 and 1.
         seed: shuffling, augmentation and DALI seed; equal on every rank.
         cache_dir, redis, cache, on_error, cache_size: as ``CachedImageFolder``.
-        workers: DALI CPU threads, and threads of the source's resized crops in CPU mode
-            (default 2).
+        workers: DALI CPU threads, and in CPU mode the source's worker processes that read
+            and crop (default 2; 0: read and crop in this process).
         drop_last: default True for training, False for validation.
         dtype: "float32" (default), "float16", or "uint8" (not normalised: move to the GPU,
             then ``loaders.transforms.normalize``).
         device_id: CUDA device (default: the current one) for device="gpu".
         prefetch_queue_depth: batches DALI keeps in flight (default 2).
         dali_resize: resize with DALI's operator; default (``None``): on the GPU only, with
-            torch's faster uint8 kernel in the source in CPU mode (NOTE [DALI CPU resize]).
+            torch's faster uint8 kernel in the source workers in CPU mode (NOTE [DALI CPU resize]).
 
     Raises:
         ImportError: DALI is not installed (names ``pip install 'cachepipe[dali]'``).

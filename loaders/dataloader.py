@@ -159,6 +159,19 @@ class CachedDataLoader(SamplerControls):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch."""
+        if self.normalizer is None:
+            yield from self.transported(recycle=False)
+            return
+        for images, labels in self.transported(recycle=True):
+            yield self.normalizer(images), labels
+
+    def transported(self, recycle: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(images, labels)`` of the rest of the epoch as the workers made them, counters updated.
+
+        With ``recycle``, each batch's shared buffer goes back to its worker when the next
+        batch is asked for (NOTE [recycled shared batches]): the consumer must be done with
+        the pixels by then (the normaliser, or DALI's copy of its input in ``loaders.dali``).
+        """
         if self.loader.num_workers and self.loader._iterator is None:  # workers are forked now
             # NOTE [collect before fork]: garbage this process has not collected yet (a
             # reference cycle) is copied into every forked worker, and the first collection
@@ -178,15 +191,12 @@ class CachedDataLoader(SamplerControls):
                 self.skipped.extend(skipped.tolist())
             if not len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
                 continue
-            if self.normalizer is None:
-                yield images, labels
-                continue
-            out = self.normalizer(images)
-            release(images)  # its worker may now reuse the buffer
-            if images.untyped_storage().is_shared():
-                self._mapped.append(images.untyped_storage())
+            yield images, labels
+            if recycle:
+                release(images)  # its worker may now reuse the buffer
+                if images.untyped_storage().is_shared():
+                    self._mapped.append(images.untyped_storage())
             del images
-            yield out, labels
 
     def close(self) -> None:
         """Stop the workers and close the dataset's cache connections."""

@@ -65,13 +65,9 @@ CACHE_COUNTERS = ("l2_hits", "l1_hits", "source_reads")
 def cache_counts(loader) -> list[float]:
     """Cumulative (L2 hits, L1 hits, source reads) of the loader's cache reads, zeros if none.
 
-    NOTE [cache counters]: the cache counts per process. The cached DataLoader sums the
-    counts its batches bring back from the worker processes (``loader.cache_hits``); the
-    DALI loader reads the cache in this process, so its cache's own counters are used.
+    NOTE [cache counters]: the cache counts per process. Both loaders sum the counts their
+    batches bring back from the worker processes (``loader.cache_hits``); the DALI loader
+    with DALI's resize reads the cache in this process and reports its cache's counters.
     """
-    hits = getattr(loader, "cache_hits", None)
-    if hits is not None:
-        return [float(hits.get(k, 0)) for k in CACHE_COUNTERS]
-    cache = getattr(getattr(loader, "dataset", None), "cache", None)
-    stats = cache.stats() if cache is not None and hasattr(cache, "stats") else {}
-    return [float(stats.get(k, 0)) for k in CACHE_COUNTERS]
+    hits = getattr(loader, "cache_hits", {})
+    return [float(hits.get(k, 0)) for k in CACHE_COUNTERS]
