@@ -175,18 +175,6 @@ class _CropSource:
         images, labels = next(self._batches)
         return images.permute(0, 2, 3, 1).numpy(), labels.numpy().reshape(-1, 1)  # channels-last: NHWC views
 
-    @property
-    def skipped(self) -> list[int]:
-        return self.crops.skipped  # counted from what the workers report
-
-    @property
-    def cache_wait_s(self) -> float:
-        return self.crops.cache_wait_s
-
-    @property
-    def cache_hits(self) -> dict[str, int]:
-        return self.crops.cache_hits
-
     def close(self) -> None:
         self._batches = None
         self.crops.close()
@@ -232,11 +220,12 @@ class DALILoader(SamplerControls):
 
         self.dataset, self.sampler = folder, sampler
         if dali_resize:
-            self.source = _CacheSource(folder, sampler, train)
-        else:  # NOTE [DALI CPU source]
-            crops = make_transform(train, sampler.size, dtype="uint8", normalize=False, channels_last=True)
-            self.source = _CropSource(CachedDataLoader(folder, crops, sampler, workers=workers, pin_memory=False,
-                                                       prefetch_factor=2))
+            self.source = self._counted = _CacheSource(folder, sampler, train)
+        else:  # NOTE [DALI CPU source]: the workers report their reads with each batch
+            crop = make_transform(train, sampler.size, dtype="uint8", normalize=False, channels_last=True)
+            self._counted = CachedDataLoader(folder, crop, sampler, workers=workers, pin_memory=False,
+                                             prefetch_factor=2)
+            self.source = _CropSource(self._counted)
         build = pipeline_def(_pipeline, batch_size=sampler.batch_size, num_threads=max(1, workers),
                              device_id=device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
         self.pipe = build(self.source, device, out_dtype, IMAGENET_MEAN, IMAGENET_STD)
@@ -249,16 +238,18 @@ class DALILoader(SamplerControls):
 
     @property
     def skipped(self) -> list[int]:
-        return self.source.skipped
+        """Indices of corrupt samples skipped so far (``on_error="skip"``)."""
+        return self._counted.skipped
 
     @property
     def cache_wait_s(self) -> float:
-        return self.source.cache_wait_s
+        """Seconds the source (or its workers) spent waiting on the cache."""
+        return self._counted.cache_wait_s
 
     @property
     def cache_hits(self) -> dict[str, int]:
         """``{"l2_hits", "l1_hits", "source_reads"}`` of the reads made for this loader."""
-        return self.source.cache_hits
+        return self._counted.cache_hits
 
     def __len__(self) -> int:
         return len(self.sampler)
