@@ -170,7 +170,8 @@ class CachedDataLoader(SamplerControls):
 
         With ``recycle``, each batch's shared buffer goes back to its worker when the next
         batch is asked for (NOTE [recycled shared batches]): the consumer must be done with
-        the pixels by then (the normaliser, or DALI's copy of its input in ``loaders.dali``).
+        the pixels by then. Without, the consumer calls ``give_back`` when it is (DALI, which
+        reads the batches in place a few iterations later: NOTE [DALI CPU source]).
         """
         if self.loader.num_workers and self.loader._iterator is None:  # workers are forked now
             # NOTE [collect before fork]: garbage this process has not collected yet (a
@@ -193,10 +194,14 @@ class CachedDataLoader(SamplerControls):
                 continue
             yield images, labels
             if recycle:
-                release(images)  # its worker may now reuse the buffer
-                if images.untyped_storage().is_shared():
-                    self._mapped.append(images.untyped_storage())
+                self.give_back(images)
             del images
+
+    def give_back(self, images: torch.Tensor) -> None:
+        """Let the worker that made ``images`` (from ``transported``) reuse its buffer: the pixels were read."""
+        release(images)
+        if images.untyped_storage().is_shared():
+            self._mapped.append(images.untyped_storage())
 
     def close(self) -> None:
         """Stop the workers and close the dataset's cache connections."""

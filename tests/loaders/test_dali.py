@@ -71,6 +71,25 @@ def test_train_crops_are_the_torch_paths_crops(source, cache_dir, dali_resize):
 
 
 @pytest.mark.dali
+@pytest.mark.parametrize("depth", [1, 2])
+def test_worker_buffers_dali_reads_in_place_are_not_reused_too_early(source, cache_dir, depth):
+    """NOTE [DALI CPU source]: DALI reads the workers' shared batches without copying them;
+    a buffer handed back too early would be overwritten by a later batch before DALI read it."""
+    kwargs = dict(batch_size=2, train=True, size=24, cache_dir=cache_dir, redis=False, seed=3, **SMALL)
+    dali = build_dali_loader(source, device="cpu", workers=2, prefetch_queue_depth=depth, **kwargs)
+    torch_loader = cached_dataloader(source, workers=0, **kwargs)
+    try:
+        for e in range(3):
+            a, b = epoch(dali, e), epoch(torch_loader, e)
+            assert len(a) == len(b) == 12
+            for (xd, yd), (xt, yt) in zip(a, b):
+                assert torch.equal(yd, yt) and (xd - xt).abs().max() < EXACT
+    finally:
+        dali.close()
+        torch_loader.close()
+
+
+@pytest.mark.dali
 def test_epochs_sizes_ranks_and_resume_end_to_end(source, cache_dir):
     kwargs = dict(batch_size=3, train=True, size=24, cache_dir=cache_dir, redis=False, seed=2, workers=2, **SMALL)
     ranks = [build_dali_loader(source, device="cpu", shard_id=r, num_shards=2, **kwargs) for r in range(2)]
