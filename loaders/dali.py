@@ -177,7 +177,7 @@ class _CropSource:
 
     def __next__(self):
         if self._batches is None:
-            self._batches = self.crops.transported(recycle=False)  # given back below, once DALI is done
+            self._batches = self.crops.transported()  # given back below, once DALI is done
         if self.abort:
             raise StopIteration
         # DALI asks for batch j only after it output batch j - depth: hand back the ones before

@@ -159,19 +159,20 @@ class CachedDataLoader(SamplerControls):
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch."""
-        if self.normalizer is None:
-            yield from self.transported(recycle=False)
+        if self.normalizer is None:  # batches made in this process: the user's to keep
+            yield from self.transported()
             return
-        for images, labels in self.transported(recycle=True):
-            yield self.normalizer(images), labels
+        for images, labels in self.transported():
+            out = self.normalizer(images)
+            self.give_back(images)
+            yield out, labels
 
-    def transported(self, recycle: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def transported(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(images, labels)`` of the rest of the epoch as the workers made them, counters updated.
 
-        With ``recycle``, each batch's shared buffer goes back to its worker when the next
-        batch is asked for (NOTE [recycled shared batches]): the consumer must be done with
-        the pixels by then. Without, the consumer calls ``give_back`` when it is (DALI, which
-        reads the batches in place a few iterations later: NOTE [DALI CPU source]).
+        Hand each batch to ``give_back`` once its pixels are read, so that its worker can
+        reuse the buffer (NOTE [recycled shared batches]); the normaliser reads them at once,
+        DALI a few batches later (NOTE [DALI CPU source]).
         """
         if self.loader.num_workers and self.loader._iterator is None:  # workers are forked now
             # NOTE [collect before fork]: garbage this process has not collected yet (a
@@ -193,8 +194,6 @@ class CachedDataLoader(SamplerControls):
             if not len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
                 continue
             yield images, labels
-            if recycle:
-                self.give_back(images)
             del images
 
     def give_back(self, images: torch.Tensor) -> None:

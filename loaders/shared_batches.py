@@ -7,8 +7,9 @@ alone on the 2-core bench VM, a tenth of the cached loader's CPU time). So each 
 keeps a few buffers and reuses one only after the consumer has said it is done with it:
 every buffer has one trailing flag byte after the batch, which the worker sets to 0 when it
 hands the batch out and the consumer sets to 1 (``release``) once it has read the pixels.
-Only the loader's internal uint8 transport uses this: ``CachedDataLoader`` normalises the
-batch into its own float buffer and then releases it; a batch given to the user is never
+Only the loaders' internal uint8 transport uses this: ``CachedDataLoader`` normalises the
+batch into its own float buffer and then releases it, the DALI loader's CPU source once
+DALI can no longer read it (NOTE [DALI CPU source]); a batch given to the user is never
 released, so it is never overwritten. A batch that is not released (pinned copies, an
 abandoned epoch) just makes the worker allocate a new buffer.
 """
