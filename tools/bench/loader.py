@@ -11,7 +11,8 @@ code; only where the pixels come from differs:
   under SRC (a training set that does not fit in RAM, the case the cache is built for);
   ``--warm-source`` lets reads hit the page cache instead (a dataset that fits in RAM);
 - ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first);
-- ``dali``: ``build_dali_loader`` (CPU mode unless a GPU is present), W DALI threads.
+- ``dali``: ``build_dali_loader`` (CPU mode unless a GPU is present), W DALI threads (and in
+  CPU mode W source worker processes that read and crop, as the cached loader's).
 
 Each loader first runs one untimed epoch (worker start-up), then rounds of whole epochs
 are timed, interleaved across loaders; the table shows each loader's median round and the
