@@ -42,6 +42,12 @@ and handed to DALI, the next batch of the epoch is already being read on one rea
 thread; only that thread touches the cache, so the cache needs no locking.
 ``cache_wait_s`` is the time the source still waits for a read.
 
+NOTE [DALI after an error]: an exception out of the pipeline (a corrupt sample with
+``on_error="raise"``, an error of the cache) leaves DALI 2.4's iterator in a state where the
+next pass ends at once, silently empty. So the loader drops a pipeline that failed and
+builds a new one for the next pass, which then starts the epoch set, from its first batch
+(or the resume position), as the torch path does.
+
 NOTE [DALI epochs]: the source snapshots epoch, size and resume position when an epoch's
 first batch is requested, which happens when ``__iter__`` resets DALI, after any
 ``set_epoch``/``set_size``. Sharding and the last batch follow NOTE [sharding and the last
@@ -53,6 +59,7 @@ batch] (``loaders.sampler``): every rank gets the same number of batches, and wi
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import random
 import time
@@ -219,6 +226,18 @@ def _pipeline(source, device: str, out_dtype: str, mean, std):
     return images, labels
 
 
+def _build_iterator(source, device: str, out_dtype: str, batch_size: int, **pipeline_args):
+    """A built pipeline over ``source`` and DALI's PyTorch iterator on it."""
+    from nvidia.dali import pipeline_def
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    pipe = pipeline_def(_pipeline, batch_size=batch_size, **pipeline_args)(source, device, out_dtype, IMAGENET_MEAN,
+                                                                           IMAGENET_STD)
+    pipe.build()
+    return pipe, DALIGenericIterator(pipe, ["images", "labels"], last_batch_policy=LastBatchPolicy.PARTIAL,
+                                     auto_reset=False, prepare_first_batch=False)
+
+
 class DALILoader(SamplerControls):
     """Iterates ``(images NCHW, labels int64)`` from a DALI pipeline; made by ``build_dali_loader``.
 
@@ -230,9 +249,6 @@ class DALILoader(SamplerControls):
     def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool, *,
                  device: str, device_id, workers: int, out_dtype: str, prefetch_queue_depth: int, seed: int,
                  dali_resize: bool) -> None:
-        from nvidia.dali import pipeline_def
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-
         self.dataset, self.sampler = folder, sampler
         if dali_resize:
             self.source = self._counted = _CacheSource(folder, sampler, train)
@@ -241,14 +257,11 @@ class DALILoader(SamplerControls):
             self._counted = CachedDataLoader(folder, crop, sampler, workers=workers, pin_memory=False,
                                              prefetch_factor=2)
             self.source = _CropSource(self._counted, prefetch_queue_depth)
-        build = pipeline_def(_pipeline, batch_size=sampler.batch_size, num_threads=max(1, workers),
-                             device_id=device_id, seed=seed, prefetch_queue_depth=prefetch_queue_depth)
-        self.pipe = build(self.source, device, out_dtype, IMAGENET_MEAN, IMAGENET_STD)
-        self.pipe.build()
-        self._iter = DALIGenericIterator(self.pipe, ["images", "labels"], last_batch_policy=LastBatchPolicy.PARTIAL,
-                                         auto_reset=False, prepare_first_batch=False)
-        self._started = False
-        self._running = False
+        self._build = functools.partial(_build_iterator, self.source, device, out_dtype, sampler.batch_size,
+                                        num_threads=max(1, workers), device_id=device_id, seed=seed,
+                                        prefetch_queue_depth=prefetch_queue_depth)
+        self.pipe, self._iter = self._build()
+        self._started = self._running = self._failed = False
         self.batches_done = 0
 
     @property
@@ -270,8 +283,13 @@ class DALILoader(SamplerControls):
         return len(self.sampler)
 
     def _finish_epoch(self) -> None:
-        """Drain what DALI already scheduled when the previous pass stopped early."""
-        if self._running:
+        """Drain what DALI already scheduled when the previous pass stopped early; after a pass
+        that failed, replace the pipeline (NOTE [DALI after an error])."""
+        if self._failed:
+            del self._iter, self.pipe
+            self.pipe, self._iter = self._build()
+            self._started = self._running = self._failed = False
+        elif self._running:
             self.source.abort = True
             for _ in self._iter:
                 pass
@@ -289,9 +307,13 @@ class DALILoader(SamplerControls):
             self._iter.reset()  # calls iter(source): the new epoch state is read from here on
         self._started = True
         self._running = True
-        for out in self._iter:
-            self.batches_done += 1
-            yield out[0]["images"], out[0]["labels"].view(-1)
+        try:
+            for out in self._iter:
+                self.batches_done += 1
+                yield out[0]["images"], out[0]["labels"].view(-1)
+        except Exception:
+            self._failed = True
+            raise
         self._running = False
 
     def load_state_dict(self, state: dict) -> None:
@@ -299,7 +321,8 @@ class DALILoader(SamplerControls):
         super().load_state_dict(state)
 
     def close(self) -> None:
-        self._finish_epoch()
+        if not self._failed:  # a failed pipeline is dropped as it is
+            self._finish_epoch()
         del self._iter, self.pipe
         self.source.close()
         self.dataset.close()

@@ -230,3 +230,27 @@ def test_corrupt_samples_are_skipped_and_counted_or_raise_naming_the_file(source
             epoch(strict, 0)
     finally:
         strict.close()
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("bad_class", ["class_0000", "class_0002"])  # in the first batch, or in the fifth of six
+def test_a_pass_that_failed_is_not_followed_by_a_silently_empty_one(source, cache_dir, workers, bad_class):
+    """NOTE [DALI after an error]: the next pass runs on a new pipeline and yields the same batches."""
+    bad = sorted((source / bad_class).iterdir())[0]
+    bad.write_bytes(b"\xff\xd8 truncated")
+    loader = build_dali_loader(source, batch_size=4, train=False, size=24, device="cpu", cache_dir=cache_dir,
+                               redis=False, workers=workers, **SMALL)
+    try:
+        passes = []
+        for _ in range(2):
+            got = []
+            with pytest.raises(CorruptSampleError, match=bad.name):
+                for x, y in loader:
+                    got.append((x.clone(), y.clone()))
+            passes.append(got)
+        assert len(passes[0]) == len(passes[1])  # the error surfaces up to prefetch_queue_depth batches early
+        for (xa, ya), (xb, yb) in zip(*passes):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    finally:
+        loader.close()
