@@ -15,32 +15,8 @@ vectorised uint8 kernel (NOTE [fast resized crop] in ``loaders.transforms``), an
 CPU-only machine that one operator would cost more than decoding the JPEG saves. So by
 default (``dali_resize=None``) the resized crop runs in DALI only on the GPU; in CPU mode
 it runs in torch before DALI, which normalises and lays out the batch (NOTE [DALI CPU
-source]). The windows, flips and output are the same either way; ``dali_resize=True``
+source] in ``loaders.dali_sources``). The windows, flips and output are the same either way; ``dali_resize=True``
 keeps DALI's CPU resize (the GPU graph, e.g. to test it on a CPU).
-
-NOTE [DALI CPU source]: in CPU mode the source is a ``CachedDataLoader`` making uint8
-crops: ``workers`` processes read their batches from the cache and crop and flip them
-(the cached loader's transform, same windows and flips for the same seed) into shared
-memory, and ``external_source`` hands each batch to DALI as an NHWC view. DALI reads it
-in place (``no_copy``: the copy cost 0.04 ms per image, 7 % of the loader's CPU), so the
-buffer goes back to its worker (NOTE [recycled shared batches]) only when DALI can no
-longer read it: DALI asks for batch j only after it has output batch j - depth
-(``prefetch_queue_depth``), and the source hands back the batches before that one. It
-counts over epochs, so what was fed before an epoch ended (or failed) goes back later,
-never early; a test fails if buffers go back one batch sooner.
-Python threads in this process could not do that work in parallel (measured on the 2-core
-bench VM: a reader and two crop threads kept 1.54 cores busy, the processes keep 1.75;
-medians of an interleaved A/B, 2.8k vs 3.2k images/s). Cache reads and counters (``skipped``,
-``cache_wait_s``) come back with each batch; warnings of a read that degraded are
-printed by the worker that made it. With ``workers=0`` the batch is read and cropped
-here, when DALI asks for it.
-
-NOTE [DALI read-ahead]: with DALI's resize (the GPU graph) the source runs on the thread
-that iterates the loader, so a batch's MGET (a ~13 MB reply, mostly waiting on the server
-and the socket) would stall everything else that thread does. While a batch is planned
-and handed to DALI, the next batch of the epoch is already being read on one reader
-thread; only that thread touches the cache, so the cache needs no locking.
-``cache_wait_s`` is the time the source still waits for a read.
 
 NOTE [DALI after an error]: an exception out of the pipeline (a corrupt sample with
 ``on_error="raise"``, an error of the cache) leaves DALI 2.4's iterator in a state where the
@@ -58,148 +34,21 @@ batch] (``loaders.sampler``): every rank gets the same number of batches, and wi
 """
 from __future__ import annotations
 
-import collections
 import functools
 import os
-import random
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
-import numpy as np
 import torch
 
 from loaders._optional import require_dali
-from loaders.crop import CropWindow, center_crop_window
-from loaders.dataloader import HIT_COUNTERS, CachedDataLoader, resolve_rank
+from loaders.dali_sources import CacheSource, CropSource
+from loaders.dataloader import CachedDataLoader, resolve_rank
 from loaders.folder import CachedImageFolder
 from loaders.sampler import SamplerControls, ShardedBatchSampler
-from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, TrainTransform, ValTransform, make_transform
+from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, make_transform
 
 __all__ = ["DALILoader", "build_dali_loader"]
 
 _OUT_DTYPES = ("float32", "float16", "uint8")
-
-
-class _CacheSource:
-    """``external_source`` iterable: one batch per ``__next__`` from the cache (see NOTE [DALI epochs])."""
-
-    def __init__(self, folder: CachedImageFolder, sampler: ShardedBatchSampler, train: bool) -> None:
-        self.folder, self.sampler, self.train = folder, sampler, train
-        self.reader = ThreadPoolExecutor(1, thread_name_prefix="dali-read")  # NOTE [DALI read-ahead]
-        self._ahead: Future | None = None
-        self.crop = TrainTransform()
-        self.val = ValTransform()
-        self._batches = None
-        self.abort = False
-        self.skipped: list[int] = []
-        self.cache_wait_s = 0.0
-
-    def __iter__(self):
-        self.settle()
-        self._batches, self.abort = None, False
-        return self
-
-    def settle(self) -> None:
-        """Wait for a read-ahead the last pass left behind (its batch is never used)."""
-        if self._ahead is not None:
-            self._ahead.exception()  # an error there belongs to a batch nobody asked for
-            self._ahead = None
-
-    @property
-    def cache_hits(self) -> dict[str, int]:
-        stats = self.folder.cache.stats() if self.folder.cache is not None else {}
-        return {name: stats.get(name, 0) for name in HIT_COUNTERS}  # this process reads
-
-    def close(self) -> None:
-        self.settle()
-        self.reader.shutdown()
-
-    def _read_next(self) -> Future | None:
-        """Start reading the next batch of the epoch on the reader thread (None: epoch over)."""
-        request = next(self._batches, None)
-        if request is None:
-            return None
-        return self.reader.submit(lambda: (request, self.folder.load_many(request, copy=False)))
-
-    def __next__(self):
-        if self._batches is None:
-            self._batches = iter(self.sampler)
-            self._ahead = self._read_next()
-        if self.abort:
-            raise StopIteration
-        while True:
-            if self._ahead is None:
-                raise StopIteration
-            t0 = time.perf_counter()
-            request, (samples, targets, skipped) = self._ahead.result()
-            self.cache_wait_s += time.perf_counter() - t0
-            self._ahead = self._read_next()  # read the next batch while this one is processed
-            self.skipped.extend(skipped)
-            if samples:
-                break
-        return (samples, *self.plan(samples, targets, request.size, random.Random(request.seed)))
-
-    def plan(self, samples, targets, size: int, rng: random.Random) -> tuple[np.ndarray, ...]:
-        """Per-sample operator arguments as one (N, k) array each (DALI takes a uniform batch as one array).
-
-        Returns labels (N, 1), ROI start and end (N, 2) as (y, x), resize target (N, 2) as
-        (h, w), mirror flags (N,), crop shape (N, 2) and relative crop position (N, 2).
-        """
-        n = len(samples)
-        labels = np.asarray(targets, dtype=np.int64).reshape(n, 1)
-        roi = np.zeros((n, 4), dtype=np.float32)
-        resize = np.full((n, 2), size, dtype=np.float32)
-        mirror = np.zeros(n, dtype=np.int32)
-        crop = np.full((n, 2), size, dtype=np.float32)
-        crop_pos = np.full((n, 2), 0.5, dtype=np.float32)
-        for k, sample in enumerate(samples):
-            h, w = sample.shape[:2]
-            if self.train:
-                win, flip = self.crop.plan(h, w, rng)
-                mirror[k] = flip
-            else:
-                win = CropWindow(0, 0, h, w)
-                rh, rw = self.val.resize_to(h, w, size)
-                resize[k] = rh, rw
-                c = center_crop_window(rh, rw, size)  # torchvision's anchor, as a relative position
-                crop_pos[k] = (c.top / (rh - size) if rh > size else 0.5,
-                               c.left / (rw - size) if rw > size else 0.5)
-            roi[k] = win.top, win.left, win.top + win.height, win.left + win.width
-        return labels, roi[:, :2].copy(), roi[:, 2:].copy(), resize, mirror, crop, crop_pos
-
-
-class _CropSource:
-    """``external_source`` iterable for CPU mode: uint8 crops made in worker processes (NOTE [DALI CPU source])."""
-
-    def __init__(self, crops: CachedDataLoader, depth: int) -> None:
-        self.crops, self.depth = crops, depth
-        self._batches = None
-        self.abort = False
-        self.fed = 0  # batches handed to DALI so far, over all epochs
-        self._in_use: collections.deque = collections.deque()  # (number, images, arrays) DALI may still read
-
-    def __iter__(self):
-        self._batches, self.abort = None, False
-        return self
-
-    def __next__(self):
-        if self._batches is None:
-            self._batches = self.crops.transported()  # given back below, once DALI is done
-        if self.abort:
-            raise StopIteration
-        # DALI asks for batch j only after it output batch j - depth: hand back the ones before
-        # it (NOTE [DALI CPU source])
-        while self._in_use and self._in_use[0][0] < self.fed - self.depth:
-            self.crops.give_back(self._in_use.popleft()[1])
-        images, labels = next(self._batches)
-        arrays = images.permute(0, 2, 3, 1).numpy(), labels.numpy().reshape(-1, 1)  # channels-last: NHWC views
-        self._in_use.append((self.fed, images, arrays))
-        self.fed += 1
-        return arrays
-
-    def close(self) -> None:
-        self._batches = None
-        self.crops.close()
 
 
 def _pipeline(source, device: str, out_dtype: str, mean, std):
@@ -209,7 +58,7 @@ def _pipeline(source, device: str, out_dtype: str, mean, std):
         mean, std = (0.0, 0.0, 0.0), (1 / 255.0,) * 3
     normalize = dict(mean=[m * 255.0 for m in mean], std=[s * 255.0 for s in std], output_layout="CHW",
                      dtype={"float16": types.FLOAT16, "uint8": types.UINT8}.get(out_dtype, types.FLOAT))
-    if isinstance(source, _CropSource):  # NOTE [DALI CPU source]: crops come resized and flipped
+    if isinstance(source, CropSource):  # NOTE [DALI CPU source]: crops come resized and flipped
         images, labels = fn.external_source(source=source, num_outputs=2, batch=True, cycle="raise", no_copy=True,
                                             layout=["HWC", ""], dtype=[types.UINT8, types.INT64])
         return fn.crop_mirror_normalize(images.gpu() if device == "gpu" else images, **normalize), labels
@@ -251,12 +100,12 @@ class DALILoader(SamplerControls):
                  dali_resize: bool) -> None:
         self.dataset, self.sampler = folder, sampler
         if dali_resize:
-            self.source = self._counted = _CacheSource(folder, sampler, train)
+            self.source = self._counted = CacheSource(folder, sampler, train)
         else:  # NOTE [DALI CPU source]: the workers report their reads with each batch
             crop = make_transform(train, sampler.size, dtype="uint8", normalize=False, channels_last=True)
             self._counted = CachedDataLoader(folder, crop, sampler, workers=workers, pin_memory=False,
                                              prefetch_factor=2)
-            self.source = _CropSource(self._counted, prefetch_queue_depth)
+            self.source = CropSource(self._counted, prefetch_queue_depth)
         self._build = functools.partial(_build_iterator, self.source, device, out_dtype, sampler.batch_size,
                                         num_threads=max(1, workers), device_id=device_id, seed=seed,
                                         prefetch_queue_depth=prefetch_queue_depth)
@@ -325,7 +174,6 @@ class DALILoader(SamplerControls):
             self._finish_epoch()
         del self._iter, self.pipe
         self.source.close()
-        self.dataset.close()
 
 
 def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, size: int = 224,
@@ -340,7 +188,7 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     ``fn.external_source``; the resized crop, flip, normalisation and HWC->CHW run as DALI
     operators, on the GPU when ``device="gpu"`` (see NOTE [DALI crop parameters]); in CPU
     mode worker processes read and crop in torch, and DALI normalises (NOTE [DALI CPU resize],
-    NOTE [DALI CPU source]).
+    NOTE [DALI CPU source] in ``loaders.dali_sources``).
 
     Args:
         root: ImageFolder root.
