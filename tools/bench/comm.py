@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from tools.bench.table import format_table, machine_description, write_json
@@ -92,41 +89,27 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run_workers(args, cluster, selector, inter_mbit, out: Path) -> None:
+    from tools.emulated_job import launch
+
     world = args.nodes * args.local_size
     addr = cluster.address(0) if cluster else "127.0.0.1"
-    procs: list[subprocess.Popen] = []
-    try:
-        for rank in range(world):
-            argv = [sys.executable, "-m", "tools.bench.comm_worker", "--rank", str(rank), "--world", str(world),
-                    "--nodes", str(args.nodes), "--local-size", str(args.local_size), "--master-addr", addr,
-                    "--master-port", str(args.port), "--iface", "eth0" if cluster else "lo",
-                    "--sizes", *map(str, args.sizes), "--density", str(args.density),
-                    "--algorithms", *args.algorithms, "--selector", selector, "--reps", str(args.reps),
-                    "--warmup", str(args.warmup), "--out", str(out)]
-            if args.value_dtype:
-                argv += ["--value-dtype", args.value_dtype]
-            if args.no_shm:
-                argv.append("--no-shm")
-            if inter_mbit:
-                argv += ["--inter-mbit", str(inter_mbit)]
-            node = rank // args.local_size
-            env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR")  # silences c10d's hostname warnings
-            procs.append(subprocess.Popen(cluster.command(node, argv) if cluster else argv, env=env))
-        deadline = time.monotonic() + args.timeout
-        while any(p.poll() is None for p in procs):
-            failed = [p for p in procs if p.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                raise RuntimeError("a bench worker failed" if failed else f"workers still running after {args.timeout}s")
-            time.sleep(0.2)
-    finally:
-        for p in procs:  # only the processes started here, by their own handles
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+
+    def argv(rank: int) -> list[str]:
+        cmd = [sys.executable, "-m", "tools.bench.comm_worker", "--rank", str(rank), "--world", str(world),
+               "--nodes", str(args.nodes), "--local-size", str(args.local_size), "--master-addr", addr,
+               "--master-port", str(args.port), "--iface", "eth0" if cluster else "lo",
+               "--sizes", *map(str, args.sizes), "--density", str(args.density),
+               "--algorithms", *args.algorithms, "--selector", selector, "--reps", str(args.reps),
+               "--warmup", str(args.warmup), "--out", str(out)]
+        if args.value_dtype:
+            cmd += ["--value-dtype", args.value_dtype]
+        if args.no_shm:
+            cmd.append("--no-shm")
+        if inter_mbit:
+            cmd += ["--inter-mbit", str(inter_mbit)]
+        return cmd
+
+    launch(cluster, argv, local_size=args.local_size, nodes=args.nodes, port=args.port, timeout=args.timeout)
 
 
 def _with_predictions(rows: list[dict], gamma: float | None, inter_mbit: float | None) -> list[dict]:

@@ -1,0 +1,88 @@
+"""Jobs on the emulated cluster: per-node Redis servers, torchrun-style ranks, link counters."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from tools.cluster import EmulatedCluster, netns_unavailable_reason
+from tools.emulated_job import JobFailed, NodeRedis, launch, link_bytes, run_on_node
+
+REASON = netns_unavailable_reason()
+def netns(test):
+    """Needs root and iproute2 for network namespaces."""
+    return pytest.mark.netns(pytest.mark.skipif(REASON is not None, reason=str(REASON))(test))
+
+_SHOW_ENV = ("import json, os, sys; keys = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', "
+             "'MASTER_ADDR', 'MASTER_PORT', 'GLOO_SOCKET_IFNAME'); "
+             "open(sys.argv[1], 'w').write(json.dumps({k: os.environ[k] for k in keys}))")
+_SET = ("import redis, sys; r = redis.Redis.from_url(sys.argv[1]); r.set('k', b'x' * int(sys.argv[2])); "
+        "assert len(r.get('k')) == int(sys.argv[2])")
+
+
+def _envs(tmp_path, world):
+    return [json.loads((tmp_path / f"env{r}.json").read_text()) for r in range(world)]
+
+
+@netns
+def test_ranks_are_node_major_inside_their_namespaces(tmp_path):
+    with EmulatedCluster(nodes=2, inter_mbit=100) as cluster:
+        codes = launch(cluster, lambda r: [sys.executable, "-c", _SHOW_ENV, str(tmp_path / f"env{r}.json")],
+                       local_size=2, port=29612, log_dir=tmp_path / "logs", timeout=60)
+        assert codes == [0, 0, 0, 0]
+        envs = _envs(tmp_path, 4)
+    for r, env in enumerate(envs):
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (str(r), "4", "2")
+        assert (env["LOCAL_RANK"], env["GROUP_RANK"]) == (str(r % 2), str(r // 2))
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["GLOO_SOCKET_IFNAME"]) == (cluster.address(0), "29612", "eth0")
+
+
+def test_loopback_job_without_a_cluster(tmp_path):
+    codes = launch(None, lambda r: [sys.executable, "-c", _SHOW_ENV, str(tmp_path / f"env{r}.json")],
+                   local_size=1, nodes=2, port=29613, timeout=60)
+    assert codes == [0, 0]
+    envs = _envs(tmp_path, 2)
+    assert [e["GROUP_RANK"] for e in envs] == ["0", "1"] and envs[0]["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_a_failing_rank_stops_the_job_and_is_named(tmp_path):
+    def argv(rank):
+        if rank == 1:
+            return [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    start = time.monotonic()
+    with pytest.raises(JobFailed, match=r"rank 1 exited with status 3; see .*rank1\.log"):
+        launch(None, argv, local_size=2, nodes=1, log_dir=tmp_path, timeout=60)
+    assert time.monotonic() - start < 30  # the sleeping rank was stopped, not waited for
+    assert "boom" in (tmp_path / "rank1.log").read_text()
+
+
+def test_job_timeout_is_reported(tmp_path):
+    with pytest.raises(JobFailed, match="still running after 1 s"):
+        launch(None, lambda r: [sys.executable, "-c", "import time; time.sleep(60)"], local_size=1, nodes=1,
+               timeout=1)
+
+
+def test_bad_layout_is_refused():
+    with pytest.raises(ValueError, match="local_size >= 1 and nodes >= 1"):
+        launch(None, lambda r: ["true"], local_size=1)
+
+
+@netns
+def test_node_redis_is_reached_across_the_link_and_counted(tmp_path):
+    with EmulatedCluster(nodes=2, inter_mbit=200) as cluster:
+        with NodeRedis(cluster, 1, tmp_path / "redis", maxmemory="64mb") as server:
+            assert server.url == f"redis://{cluster.address(1)}:6379/0"
+            before = link_bytes(cluster)
+            size = 1 << 20
+            done = run_on_node(cluster, 0, [sys.executable, "-c", _SET, server.url, str(size)], timeout=60)
+            assert done.returncode == 0, done.stderr
+            after = link_bytes(cluster)
+        # the value went node 0 -> node 1 and came back: both directions carried it
+        for node in (0, 1):
+            assert after[node]["tx"] - before[node]["tx"] >= size
+            assert after[node]["rx"] - before[node]["rx"] >= size
+        assert server.proc.poll() is not None  # stopped on exit

@@ -1,0 +1,204 @@
+"""Jobs on the emulated cluster: one Redis server per node, torchrun-style ranks, link counters.
+
+:class:`tools.cluster.EmulatedCluster` builds the nodes and the rate-limited links; this
+module puts a workload on them the way a real cluster runs it:
+
+- :class:`NodeRedis`: a ``redis-server`` inside node ``i``'s namespace, bound to that
+  node's address, so an L2 read of a sample held by another node crosses the limited link
+  exactly as it would between two machines (persistence off, ``noeviction``).
+- :func:`launch`: ``nodes x local_size`` processes, rank ``r`` inside node ``r // local_size``
+  with torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` on node 0,
+  ``GLOO_SOCKET_IFNAME=eth0``). The first rank that fails stops the job (only processes
+  started here are signalled, through their own handles).
+- :func:`link_bytes`: bytes sent and received on each node's ``eth0`` (the kernel's
+  counters): the ground truth of what crossed between nodes, gradients and samples alike.
+
+Example:
+    >>> with EmulatedCluster(nodes=2, inter_mbit=200) as cluster:        # doctest: +SKIP
+    ...     servers = [NodeRedis(cluster, i, workdir / f"redis{i}") for i in range(2)]
+    ...     before = link_bytes(cluster)
+    ...     codes = launch(cluster, lambda rank: ["cachepipe", "train", ...], local_size=2)
+    ...     sent = sum(b["tx"] for b in link_bytes(cluster)) - sum(b["tx"] for b in before)
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from tools.cluster import EmulatedCluster
+
+__all__ = ["NodeRedis", "JobFailed", "launch", "link_bytes", "run_on_node"]
+
+REDIS_PORT = 6379
+
+
+class JobFailed(RuntimeError):
+    """A rank of an emulated job failed or the job timed out; the message names the rank and its log."""
+
+
+class NodeRedis:
+    """A real ``redis-server`` inside one emulated node, reachable at :attr:`url` from every node.
+
+    Args:
+        cluster: a started :class:`EmulatedCluster`.
+        node: the node that hosts the server.
+        workdir: directory for its log (created).
+        maxmemory: ``maxmemory`` of the server (Redis syntax, e.g. ``"2gb"``).
+        port: TCP port on the node's address.
+        timeout: seconds to wait for the server to answer.
+
+    Raises:
+        RuntimeError: the server did not come up (the message quotes its log).
+    """
+
+    def __init__(self, cluster: EmulatedCluster, node: int, workdir: str | os.PathLike, *,
+                 maxmemory: str = "2gb", port: int = REDIS_PORT, timeout: float = 10.0) -> None:
+        from cachepipe.redis_binary import find_redis_server, server_env
+
+        self.cluster, self.node, self.port = cluster, node, port
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log = self.workdir / f"redis-node{node}.log"
+        # Bound to the node's private address only; protected mode would refuse the other
+        # nodes' clients (no password on an emulated, unreachable-from-outside network).
+        argv = [find_redis_server(), "--bind", cluster.address(node), "--port", str(port),
+                "--protected-mode", "no", "--save", "", "--appendonly", "no", "--maxmemory", maxmemory,
+                "--maxmemory-policy", "noeviction", "--dir", str(self.workdir), "--logfile", str(self.log)]
+        self.proc = subprocess.Popen(cluster.command(node, argv), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=server_env())
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                log = self.log.read_text()[-500:] if self.log.exists() else "(no log)"
+                raise RuntimeError(f"redis-server on node {node} ({self.url}) did not start: {log}")
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.cluster.address(self.node)}:{self.port}/0"
+
+    def _answers(self) -> bool:
+        probe = ("import redis,sys; sys.exit(0 if redis.Redis.from_url(sys.argv[1], socket_timeout=1)"
+                 ".ping() else 1)")
+        return run_on_node(self.cluster, self.node, [sys.executable, "-c", probe, self.url]).returncode == 0
+
+    def stop(self) -> None:
+        """Stop the server (our own child process: terminate, then kill after 10 s)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "NodeRedis":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_on_node(cluster: EmulatedCluster, node: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``argv`` to completion inside node ``node`` (output captured as text unless redirected)."""
+    kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
+    return subprocess.run(cluster.command(node, list(argv)), env=_env(env), timeout=timeout, text=True, **kwargs)
+
+
+def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    # c10d warns about unresolvable hostnames in namespaces; those lines are noise here
+    return dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", **(extra or {}))
+
+
+def launch(cluster: EmulatedCluster | None, argv_for_rank: Callable[[int], Sequence[str]], *, local_size: int,
+           nodes: int | None = None, port: int = 29500, env: Mapping[str, str] | None = None,
+           timeout: float | None = None, log_dir: str | os.PathLike | None = None) -> list[int]:
+    """Run one rank per process, ``local_size`` per node, and wait for all of them.
+
+    Args:
+        cluster: a started :class:`EmulatedCluster`, or None to run every rank on this
+            host's loopback (no namespaces, no rate limit; for machines without root).
+        argv_for_rank: the command of each rank (e.g. ``cachepipe train ...``).
+        local_size: ranks per node; the world size is ``nodes * local_size``.
+        nodes: number of nodes (default: the cluster's; required without a cluster).
+        port: rendezvous port on node 0's address.
+        env: extra environment for every rank.
+        timeout: seconds before the whole job is stopped; None = no limit.
+        log_dir: each rank's stdout+stderr go to ``rank<R>.log`` there; None = inherited.
+
+    Returns:
+        The exit status of every rank (all 0 on success).
+
+    Raises:
+        JobFailed: a rank exited non-zero (the others are stopped) or the job timed out.
+        ValueError: for ``local_size < 1`` or a missing node count.
+    """
+    nodes = cluster.nodes if cluster is not None else nodes
+    if local_size < 1 or not nodes or nodes < 1:
+        raise ValueError(f"need local_size >= 1 and nodes >= 1, got {local_size=}, {nodes=}")
+    world = nodes * local_size
+    logs = Path(log_dir) if log_dir is not None else None
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    files = []
+    try:
+        for rank in range(world):
+            node = rank // local_size
+            where = cluster.env(node) if cluster else {"GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+            rank_env = dict(env or {}, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % local_size),
+                            LOCAL_WORLD_SIZE=str(local_size), GROUP_RANK=str(node), MASTER_PORT=str(port), **where)
+            argv = list(argv_for_rank(rank))
+            out = None
+            if logs is not None:
+                out = open(logs / f"rank{rank}.log", "w")
+                files.append(out)
+            procs.append(subprocess.Popen(cluster.command(node, argv) if cluster else argv, env=_env(rank_env),
+                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT if out else None))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                raise JobFailed(f"rank {failed[0]} exited with status {procs[failed[0]].returncode}"
+                                + (f"; see {logs / f'rank{failed[0]}.log'}" if logs else ""))
+            if deadline is not None and time.monotonic() > deadline:
+                raise JobFailed(f"job still running after {timeout:.0f} s; stopped")
+            time.sleep(0.1)
+        codes = [p.returncode for p in procs]
+        if any(codes):
+            bad = next(r for r, c in enumerate(codes) if c)
+            raise JobFailed(f"rank {bad} exited with status {codes[bad]}"
+                            + (f"; see {logs / f'rank{bad}.log'}" if logs else ""))
+        return codes
+    finally:
+        for p in procs:  # only the processes started here, by their own handles
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for f in files:
+            f.close()
+
+
+def link_bytes(cluster: EmulatedCluster) -> list[dict[str, int]]:
+    """``[{"tx": bytes, "rx": bytes}, ...]``: what each node's ``eth0`` has sent and received so far."""
+    out = []
+    for ns in cluster.namespaces:
+        proc = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "eth0"], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"cannot read the link counters of {ns}: {proc.stderr.strip()}")
+        stats = json.loads(proc.stdout)[0]["stats64"]
+        out.append({"tx": int(stats["tx"]["bytes"]), "rx": int(stats["rx"]["bytes"])})
+    return out
