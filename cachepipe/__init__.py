@@ -10,7 +10,7 @@ Example:
 """
 from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, L2UnavailableError
+from cachepipe.errors import CacheWarning, CorruptSampleError, EmptyFolderError, L1FullError, L2UnavailableError
 from cachepipe.manifest import IMG_EXTENSIONS, Manifest
 from cachepipe.two_level import TwoLevelCache
 
@@ -18,6 +18,7 @@ __all__ = [
     "CacheWarning",
     "CorruptSampleError",
     "EmbeddedRedis",
+    "EmptyFolderError",
     "IMG_EXTENSIONS",
     "L1FullError",
     "L2UnavailableError",

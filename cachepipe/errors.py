@@ -1,7 +1,7 @@
 """Exceptions and warnings raised by cachepipe."""
 from __future__ import annotations
 
-__all__ = ["CacheWarning", "CorruptSampleError", "L1FullError", "L2UnavailableError"]
+__all__ = ["CacheWarning", "CorruptSampleError", "EmptyFolderError", "L1FullError", "L2UnavailableError"]
 
 
 class CacheWarning(RuntimeWarning):
@@ -39,6 +39,14 @@ class CorruptSampleError(ValueError):
 
 def _rebuild_corrupt(reason: str, index: int | None, path: str | None) -> CorruptSampleError:
     return CorruptSampleError(reason, index=index, path=path)
+
+
+class EmptyFolderError(FileNotFoundError, ValueError):
+    """An ImageFolder root without class folders, or a class folder without a valid file.
+
+    A ``FileNotFoundError`` as torchvision's ``ImageFolder`` raises it, and a ``ValueError``
+    as cachepipe raised it before, so code catching either keeps working.
+    """
 
 
 class L1FullError(OSError):

@@ -27,8 +27,10 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from cachepipe.errors import EmptyFolderError
 
 __all__ = ["IMG_EXTENSIONS", "Manifest"]
 
@@ -121,14 +123,38 @@ class Manifest:
 
     # -- scanning ---------------------------------------------------------------------
     @classmethod
-    def scan(cls, root: str | os.PathLike) -> Manifest:
-        """Walk ``root`` with torchvision ``ImageFolder`` rules.
+    def scan(cls, root: str | os.PathLike, *, extensions: str | Sequence[str] | None = None,
+             is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False) -> Manifest:
+        """Walk ``root`` with torchvision ``ImageFolder`` / ``DatasetFolder`` rules.
+
+        Args:
+            root: ImageFolder root.
+            extensions: file name endings to keep, matched against the lower-cased name
+                (default :data:`IMG_EXTENSIONS`); as ``DatasetFolder(extensions=)``.
+            is_valid_file: ``f(absolute path) -> bool`` instead of ``extensions``.
+            allow_empty: keep class folders without a valid file (their label exists,
+                no sample has it) instead of raising.
+
+        A manifest scanned with ``extensions`` or ``is_valid_file`` (or with empty classes)
+        is not reused by :meth:`load_or_scan` (NOTE [manifest reuse]): those rules are not
+        part of the saved pointer, so it records no directory mtimes.
 
         Raises:
             FileNotFoundError: ``root`` does not exist or is not a directory.
-            ValueError: no class folders, or class folders without any image file; the
-                message says what was found instead.
+            EmptyFolderError: (a ``FileNotFoundError`` and ``ValueError``) no class folders,
+                or class folders without any valid file; the message says what was found.
+            ValueError: both ``extensions`` and ``is_valid_file`` given.
         """
+        if extensions is not None and is_valid_file is not None:
+            raise ValueError("extensions and is_valid_file cannot both be given (as in torchvision's DatasetFolder)")
+        custom = extensions is not None or is_valid_file is not None
+        if is_valid_file is None:
+            ends = IMG_EXTENSIONS if extensions is None else (
+                (extensions,) if isinstance(extensions, str) else tuple(extensions))
+
+            def is_valid_file(path: str) -> bool:
+                return path.lower().endswith(ends)
+
         root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(root):
             raise FileNotFoundError(f"source {root!r} does not exist or is not a directory")
@@ -139,9 +165,9 @@ class Manifest:
         if not classes:
             files = sorted(e.name for e in entries)
             shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
-            raise ValueError(f"no class folders in {root!r} (an ImageFolder root holds one folder "
-                             f"per class); found {len(files)} other entries"
-                             + (f": {shown}" if files else ""))
+            raise EmptyFolderError(f"no class folders in {root!r} (an ImageFolder root holds one folder "
+                                   f"per class); found {len(files)} other entries"
+                                   + (f": {shown}" if files else ""))
         dir_mtimes = {".": os.stat(root).st_mtime_ns}
         relpaths, labels, sizes, mtimes, empty = [], [], [], [], []
         for label, name in enumerate(classes):
@@ -149,9 +175,9 @@ class Manifest:
             for dirpath, _, fnames in sorted(os.walk(os.path.join(root, name), followlinks=True)):
                 dir_mtimes[os.path.relpath(dirpath, root)] = os.stat(dirpath).st_mtime_ns
                 for fname in sorted(fnames):
-                    if not fname.lower().endswith(IMG_EXTENSIONS):
-                        continue
                     full = os.path.join(dirpath, fname)
+                    if not is_valid_file(full):
+                        continue
                     try:
                         st = os.stat(full)
                     except FileNotFoundError:  # dangling symlink: ImageFolder would fail to open it too
@@ -162,10 +188,13 @@ class Manifest:
                     mtimes.append(st.st_mtime_ns)
             if len(relpaths) == before:
                 empty.append(name)
-        if empty:
+        if empty and not allow_empty:
             shown = ", ".join(empty[:5]) + (", ..." if len(empty) > 5 else "")
-            raise ValueError(f"{len(empty)} of {len(classes)} class folders in {root!r} hold no image "
-                             f"file ({'/'.join(IMG_EXTENSIONS)}): {shown}")
+            rule = "is_valid_file" if extensions is None and custom else "/".join(ends)
+            raise EmptyFolderError(f"{len(empty)} of {len(classes)} class folders in {root!r} hold no valid "
+                                   f"file ({rule}): {shown}")
+        if custom or empty:
+            dir_mtimes = {}
         return cls(root, classes, relpaths, labels, sizes, mtimes, dir_mtimes, started)
 
     # -- persistence --------------------------------------------------------------------
@@ -186,14 +215,16 @@ class Manifest:
         return m
 
     def save(self, cache_dir: str | os.PathLike) -> Path:
-        """Write ``<cache_dir>/<fingerprint>/manifest.json`` and the source pointer (atomic)."""
+        """Write ``<cache_dir>/<fingerprint>/manifest.json`` and, for a manifest that
+        :meth:`load_or_scan` may reuse, the source pointer (atomic)."""
         cache_dir = Path(cache_dir)
         path = cache_dir / self.fingerprint / "manifest.json"
         if not path.exists():
             _atomic_write_json(path, self.to_json())
-        _atomic_write_json(cache_dir / "sources" / f"{_source_key(self.root)}.json",
-                           {"root": self.root, "fingerprint": self.fingerprint,
-                            "dir_mtimes": self.dir_mtimes, "scanned_at": self.scanned_at})
+        if self.dir_mtimes:  # without them the manifest cannot be reused by root (Manifest.scan)
+            _atomic_write_json(cache_dir / "sources" / f"{_source_key(self.root)}.json",
+                               {"root": self.root, "fingerprint": self.fingerprint,
+                                "dir_mtimes": self.dir_mtimes, "scanned_at": self.scanned_at})
         return path
 
     @classmethod

@@ -4,15 +4,18 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch.utils.data
+from PIL import Image
 
 from cachepipe import CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
 
-__all__ = ["CachedImageFolder", "ON_ERROR"]
+__all__ = ["CachedImageFolder", "ON_ERROR", "OUTPUTS"]
 
 ON_ERROR = ("raise", "skip")
+OUTPUTS = ("numpy", "pil")
 
 
 class CachedImageFolder(torch.utils.data.Dataset):
@@ -20,9 +23,10 @@ class CachedImageFolder(torch.utils.data.Dataset):
 
     Classes, ``class_to_idx``, ``samples`` (absolute paths), ``targets`` and their order
     follow torchvision's rules (sorted class folders, files by sorted ``os.walk``, image
-    extensions case-insensitive). A sample is the cached uint8 ``(H, W, 3)`` numpy array
-    whose shorter side is ``cache_size`` (torchvision gives a PIL image); use
-    ``loaders.transforms`` on it, or any callable taking that array.
+    extensions case-insensitive), and so do ``extensions``, ``is_valid_file`` and
+    ``allow_empty`` (NOTE [torchvision arguments]). A sample is the cached uint8
+    ``(H, W, 3)`` numpy array whose shorter side is ``cache_size``; ``output="pil"`` gives
+    it as a PIL image, so a torchvision transform pipeline runs unchanged.
 
     ``__getitems__(indices)`` fetches a whole batch with one round trip per Redis shard;
     torch's DataLoader calls it with each batch's index list and passes the returned list of
@@ -31,8 +35,15 @@ class CachedImageFolder(torch.utils.data.Dataset):
 
     Args:
         root: ImageFolder root (``<root>/<class>/**/<image>``).
-        transform: applied to each sample (uint8 HWC numpy array).
+        transform: applied to each sample (see ``output``).
         target_transform: applied to each label.
+        loader: ``loader(path) -> sample`` as torchvision's; given, every sample is
+            ``loader(path)`` of its file and the cache is not used (a warning says so
+            unless ``cache=False``); ``output`` does not apply.
+        is_valid_file: ``f(path) -> bool`` choosing the files (instead of ``extensions``).
+        allow_empty: keep class folders without a valid file instead of raising.
+        extensions: file endings to keep (default: torchvision's ``IMG_EXTENSIONS``),
+            as ``DatasetFolder(extensions=)``; not together with ``is_valid_file``.
         cache: ``None`` builds a ``TwoLevelCache`` for ``root``; a ``TwoLevelCache`` to
             share one; ``False`` reads and decodes the files every time (no cache, same
             ``decode_and_resize`` pixels).
@@ -43,31 +54,58 @@ class CachedImageFolder(torch.utils.data.Dataset):
         on_error: ``"raise"`` (default): a corrupt file raises ``CorruptSampleError``
             naming it; ``"skip"``: it is left out of its batch, warned about and counted
             in ``skipped`` (``__getitem__`` still raises: one sample cannot be skipped).
+        output: ``"numpy"`` (default) or ``"pil"``: what ``transform`` and ``ds[i]`` get.
+            ``load``/``load_many`` (and so ``cached_dataloader``) always give arrays.
 
     Raises:
-        ValueError: an empty root or class folder (the message lists what was found), a
-            bad ``on_error``, or a ``cache`` built for another root.
+        EmptyFolderError: (a ``FileNotFoundError``, as torchvision's, and a ``ValueError``)
+            an empty root or a class folder without a valid file; the message lists what
+            was found.
         FileNotFoundError: ``root`` does not exist.
+        ValueError: a bad ``on_error`` or ``output``, ``extensions`` with
+            ``is_valid_file``, or a ``cache`` built for other files.
 
     Example:
         >>> ds = CachedImageFolder("/data/train", cache_dir="/local/cache")  # doctest: +SKIP
         >>> img, label = ds[0]  # doctest: +SKIP
+        >>> tv = CachedImageFolder("/data/train", torchvision_transform, cache_dir="/local/cache",
+        ...                        output="pil")  # doctest: +SKIP
     """
 
+    # NOTE [torchvision arguments]
+    # extensions / is_valid_file / allow_empty choose the files: the manifest is scanned
+    # with those rules (Manifest.scan), and the cache serves it like any other (its own
+    # fingerprint, so its own L1 mirror and L2 namespace). A custom loader changes the
+    # pixels themselves, which the cache cannot know, so it is honoured by not caching:
+    # every read calls loader(path), as torchvision does.
+
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
-                 target_transform: Callable | None = None, *, cache=None, cache_dir=None, redis=None,
-                 cache_size: int = 256, on_error: str = "raise") -> None:
+                 target_transform: Callable | None = None, loader: Callable[[str], Any] | None = None,
+                 is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False, *,
+                 extensions: str | Sequence[str] | None = None, cache=None, cache_dir=None, redis=None,
+                 cache_size: int = 256, on_error: str = "raise", output: str = "numpy") -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; valid: {list(ON_ERROR)}")
+        if output not in OUTPUTS:
+            raise ValueError(f"unknown output {output!r}; valid: {list(OUTPUTS)}")
+        custom = extensions is not None or is_valid_file is not None or allow_empty
+        manifest = (Manifest.scan(root, extensions=extensions, is_valid_file=is_valid_file, allow_empty=allow_empty)
+                    if custom or cache is False or loader is not None else None)
+        if loader is not None and cache is not False:
+            warnings.warn("CachedImageFolder(loader=...): every sample is loader(path) of its file; the cache is "
+                          "not used (it holds decode_and_resize pixels, not the loader's). Pass cache=False to "
+                          "say so and silence this.", UserWarning, stacklevel=2)
+            cache = False
         self._owns_cache = cache is None
         if cache is None:
             if cache_dir is None:
                 raise ValueError("pass cache_dir (the local L1 directory), a TwoLevelCache as cache=, "
                                  "or cache=False to read the files directly")
-            cache = TwoLevelCache(os.fspath(root), os.fspath(cache_dir), redis=redis, cache_size=cache_size)
+            cache = TwoLevelCache(manifest or os.fspath(root), os.fspath(cache_dir), redis=redis,
+                                  cache_size=cache_size)
         if cache is False:
             self.cache = None
-            self.manifest = Manifest.scan(root)
+            self.manifest = manifest
             self.cache_size = int(cache_size)
         else:
             self.cache = cache
@@ -75,8 +113,12 @@ class CachedImageFolder(torch.utils.data.Dataset):
             self.cache_size = int(cache.config.cache_size)
             if os.path.abspath(os.fspath(root)) != self.manifest.root:
                 raise ValueError(f"the cache given serves {self.manifest.root!r}, not {os.path.abspath(root)!r}")
+            if manifest is not None and manifest.fingerprint != self.manifest.fingerprint:
+                raise ValueError("the cache given serves other files of this root than extensions/is_valid_file/"
+                                 "allow_empty choose; build it from Manifest.scan with the same rules")
         self.root = self.manifest.root
         self.transform, self.target_transform = transform, target_transform
+        self.loader, self.extensions, self.output = loader, extensions, output
         self.on_error = on_error
         self.classes = list(self.manifest.classes)
         self.class_to_idx = dict(self.manifest.class_to_idx)
@@ -89,13 +131,15 @@ class CachedImageFolder(torch.utils.data.Dataset):
         return len(self.samples)
 
     def __repr__(self) -> str:
-        source = "files" if self.cache is None else type(self.cache).__name__
+        source = ("loader" if self.loader is not None else "files") if self.cache is None else type(self.cache).__name__
         return (f"CachedImageFolder(root={self.root!r}, samples={len(self)}, classes={len(self.classes)}, "
                 f"cache_size={self.cache_size}, source={source})")
 
     # ---- raw samples ------------------------------------------------------------------
-    def _read_file(self, index: int) -> np.ndarray:
+    def _read_file(self, index: int):
         path = self.samples[index][0]
+        if self.loader is not None:
+            return self.loader(path)
         with open(path, "rb") as f:
             data = f.read()
         return decode_and_resize(data, self.cache_size, index=index, path=self.manifest.samples[index][0])
@@ -125,10 +169,12 @@ class CachedImageFolder(torch.utils.data.Dataset):
         skip = self.on_error == "skip"
         if self.cache is None:
             arrays = []
+            # a custom loader's errors pass through as torchvision's do; "skip" skips them
+            bad = CorruptSampleError if self.loader is None else (OSError, ValueError)
             for i in indices:
                 try:
                     arrays.append(self._read_file(i))
-                except CorruptSampleError:
+                except bad:
                     if not skip:
                         raise
                     arrays.append(None)
@@ -150,6 +196,8 @@ class CachedImageFolder(torch.utils.data.Dataset):
 
     # ---- torchvision Dataset protocol -------------------------------------------------
     def _apply(self, sample, target):
+        if self.output == "pil" and self.loader is None:
+            sample = Image.fromarray(sample)
         if self.transform is not None:
             sample = self.transform(sample)
         if self.target_transform is not None:

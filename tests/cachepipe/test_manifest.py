@@ -46,7 +46,7 @@ def test_empty_root_and_empty_classes_raise(tmp_path):
         Manifest.scan(tmp_path / "flat")
     _touch(tmp_path / "half" / "good" / "1.jpg")
     _touch(tmp_path / "half" / "bad" / "readme.txt")
-    with pytest.raises(ValueError, match="hold no image.*bad"):
+    with pytest.raises(ValueError, match="hold no valid file.*bad"):
         Manifest.scan(tmp_path / "half")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Manifest.scan(tmp_path / "missing")

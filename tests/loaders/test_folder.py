@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -75,18 +76,126 @@ def test_torch_dataloader_fetches_each_batch_with_one_mget_per_shard(source, cac
     assert 1 <= mgets <= 2  # one round trip per shard holding part of the batch, not one per sample
 
 
-def test_empty_root_and_empty_class_say_what_was_found(tmp_path, source):
+def test_empty_root_and_empty_class_raise_file_not_found_as_torchvision(tmp_path, source):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "stray.jpg").write_bytes(b"x")
-    with pytest.raises(ValueError, match=r"no class folders.*stray\.jpg"):
+    with pytest.raises(FileNotFoundError):
+        torchvision_image_folder(str(empty))
+    with pytest.raises(FileNotFoundError, match=r"no class folders.*stray\.jpg") as info:
         CachedImageFolder(empty, cache=False)
+    assert isinstance(info.value, ValueError)  # code written against earlier cachepipe still catches it
     (source / "class_9999").mkdir()
     (source / "class_9999" / "readme.txt").write_text("no images here")
-    with pytest.raises(ValueError, match=r"1 of 5 class folders.*class_9999"):
-        CachedImageFolder(source, cache=False)
     with pytest.raises(FileNotFoundError):
+        torchvision_image_folder(str(source))
+    with pytest.raises(FileNotFoundError, match=r"1 of 5 class folders.*class_9999"):
+        CachedImageFolder(source, cache=False)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         CachedImageFolder(tmp_path / "missing", cache=False)
+
+
+@pytest.mark.parametrize("cache", ["files", "cache"])
+def test_allow_empty_keeps_the_empty_class_as_torchvision(source, cache_dir, cache):
+    (source / "class_9999").mkdir()
+    (source / "class_9999" / "readme.txt").write_text("no images here")
+    kwargs = dict(cache=False) if cache == "files" else dict(cache_dir=cache_dir, redis=False)
+    ds = CachedImageFolder(source, allow_empty=True, cache_size=32, **kwargs)
+    classes, class_to_idx, samples = torchvision_image_folder(str(source), allow_empty=True)
+    assert ds.classes == classes and ds.class_to_idx == class_to_idx and ds.samples == samples
+    assert "class_9999" in ds.classes and ds.class_to_idx["class_9999"] not in ds.targets
+    assert ds[len(ds) - 1][0].shape[2] == 3
+
+
+@pytest.mark.parametrize("cache", ["files", "cache"])
+def test_extensions_and_is_valid_file_choose_files_as_torchvision(odd_tree, cache_dir, cache):
+    kwargs = dict(cache=False) if cache == "files" else dict(cache_dir=cache_dir, redis=False)
+    some = CachedImageFolder(odd_tree, extensions=(".png", ".bmp"), cache_size=16, **kwargs)
+    assert some.samples == torchvision_image_folder(str(odd_tree), extensions=(".png", ".bmp"))[2]
+    assert [os.path.basename(p) for p, _ in some.samples] == ["img.PNG", "2.bmp", "z.png"]
+
+    def no_deep_files(path):
+        return path.lower().endswith((".jpg", ".jpeg", ".png", ".bmp")) and "deeper" not in path
+
+    chosen = CachedImageFolder(odd_tree, is_valid_file=no_deep_files, cache_size=16, **kwargs)
+    assert chosen.samples == torchvision_image_folder(str(odd_tree), is_valid_file=no_deep_files)[2]
+    assert len(chosen) == 6 and not any("deeper" in p for p, _ in chosen.samples)
+    plain = CachedImageFolder(odd_tree, cache=False, cache_size=16)
+    for i, (path, _) in enumerate(chosen.samples):
+        assert np.array_equal(chosen[i][0], plain[[p for p, _ in plain.samples].index(path)][0])
+    with pytest.raises(ValueError, match="cannot both"):
+        CachedImageFolder(odd_tree, extensions=(".png", ".bmp"), is_valid_file=no_deep_files, cache=False)
+
+
+def test_a_filtered_cache_leaves_the_default_manifest_alone(odd_tree, cache_dir):
+    CachedImageFolder(odd_tree, extensions=(".png", ".bmp"), cache_dir=cache_dir, redis=False)
+    assert len(CachedImageFolder(odd_tree, cache_dir=cache_dir, redis=False)) == 7
+    assert len(CachedImageFolder(odd_tree, extensions=(".png", ".bmp"), cache_dir=cache_dir, redis=False)) == 3
+    assert len(CachedImageFolder(odd_tree, cache_dir=cache_dir, redis=False)) == 7
+    shared = CachedImageFolder(odd_tree, cache_dir=cache_dir, redis=False).cache
+    with pytest.raises(ValueError, match="other files"):
+        CachedImageFolder(odd_tree, extensions=(".png", ".bmp"), cache=shared)
+
+
+def test_custom_loader_is_honoured_without_the_cache(source, cache_dir):
+    calls = []
+
+    def loader(path):
+        calls.append(path)
+        with Image.open(path) as img:
+            return img.convert("L")
+
+    with pytest.warns(UserWarning, match=r"cache is\s+not used"):
+        ds = CachedImageFolder(source, loader=loader, cache_dir=cache_dir)
+    assert ds.cache is None and "loader" in repr(ds)
+    img, target = ds[3]
+    assert calls == [ds.samples[3][0]] and img.mode == "L" and target == ds.targets[3]
+    batch = ds.__getitems__([0, 1])
+    assert [b[0].mode for b in batch] == ["L", "L"] and len(calls) == 3
+    # cache=False says it on purpose: no cache_dir needed, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = CachedImageFolder(source, lambda im: im.size, None, loader, cache=False)
+    with Image.open(quiet.samples[0][0]) as ref:
+        assert quiet[0][0] == ref.size
+
+
+def test_custom_loader_errors_pass_through_or_are_skipped(source):
+    bad = sorted((source / "class_0001").iterdir())[2]
+    bad.write_bytes(b"not an image")
+
+    def loader(path):
+        with Image.open(path) as img:
+            return img.convert("RGB")
+
+    ds = CachedImageFolder(source, loader=loader, cache=False)
+    bad_index = [p for p, _ in ds.samples].index(str(bad))
+    with pytest.raises(OSError):  # PIL's UnidentifiedImageError, as from torchvision's ImageFolder
+        ds.__getitems__([0, bad_index])
+    skipping = CachedImageFolder(source, loader=loader, cache=False, on_error="skip")
+    with pytest.warns(RuntimeWarning, match=bad.name):
+        assert len(skipping.__getitems__([0, bad_index, 1])) == 2
+    assert skipping.skipped == [bad_index]
+
+
+def test_output_pil_runs_a_torchvision_style_pipeline_unchanged(source, cache_dir):
+    def pil_pipeline(img):  # what torchvision's Resize + Grayscale + ToTensor need: PIL methods
+        img = img.resize((24, 24), Image.BILINEAR).convert("L")
+        return torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0)[None]
+
+    arrays = CachedImageFolder(source, cache_dir=cache_dir, redis=False, cache_size=40)
+    pil = CachedImageFolder(source, pil_pipeline, lambda t: t + 100, cache_dir=cache_dir, redis=False,
+                            cache_size=40, output="pil")
+    raw = CachedImageFolder(source, cache_dir=cache_dir, redis=False, cache_size=40, output="pil")
+    img, target = raw[5]
+    assert isinstance(img, Image.Image) and img.mode == "RGB" and np.array_equal(np.asarray(img), arrays[5][0])
+    assert target == arrays.targets[5]
+    loader = torch.utils.data.DataLoader(pil, batch_size=8, num_workers=0)
+    images, labels = next(iter(loader))
+    assert images.shape == (8, 1, 24, 24) and labels.tolist() == [t + 100 for t in pil.targets[:8]]
+    assert isinstance(pil.load(0), np.ndarray)  # the batch path (cached_dataloader) stays numpy
+    with pytest.raises(ValueError, match="output"):
+        CachedImageFolder(source, cache=False, output="tensor")
 
 
 @pytest.mark.parametrize("cache", ["files", "cache"])
