@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module that defines ``configure(parser)`` (adds its
 flags) and ``main(args) -> int``. Only the chosen module is imported, so
-``cachepipe warmup`` never pays for importing torch.
+``cachepipe warmup`` never pays for importing torch. Exit status 2 means a bad flag:
+argparse's own checks, or a ``UsageError`` raised by ``main``.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["COMMANDS", "HelpFormatter", "main"]
+__all__ = ["COMMANDS", "HelpFormatter", "UsageError", "main"]
 
 # name -> (module, one-line help). Adding a subcommand is one entry and one module.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -22,6 +23,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tools.train", "train an image model end to end from the cache"),
     "report": ("tools.report", "plot training curves and time breakdowns of runs"),
 }
+
+
+class UsageError(ValueError):
+    """A bad flag value found after parsing: ``main`` prints it as one line and exits 2,
+    as argparse does for the flags it checks itself."""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -63,8 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     module.configure(parser)
     args = parser.parse_args(rest)
+    args.command_line = ["cachepipe", name, *rest]  # to print a command that continues this one
     try:
         return int(module.main(args) or 0)
+    except UsageError as exc:
+        print(f"cachepipe {name}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"cachepipe {name}: interrupted", file=sys.stderr)
         return 130

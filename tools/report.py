@@ -20,9 +20,9 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or str(Path(args.runs[0]) / "report")
     try:
         paths = write_report(args.runs, out)
-    except ValueError as exc:
+    except ValueError as exc:  # a RUN_DIR without metrics: a bad argument
         print(f"cachepipe report: error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     for p in paths:
         print(p)
     print((Path(out) / "summary.md").read_text())

@@ -19,8 +19,9 @@ __all__ = ["configure", "main"]
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", help="ImageFolder root with train/ and val/ (default with --demo: DEMO_DIR/data)")
-    parser.add_argument("--recipe", default="dawnbench28",
-                        help="shipped recipe name (dawnbench28, resnet50-90ep, demo) or a .yaml path")
+    parser.add_argument("--recipe", default=None,
+                        help="shipped recipe name (dawnbench28, resnet50-90ep, demo) or a .yaml path (default: "
+                             "dawnbench28 when training on a CUDA GPU, else demo; --demo: demo)")
     parser.add_argument("--out", default=None, help="run directory: metrics.jsonl and checkpoints/ (default: the --resume "
                         "directory, else runs/train; with --demo DEMO_DIR/run)")
     parser.add_argument("--cache-dir", default=None,
@@ -62,6 +63,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     demo.add_argument("--demo-val-per-class", type=int, default=30, help="validation images per class in the demo dataset")
 
 
+# flag -> (check, what it must be); checked before the recipe so the message names the flag
+_FLAG_RULES = {
+    "epochs": (lambda v: v >= 1, "must be >= 1"),
+    "density": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "batch_size": (lambda v: v >= 1, "must be >= 1"),
+    "size": (lambda v: v >= 1, "must be >= 1"),
+    "lr": (lambda v: v > 0, "must be > 0"),
+    "nprocs": (lambda v: v >= 1, "must be >= 1"),
+    "threads": (lambda v: v >= 0, "must be >= 0"),
+    "ckpt_every": (lambda v: v >= 0, "must be >= 0"),
+    "stop_after_steps": (lambda v: v >= 0, "must be >= 0"),
+}
+
+
+def _check_flags(args) -> None:
+    """Raise ``UsageError`` naming the first flag whose value is impossible."""
+    from tools.cli import UsageError
+
+    for name, (ok, rule) in _FLAG_RULES.items():
+        value = getattr(args, name)
+        if value is not None and not ok(value):
+            raise UsageError(f"--{name.replace('_', '-')} {value:g}: {rule}")
+
+
+def default_recipe(device: str) -> tuple[str, str]:
+    """The recipe to run when ``--recipe`` is not given, and why: ``dawnbench28`` (ResNet-50,
+    GPU-sized batches) only when training on a CUDA GPU, else the small ``demo`` recipe."""
+    import torch
+
+    if device != "cpu" and torch.cuda.is_available():
+        return "dawnbench28", f"no --recipe given; {torch.cuda.device_count()} CUDA GPU(s) here"
+    return "demo", ("no --recipe given and no CUDA GPU here: a small ResNet at 56 px instead of "
+                    "dawnbench28's ResNet-50 for 28 epochs; choose with --recipe")
+
+
 def _recipe(args, default_name: str | None = None):
     from trainer.recipes import load_recipe, override
 
@@ -70,7 +106,7 @@ def _recipe(args, default_name: str | None = None):
                        ("train.seed", args.seed)):
         if value is not None:
             sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}")
-    return override(load_recipe(default_name or args.recipe), epochs=args.epochs, comm=args.comm,
+    return override(load_recipe(args.recipe or default_name), epochs=args.epochs, comm=args.comm,
                     density=args.density, selector=args.selector, batch_size=args.batch_size, size=args.size,
                     sets=sets)
 
@@ -79,7 +115,7 @@ def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def _run_torchrun(cfg) -> int:
+def _run_torchrun(cfg) -> list[dict]:
     import torch
     import torch.distributed as dist
 
@@ -88,10 +124,9 @@ def _run_torchrun(cfg) -> int:
     backend = "nccl" if torch.cuda.is_available() and cfg.device != "cpu" else "gloo"
     dist.init_process_group(backend)
     try:
-        run_rank(dist.get_rank(), dist.get_world_size(), cfg)
+        return run_rank(dist.get_rank(), dist.get_world_size(), cfg)
     finally:
         dist.destroy_process_group()
-    return 0
 
 
 def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
@@ -109,34 +144,64 @@ def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Check the flags, recipe, data and topology (a bad one: exit 2), then train (exit 1 when
+    a worker fails or a checkpoint does not fit)."""
+    import time
+
+    from tools.cli import UsageError
     from trainer.launch import WorkerFailed
+    from trainer.progress import describe_run, final_line, resume_command
     from trainer.run_config import RunConfig
 
-    try:
-        if args.demo:
-            from trainer.demo import run_demo
+    _check_flags(args)
+    if args.demo:
+        from trainer.demo import run_demo
 
-            return run_demo(args, _recipe(args, "demo" if args.recipe == "dawnbench28" else None))
+        try:
+            recipe = _recipe(args, "demo")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        try:
+            return run_demo(args, recipe)
+        except (ValueError, WorkerFailed) as exc:
+            print(f"cachepipe train: error: {exc}", file=sys.stderr)
+            return 1
+    try:
         if not args.data:
-            raise ValueError("--data ROOT is required (or use --demo)")
+            raise UsageError("--data ROOT is required (or use --demo)")
         from trainer.data import check_data_root
 
         check_data_root(args.data)
-        recipe = _recipe(args)
+        name, why = (args.recipe, "") if args.recipe else default_recipe(args.device)
+        recipe = _recipe(args, name)
         out = args.out or args.resume or "runs/train"
+        torchrun = _under_torchrun()
+        nprocs = int(os.environ["WORLD_SIZE"]) if torchrun else args.nprocs
         cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader, cache_dir=args.cache_dir,
                         redis=tuple(args.redis) if args.redis else None, ckpt_every=args.ckpt_every,
                         resume=args.resume, nodes=args.nodes, local_size=args.local_size, device=args.device,
-                        stop_after_steps=args.stop_after_steps, ddp=args.ddp)
-        if _under_torchrun():
-            return _run_torchrun(cfg)
-        _check_topology(args.nprocs, args.nodes, args.local_size)
-        _run_local(cfg, args.nprocs, args.threads)
-        print(f"metrics: {Path(cfg.out) / 'metrics.jsonl'}")
-        return 0
+                        stop_after_steps=args.stop_after_steps, ddp=args.ddp,
+                        ranks_per_machine=None if torchrun else args.nprocs)
+        if not torchrun:
+            _check_topology(args.nprocs, args.nodes, args.local_size)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if rank0:
+        workers = f"{nprocs} worker{'s' if nprocs > 1 else ''}" + (f" as {args.nodes} nodes x {nprocs // args.nodes}" if args.nodes else "")
+        print("train: " + describe_run(recipe, workers=workers, loader=args.loader, why=why), flush=True)
+    start = time.perf_counter()
+    try:
+        rows = _run_torchrun(cfg) if torchrun else _run_local(cfg, args.nprocs, args.threads)
     except (ValueError, WorkerFailed) as exc:
         print(f"cachepipe train: error: {exc}", file=sys.stderr)
         return 1
+    if rank0:
+        if args.stop_after_steps and (not rows or rows[-1]["epoch"] < recipe.total_epochs - 1):
+            print(f"train: to resume: {resume_command(args, out)}")
+        elif rows:
+            print("train: " + final_line(rows, time.perf_counter() - start, out))
+    return 0
 
 
 def _check_topology(nprocs: int, nodes: int | None, local_size: int | None) -> None:

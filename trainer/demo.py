@@ -49,6 +49,7 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     from cachepipe.demo_data import make_dataset
     from trainer.launch import launch_local
     from trainer.loop import run_rank
+    from trainer.progress import describe_run, final_line, resume_command
     from trainer.run_config import RunConfig
 
     base = Path(args.demo_dir)
@@ -67,20 +68,18 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     cfg = RunConfig(recipe=recipe, data=str(data), out=str(out), loader=loader, cache_dir=str(cache_dir),
                     redis=redis, ckpt_every=args.ckpt_every, resume=args.resume, nodes=DEMO_NODES,
                     local_size=DEMO_LOCAL_SIZE, device="cpu", stop_after_steps=args.stop_after_steps,
-                    ddp=args.ddp)
+                    ddp=args.ddp, ranks_per_machine=DEMO_NODES * DEMO_LOCAL_SIZE)
     nprocs = DEMO_NODES * DEMO_LOCAL_SIZE
-    phase = recipe.phases[0]
-    print(f"demo: {recipe.model.name}, {recipe.total_epochs} epochs at {phase.size} px, {nprocs} workers as "
-          f"{DEMO_NODES} nodes x {DEMO_LOCAL_SIZE}, comm {phase.comm}"
-          + (f" (density {phase.density}, {phase.selector})" if phase.comm != "dense" else "") + f", loader {loader}")
+    print("demo: " + describe_run(recipe, workers=f"{nprocs} workers as {DEMO_NODES} nodes x {DEMO_LOCAL_SIZE}",
+                                  loader=loader), flush=True)
     start = time.perf_counter()
     try:
         rows = launch_local(run_rank, nprocs, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)
     finally:
         if loader != "memory" and not redis:
             stop_embedded(cache_dir)
-    if rows:
-        print(f"demo: final top-1 {rows[-1]['val_top1']:.1f}%, top-5 {rows[-1]['val_top5']:.1f}% in "
-              f"{time.perf_counter() - start:.0f} s; metrics in {out / 'metrics.jsonl'} "
-              f"(plot: cachepipe report {out})")
+    if args.stop_after_steps and (not rows or rows[-1]["epoch"] < recipe.total_epochs - 1):
+        print(f"demo: to resume: {resume_command(args, str(out))}")
+    elif rows:
+        print("demo: " + final_line(rows, time.perf_counter() - start, out))
     return 0

@@ -8,6 +8,7 @@ schedule at fractional epochs; phases change image size, batch size and algorith
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import time
 from pathlib import Path
@@ -18,13 +19,14 @@ from torch import nn
 
 from trainer import models
 from trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from trainer.data import LoaderSpec, check_data_root, make_loader
+from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
 from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, cache_counts,
                                  pick_device, world)
 from trainer.evaluate import evaluate
 from trainer.exchange import build_ddp_exchange, build_exchange, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
+from trainer.progress import epoch_bar
 from trainer.run_config import RunConfig
 from trainer.schedules import lr_at
 
@@ -53,8 +55,9 @@ class _Run:
         self.scaler = make_scaler(r.train.amp, self.device)
         self.autocast = autocast_for(r.train.amp, self.device)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
+        workers = loader_workers(r.train.workers, cfg.ranks_per_machine or _local_world(self.world))
         self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
-                               r.train.cache_size, r.train.workers, str(self.device))
+                               r.train.cache_size, workers, str(self.device))
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
         self.cache_seen = [0.0] * len(CACHE_COUNTERS)
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
@@ -201,6 +204,7 @@ class _Run:
         times.load_state_dict(self.accum["breakdown"])
         steps = len(self.loader)
         done = self.accum["batches"]
+        bar = epoch_bar(self.epoch, steps, done, show=self.rank == 0 and self.cfg.print_table)
         start = time.perf_counter()
         mark = time.perf_counter()
         for images, labels in self.loader:
@@ -219,9 +223,15 @@ class _Run:
                 self._checkpoint()
             if on_step:
                 on_step(self.global_step, loss)
+            bar.step(loss)
             if stop:
+                bar.close()
+                if self.rank == 0 and self.cfg.print_table:
+                    print(f"stopped at global step {self.global_step} (--stop-after-steps): epoch {self.epoch}, "
+                          f"batch {done} of {steps}; checkpoint in {Path(self.cfg.out) / 'checkpoints'}", flush=True)
                 return False
             mark = time.perf_counter()
+        bar.close()
         return True
 
     def finish_epoch(self) -> dict:
@@ -234,7 +244,8 @@ class _Run:
                "comm": phase.comm, "density": phase.density if phase.comm in ("topk_ag", "gtopk", "hitopk", "omgs") else 1.0,
                "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss[0].item() / max(loss[1].item(), 1.0),
                "images_per_s": self.accum["images"] / max(self.accum["seconds"], 1e-9),
-               "seconds": self.accum["seconds"], "steps": self.global_step}
+               "seconds": self.accum["seconds"], "steps": self.global_step, "recipe": self.recipe.name,
+               "world_size": self.world}
         breakdown = TimeBreakdown()
         breakdown.load_state_dict(self.accum["breakdown"])
         row["time_per_iter"] = breakdown.per_iteration()
@@ -251,6 +262,11 @@ class _Run:
         if self.log is not None:
             self.log.append(row)
         return row
+
+
+def _local_world(world: int) -> int:
+    """Ranks sharing this machine: torchrun's LOCAL_WORLD_SIZE, else the whole world."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
 
 
 def _schedule_kwargs(s) -> dict:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,8 +68,9 @@ class MetricsLog:
         self._write(kept)
 
     def _write(self, rows: list[dict]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
+        # open(), not mkstemp: mkstemp makes the file 0600; this one gets the umask's mode
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         os.replace(tmp, self.path)
 

@@ -1,12 +1,17 @@
-"""The per-epoch table printed by rank 0 (loss, accuracy, throughput, breakdown, cache hits)."""
+"""What rank 0 prints: the per-epoch table, a progress bar within an epoch, and the
+configuration and final lines around them (the same for ``train`` and ``train --demo``)."""
 from __future__ import annotations
 
 import sys
 
-__all__ = ["HEADER", "format_row", "print_row"]
+__all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "print_row", "resume_command"]
 
-HEADER = (f"{'epoch':>5} {'px':>4} {'comm':>7} {'loss':>7} {'top1':>6} {'top5':>6} {'img/s':>7} "
-          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} {'cache hits L2/L1/src':>20}")
+# Two header lines: which columns belong to training, which to validation, which to the
+# time per training iteration (the MLSys paper's Figure 1 parts) and which to the cache.
+_GROUPS = (f"{'':>5} {'':>4} {'':>7} {'train':^15} | {'validation':^21} | "
+           f"{'train: ms per iteration':^34} | {'train reads':>13}")
+HEADER = (f"{'epoch':>5} {'px':>4} {'comm':>7} {'loss':>7} {'img/s':>7} | {'loss':>7} {'top1':>6} {'top5':>6} | "
+          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} | {'L2/L1/src':>13}")
 
 
 def _hits(cache: dict | None) -> str:
@@ -19,12 +24,92 @@ def format_row(row: dict) -> str:
     """One table line for a metrics row (times in ms per iteration)."""
     t = {k: 1000 * v for k, v in row.get("time_per_iter", {}).items()}
     return (f"{row['epoch']:>5} {row.get('size', 0):>4} {row.get('comm', ''):>7} {row['train_loss']:>7.3f} "
-            f"{row['val_top1']:>6.1f} {row['val_top5']:>6.1f} {row['images_per_s']:>7.1f} "
-            f"{t.get('data', 0):>6.1f} {t.get('compute', 0):>6.1f} {t.get('compress', 0):>6.1f} "
-            f"{t.get('communicate', 0):>6.1f} {t.get('update', 0):>6.1f} {_hits(row.get('cache')):>20}")
+            f"{row['images_per_s']:>7.1f} | {row.get('val_loss', float('nan')):>7.3f} {row['val_top1']:>6.1f} "
+            f"{row['val_top5']:>6.1f} | {t.get('data', 0):>6.1f} {t.get('compute', 0):>6.1f} "
+            f"{t.get('compress', 0):>6.1f} {t.get('communicate', 0):>6.1f} {t.get('update', 0):>6.1f} | "
+            f"{_hits(row.get('cache')):>13}")
 
 
 def print_row(row: dict, header: bool = False) -> None:
+    """Print ``row`` as a table line (after the two header lines when ``header``)."""
     if header:
-        print(HEADER + "   (times: ms per iteration)", file=sys.stdout)
+        print(_GROUPS + "\n" + HEADER, file=sys.stdout)
     print(format_row(row), file=sys.stdout, flush=True)
+
+
+class _NoBar:
+    def step(self, loss: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Bar:
+    """tqdm on stderr, cleared when the epoch ends so the table row takes its place."""
+
+    def __init__(self, epoch: int, steps: int, done: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch}", unit="step", leave=False,
+                        dynamic_ncols=True, file=sys.stderr)
+
+    def step(self, loss: float) -> None:
+        self.bar.set_postfix_str(f"loss {loss:.3f}", refresh=False)
+        self.bar.update()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def epoch_bar(epoch: int, steps: int, done: int = 0, *, show: bool = True):
+    """A progress bar over an epoch's ``steps`` (``done`` already trained), shown only when
+    ``show`` and stderr is a terminal (a log file gets the table rows alone). Has
+    ``step(loss)`` and ``close()``."""
+    if not show or not sys.stderr.isatty():
+        return _NoBar()
+    return _Bar(epoch, steps, done)
+
+
+def describe_run(recipe, *, workers: str, loader: str, why: str = "") -> str:
+    """The configuration line printed before training: model, epochs, sizes, workers, comm, loader."""
+    phases = recipe.phases
+    sizes = " > ".join(dict.fromkeys(f"{p.size}" for p in phases)) + " px"
+    comms = []
+    for p in phases:
+        text = p.comm + (f" (density {p.density}, {p.selector})" if p.comm in ("topk_ag", "gtopk", "hitopk", "omgs")
+                         else "")
+        if text not in comms:
+            comms.append(text)
+    line = (f"{recipe.name}: {recipe.model.name}, {recipe.total_epochs} epochs at {sizes}, batch "
+            f"{' > '.join(dict.fromkeys(str(p.batch_size) for p in phases))} per worker, {workers}, "
+            f"comm {' > '.join(comms)}, loader {loader}")
+    return line + (f" ({why})" if why else "")
+
+
+def final_line(rows: list[dict], seconds: float, out) -> str:
+    """The line printed after training: final accuracy, time, where the metrics are."""
+    from pathlib import Path
+
+    out = Path(out)
+    last = rows[-1]
+    return (f"final top-1 {last['val_top1']:.1f}%, top-5 {last['val_top5']:.1f}%, validation loss "
+            f"{last.get('val_loss', float('nan')):.3f} after epoch {last['epoch']} in {seconds:.0f} s; "
+            f"metrics in {out / 'metrics.jsonl'} (plot: cachepipe report {out})")
+
+
+def resume_command(args, out: str) -> str:
+    """The command line that continues a run stopped early: the one that started it
+    (``args.command_line``, set by ``tools.cli``) without ``--stop-after-steps`` and with
+    ``--resume out``."""
+    import shlex
+
+    argv, skip = [], False
+    for word in getattr(args, "command_line", None) or ["cachepipe", "train", "--data", str(args.data)]:
+        if skip:
+            skip = False
+        elif word in ("--stop-after-steps", "--resume"):
+            skip = True
+        elif not word.startswith(("--stop-after-steps=", "--resume=")):
+            argv.append(word)
+    return shlex.join(argv + ["--resume", out])

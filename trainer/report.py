@@ -6,6 +6,9 @@
   compression, communication, update), one bar per run and phase, labelled with the
   image size, like Figure 1 of the MLSys 2021 paper;
 - ``summary.md``: a table of final / best accuracy, throughput and time per run.
+
+Epochs are numbered from 0 as in the console table and ``metrics.jsonl``; runs are named
+by ``run_labels`` (the part of their path that tells them apart, recipe, workers, comm).
 """
 from __future__ import annotations
 
@@ -14,14 +17,32 @@ from pathlib import Path
 
 from trainer.metrics import PARTS, read_metrics
 
-__all__ = ["write_report", "summarise"]
+__all__ = ["breakdown_figure", "curve", "run_labels", "write_report", "summarise"]
 
 _LABELS = {"data": "data wait", "compute": "forward + backward", "compress": "compression",
            "communicate": "communication", "update": "LARS / update"}
 
 
-def _name(run: Path) -> str:
-    return run.name or str(run)
+def run_labels(run_dirs: list[str | os.PathLike], runs: list[list[dict]]) -> list[str]:
+    """A legend label per run: the shortest ending of its path that tells it from the
+    others (every by-hand run's folder is ``train``, so ``a/train`` and ``b/train``), with
+    its recipe, workers and gradient exchange when the metrics say them."""
+    parts = [Path(os.path.abspath(d)).parts for d in run_dirs]
+    labels = []
+    for i, (p, rows) in enumerate(zip(parts, runs)):
+        n = 2  # at least parent/name: "runs/train" says more than "train"
+        while n < len(p) and any(p[-n:] == q[-n:] for j, q in enumerate(parts) if j != i):
+            n += 1
+        what = [str(rows[-1]["recipe"])] if rows[-1].get("recipe") else []
+        if rows[-1].get("world_size"):
+            world = int(rows[-1]["world_size"])
+            what.append(f"{world} worker{'s' if world > 1 else ''}")
+        comms = list(dict.fromkeys(str(r.get("comm")) for r in rows if r.get("comm")))
+        if comms:
+            what.append(" > ".join(comms))
+        name = "/".join(p[-n:]) if len(p) > 1 else str(run_dirs[i])
+        labels.append(f"{name} ({', '.join(what)})" if what else name)
+    return labels
 
 
 def _phases(rows: list[dict]) -> list[tuple[str, dict]]:
@@ -37,6 +58,12 @@ def _phases(rows: list[dict]) -> list[tuple[str, dict]]:
         for part in PARTS:
             acc[1][part] += r.get("time_per_iter", {}).get(part, 0.0) * steps
     return [(f"{size}px {comm}", {p: v / n for p, v in parts.items()}) for (_, size, comm), (n, parts) in sorted(out.items())]
+
+
+def curve(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    """``(epoch, value)`` points of one metric, epochs numbered as in the console table and
+    ``metrics.jsonl`` (from 0)."""
+    return [(r["epoch"], r[key]) for r in rows if key in r]
 
 
 def summarise(runs: dict[str, list[dict]]) -> str:
@@ -55,6 +82,25 @@ def summarise(runs: dict[str, list[dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def breakdown_figure(runs: dict[str, list[dict]]):
+    """Stacked bars of the mean time per iteration, one per run and phase; the legend sits
+    beside the bars, never on them."""
+    import matplotlib.pyplot as plt
+
+    bars = [(f"{name}\n{label}", parts) for name, rows in runs.items() for label, parts in _phases(rows)]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(bars) + 2) + 2.2, 4.2))
+    bottom = [0.0] * len(bars)
+    for i, part in enumerate(PARTS):
+        heights = [1000 * parts[part] for _, parts in bars]
+        ax.bar(range(len(bars)), heights, bottom=bottom, color=f"C{i}", label=_LABELS[part])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("time per iteration (ms)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
 def write_report(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
     """Write the plots and ``summary.md`` for ``run_dirs`` into ``out``; returns the paths.
 
@@ -66,13 +112,13 @@ def write_report(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> l
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs: dict[str, list[dict]] = {}
+    loaded = []
     for d in run_dirs:
         rows = read_metrics(d)
         if not rows:
             raise ValueError(f"{d}: metrics.jsonl has no epochs yet")
-        name = _name(Path(d))
-        runs[name if name not in runs else str(d)] = rows
+        loaded.append(rows)
+    runs = dict(zip(run_labels(run_dirs, loaded), loaded))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -82,29 +128,20 @@ def write_report(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> l
         for i, (name, rows) in enumerate(runs.items()):
             color = f"C{i % 10}"
             for key, style in zip(keys, ("-", "--")):
-                pts = [(r["epoch"] + 1, r[key]) for r in rows if key in r]
+                pts = curve(rows, key)
                 if pts:
                     ax.plot(*zip(*pts), style, color=color, marker="o", ms=3, label=f"{name} {key}")
-        ax.set_xlabel("epoch")
+        ax.set_xlabel("epoch (from 0, as in the console and metrics.jsonl)")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # long run labels: beside the plot
         fig.tight_layout()
-        fig.savefig(out / fname, dpi=120)
+        fig.savefig(out / fname, dpi=120, bbox_inches="tight")
         plt.close(fig)
         written.append(out / fname)
-    bars = [(f"{name}\n{label}", parts) for name, rows in runs.items() for label, parts in _phases(rows)]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(bars) + 2), 4.2))
-    bottom = [0.0] * len(bars)
-    for i, part in enumerate(PARTS):
-        heights = [1000 * parts[part] for _, parts in bars]
-        ax.bar(range(len(bars)), heights, bottom=bottom, color=f"C{i}", label=_LABELS[part])
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
-    ax.set_ylabel("time per iteration (ms)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "breakdown.png", dpi=120)
+    fig = breakdown_figure(runs)
+    fig.savefig(out / "breakdown.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     written.append(out / "breakdown.png")
     summary = out / "summary.md"

@@ -29,6 +29,9 @@ class RunConfig:
         print_table: rank 0 prints one table row per epoch.
         ddp: exchange inside backward through DistributedDataParallel (sparse algorithms
             as its comm hook) instead of the standalone exchanger after backward.
+        ranks_per_machine: ranks sharing this machine's cores, which divide them for loader
+            workers (``trainer.data.loader_workers``); None: torchrun's LOCAL_WORLD_SIZE,
+            else the world size.
     """
 
     recipe: Recipe
@@ -45,6 +48,7 @@ class RunConfig:
     stop_after_steps: int = 0
     print_table: bool = True
     ddp: bool = False
+    ranks_per_machine: int | None = None
 
     def __post_init__(self):
         if self.loader not in LOADERS:

@@ -23,7 +23,7 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     res = _cli("train", "--demo", "--demo-dir", demo, "--demo-classes", 4, "--demo-per-class", 16,
                "--demo-val-per-class", 4, "--epochs", 2, "--batch-size", 8)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "2 nodes x 2" in res.stdout and "top1" in res.stdout
+    assert "2 nodes x 2" in res.stdout and "top1" in res.stdout and "demo: final top-1" in res.stdout
     rows = [json.loads(line) for line in (demo / "run/metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1]
     for key in ("train_loss", "val_top1", "val_top5", "images_per_s", "seconds", "time_per_iter"):
@@ -35,12 +35,12 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     assert rows[-1]["comm"] == "hitopk" and rows[-1]["density"] == 0.01
     assert not list((demo / "cache").glob("redis/redis.pid"))  # the demo stopped its Redis
     rep = _cli("report", demo / "run", tmp_path / "other_name_for_same_run", "--out", tmp_path / "rep")
-    assert rep.returncode == 1 and "other_name_for_same_run does not exist" in rep.stderr
+    assert rep.returncode == 2 and "other_name_for_same_run does not exist" in rep.stderr
     rep = _cli("report", demo / "run", "--out", tmp_path / "rep")
     assert rep.returncode == 0, rep.stderr
     for name in ("accuracy.png", "loss.png", "breakdown.png", "summary.md"):
         assert (tmp_path / "rep" / name).stat().st_size > 0
-    assert "| run | 2 |" in (tmp_path / "rep/summary.md").read_text()
+    assert "| demo/run (demo, 4 workers, hitopk) | 2 |" in (tmp_path / "rep/summary.md").read_text()
 
 
 @pytest.mark.parametrize("args, match", [
@@ -48,12 +48,15 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     (["--data", "{tmp}"], r"lacks train/<class>/<image>"),
     (["--data", "{data}", "--nprocs", "3", "--nodes", "2"], r"2 nodes x 1 workers = 2 ranks, but the world size is 3"),
     (["--data", "{data}", "--recipe", "demo", "--comm", "ring"], r"comm 'ring' is unknown"),
+    (["--epochs", "1"], r"--data ROOT is required"),
+    (["--data", "{data}", "--recipe", "demo", "--density", "2"], r"--density 2: must be in \(0, 1\]$"),
+    (["--data", "{data}", "--nprocs", "0"], r"--nprocs 0: must be >= 1$"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
     import re
 
     res = _cli("train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out", tmp_path / "o")
-    assert res.returncode == 1
+    assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(match, lines[0]), res.stderr
 
@@ -87,3 +90,29 @@ def test_a_dead_worker_fails_the_job_with_its_rank_and_reason():
     with pytest.raises(WorkerFailed, match="rank 1 failed: ValueError: bad shard"):
         launch_local(_raises, 2)
     assert time.monotonic() - start < 50  # nobody waited for the sleeping/blocked ranks
+
+
+def test_first_run_without_recipe_names_it_stops_where_asked_and_resumes(tmp_path, small_dataset):
+    out = tmp_path / "by-hand" / "train"
+    old = os.umask(0o027)
+    try:
+        res = _cli("train", "--data", small_dataset, "--device", "cpu", "--loader", "memory", "--epochs", 2,
+                   "--batch-size", 8, "--out", out, "--stop-after-steps", 8)
+    finally:
+        os.umask(old)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    # the recipe and why come first, before any training
+    assert lines[0].startswith("train: demo: resnet_small, 2 epochs") and "no --recipe given" in lines[0]
+    assert "validation" in lines[1] and "train" in lines[1] and "top1" in lines[2]
+    assert "stopped at global step 8 (--stop-after-steps): epoch 1, batch 2 of 6" in res.stdout
+    resume = next(line for line in lines if line.startswith("train: to resume: "))
+    argv = __import__("shlex").split(resume.removeprefix("train: to resume: "))
+    assert argv[:2] == ["cachepipe", "train"] and "--stop-after-steps" not in argv
+    assert argv[-2:] == ["--resume", str(out)]
+    assert (out / "metrics.jsonl").stat().st_mode & 0o777 == 0o640  # the umask's mode, not mkstemp's 0600
+    again = _cli(*argv[1:])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "final top-1" in again.stdout and "after epoch 1" in again.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [0, 1] and all("val_loss" in r for r in rows)

@@ -27,12 +27,18 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "benchmarks:\n" + "\n".join(f"  {n:<8} {h}" for n, (_, h) in BENCHMARKS.items())
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("bench", choices=sorted(BENCHMARKS), metavar="NAME", help="which benchmark (below)")
+    parser.add_argument("bench", nargs="?", choices=sorted(BENCHMARKS), metavar="NAME",
+                        help="which benchmark (below)")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="that benchmark's flags (NAME --help)")
+    parser.set_defaults(print_help=parser.print_help)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Parse the chosen benchmark's own flags and run it (only that module is imported)."""
+    """Parse the chosen benchmark's own flags and run it (only that module is imported);
+    without a NAME print the list of benchmarks (as ``--help``) and return 2."""
+    if args.bench is None:
+        args.print_help()
+        return 2
     module_name, help_text = BENCHMARKS[args.bench]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"cachepipe bench {args.bench}", description=help_text,

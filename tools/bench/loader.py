@@ -181,11 +181,12 @@ def main(args: argparse.Namespace) -> int:
     from cachepipe import Manifest, TwoLevelCache
     from cachepipe.demo_data import make_dataset
     from tools.bench.table import format_table, machine_description, write_json
+    from tools.cli import UsageError
 
     kinds = [k.strip() for k in args.loaders.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(LOADERS))
     if unknown:
-        raise ValueError(f"unknown loaders {unknown}; valid: {list(LOADERS)}")
+        raise UsageError(f"unknown loaders {unknown}; valid: {list(LOADERS)}")
     src = Path(args.src)
     if not src.exists() and args.make_dataset:
         print(f"writing a demo dataset to {src}: {args.classes} classes x {args.make_dataset} images of "

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,8 +29,8 @@ def write_json(path: str | os.PathLike, rows: Sequence[dict]) -> None:
     """Write ``rows`` (a list of dicts) as JSON atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(), not mkstemp (0600): the umask's mode
+    with open(tmp, "w") as f:
         json.dump(list(rows), f, indent=1)
     os.replace(tmp, path)
 

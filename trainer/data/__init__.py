@@ -10,13 +10,14 @@ position), so the training loop does not care which one it drives.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.memory import IMAGE_SUFFIXES, MemoryLoader, SyntheticLoader, load_split
 
 __all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "LoaderSpec", "make_loader", "check_data_root", "count_classes",
-           "MemoryLoader", "SyntheticLoader"]
+           "loader_workers", "MemoryLoader", "SyntheticLoader"]
 
 LOADERS = ("torch", "dali", "memory")
 DEFAULT_CACHE_DIR = "cachepipe-cache"
@@ -40,6 +41,18 @@ class LoaderSpec:
     def __post_init__(self):
         if self.kind not in LOADERS:
             raise ValueError(f"unknown loader {self.kind!r}; valid: {list(LOADERS)}")
+
+
+def loader_workers(recipe_workers: int, ranks_here: int) -> int:
+    """Loader worker processes per rank: the cores this process may use divided among the
+    ``ranks_here`` ranks on this machine, at least 1, at most the recipe's value (0 stays 0:
+    load in the training process).
+
+    More workers than cores only adds contention (and torch warns, once per loader, that it
+    "will create N worker processes").
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(int(recipe_workers), max(1, cores // max(1, int(ranks_here))))
 
 
 def check_data_root(root: str | Path) -> int:
