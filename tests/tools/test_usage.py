@@ -47,3 +47,10 @@ def test_bench_json_gets_the_umask_mode(tmp_path, umask):
         os.umask(old)
     assert (tmp_path / "rows.json").stat().st_mode & 0o777 == 0o666 & ~umask
     assert json.loads((tmp_path / "rows.json").read_text()) == [{"a": 1}]
+
+
+def test_bench_loader_missing_tcp_server_exits_2(source, tmp_path, capsys):
+    argv = ["bench", "loader", str(source), "--cache-dir", str(tmp_path / "c"), "--loaders", "cached-tcp",
+            "--tcp-server", str(tmp_path / "no-redis-server")]
+    assert main(argv) == 2
+    assert "--tcp-server" in capsys.readouterr().err

