@@ -58,8 +58,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ddp", action="store_true",
                         help="exchange inside backward with DDP (sparse algorithms as a DDP comm hook) instead of "
                              "the standalone exchanger after backward (no omgs)")
-    parser.add_argument("--stop-after-steps", type=int, default=0, help="checkpoint and stop at this global step, then print where and the command "
-                        "that resumes (0: never)")
+    parser.add_argument("--stop-after-steps", type=int, default=0,
+                        help="checkpoint and stop at this global step, then print where and the command that "
+                             "resumes (0: never)")
     demo = parser.add_argument_group("demo")
     demo.add_argument("--demo", action="store_true", help="run the self-contained CPU demo (4 workers, 2 nodes x 2)")
     demo.add_argument("--demo-dir", default="cachepipe-demo", help="where the demo keeps data/, cache/ and run/")
