@@ -194,7 +194,9 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     rank0 = os.environ.get("RANK", "0") == "0"
     if rank0:
-        workers = f"{nprocs} worker{'s' if nprocs > 1 else ''}" + (f" as {args.nodes} nodes x {nprocs // args.nodes}" if args.nodes else "")
+        workers = f"{nprocs} worker{'s' if nprocs > 1 else ''}"
+        if args.nodes:
+            workers += f" as {args.nodes} nodes x {nprocs // args.nodes}"
         print("train: " + describe_run(recipe, workers=workers, loader=args.loader, why=why), flush=True)
     start = time.perf_counter()
     try:
