@@ -175,7 +175,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if not args.data:
             raise UsageError("--data ROOT is required (or use --demo)")
-        from trainer.data import check_data_root
+        from trainer.data import check_data_root, loader_workers
 
         check_data_root(args.data)
         name, why = (args.recipe, "") if args.recipe else default_recipe(args.device)
@@ -197,6 +197,9 @@ def main(args: argparse.Namespace) -> int:
         workers = f"{nprocs} worker{'s' if nprocs > 1 else ''}"
         if args.nodes:
             workers += f" as {args.nodes} nodes x {nprocs // args.nodes}"
+        if args.loader != "memory":
+            here = int(os.environ.get("LOCAL_WORLD_SIZE", nprocs)) if torchrun else nprocs
+            workers += f" ({loader_workers(recipe.train.workers, here)} loader workers each)"
         print("train: " + describe_run(recipe, workers=workers, loader=args.loader, why=why), flush=True)
     start = time.perf_counter()
     try:
