@@ -81,7 +81,7 @@ def describe_run(recipe, *, workers: str, loader: str, why: str = "") -> str:
                          else "")
         if text not in comms:
             comms.append(text)
-    line = (f"{recipe.name}: {recipe.model.name}, {recipe.total_epochs} epochs at {sizes}, batch "
+    line = (f"{recipe.model.name} (recipe {recipe.name}), {recipe.total_epochs} epochs at {sizes}, batch "
             f"{' > '.join(dict.fromkeys(str(p.batch_size) for p in phases))} per worker, {workers}, "
             f"comm {' > '.join(comms)}, loader {loader}")
     return line + (f" ({why})" if why else "")

@@ -103,7 +103,7 @@ def test_first_run_without_recipe_names_it_stops_where_asked_and_resumes(tmp_pat
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
     # the recipe and why come first, before any training
-    assert lines[0].startswith("train: demo: resnet_small, 2 epochs") and "no --recipe given" in lines[0]
+    assert lines[0].startswith("train: resnet_small (recipe demo), 2 epochs") and "no --recipe given" in lines[0]
     assert "validation" in lines[1] and "train" in lines[1] and "top1" in lines[2]
     assert "stopped at global step 8 (--stop-after-steps): epoch 1, batch 2 of 6" in res.stdout
     resume = next(line for line in lines if line.startswith("train: to resume: "))

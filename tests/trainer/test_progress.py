@@ -30,7 +30,7 @@ def test_table_says_train_and_validation_and_shows_validation_loss(capsys):
 
 def test_configuration_final_and_resume_lines():
     line = describe_run(load_recipe("dawnbench28"), workers="8 workers", loader="torch", why="because")
-    assert line.startswith("dawnbench28: resnet50, 28 epochs at 96 > 128 > 224 > 288 px")
+    assert line.startswith("resnet50 (recipe dawnbench28), 28 epochs at 96 > 128 > 224 > 288 px")
     assert "hitopk (density 0.01, mstopk) > 2dtar" in line and line.endswith("loader torch (because)")
     assert final_line([ROW], 12.0, "runs/x").startswith("final top-1 41.0%, top-5 88.5%, validation loss 19.500 "
                                                         "after epoch 3 in 12 s; metrics in runs/x/metrics.jsonl")
