@@ -26,10 +26,13 @@ def test_bench_topk_writes_rows_and_plot(tmp_path, capsys):
     assert "| mstopk" in capsys.readouterr().out
 
 
-def test_bench_topk_rejects_bad_arguments():
-    with pytest.raises(SystemExit, match="unknown top-k selector"):
-        cli_main(["bench", "topk", "--impls", "nope"])
-    with pytest.raises(SystemExit, match="only mstopk takes a kernel"):
-        cli_main(["bench", "topk", "--impls", "exact:gpu"])
-    with pytest.raises(SystemExit, match="unknown --dist"):
-        cli_main(["bench", "topk", "--dist", "uniform"])
+@pytest.mark.parametrize("flags, message", [
+    (["--impls", "nope"], "unknown top-k selector"),
+    (["--impls", "exact:gpu"], "only mstopk takes a kernel"),
+    (["--dist", "uniform"], "unknown --dist"),
+    (["--sizes", "12Q"], "--sizes: bad size '12Q'"),
+])
+def test_bench_topk_rejects_bad_arguments_with_exit_2(flags, message, capsys):
+    assert cli_main(["bench", "topk", *flags]) == 2  # a bad flag, as everywhere
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cachepipe bench: error: ") and message in err[0]

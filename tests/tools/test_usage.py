@@ -54,3 +54,4 @@ def test_bench_loader_missing_tcp_server_exits_2(source, tmp_path, capsys):
             "--tcp-server", str(tmp_path / "no-redis-server")]
     assert main(argv) == 2
     assert "--tcp-server" in capsys.readouterr().err
+

@@ -108,3 +108,19 @@ def test_breakdown_legend_does_not_cover_the_bars():
     bars = [p.get_window_extent() for p in ax.patches]
     assert bars and not any(legend.overlaps(b) for b in bars) and legend.x0 >= plot.x1
     plt.close(fig)
+
+
+def test_report_files_get_the_umask_mode(tmp_path):
+    import json
+
+    from trainer.report import write_report
+
+    run = tmp_path / "runs" / "train"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(2)))
+    old = os.umask(0o027)
+    try:
+        paths = write_report([run], tmp_path / "report")
+    finally:
+        os.umask(old)
+    assert len(paths) == 4 and all(p.stat().st_mode & 0o777 == 0o640 for p in paths)

@@ -199,17 +199,25 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from tools.cli import UsageError
+
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("cachepipe bench topk: --device cuda but no CUDA device is available")
+        raise UsageError("--device cuda but no CUDA device is available")
     if args.threads:
         torch.set_num_threads(args.threads)
-    sizes = [parse_size(s) for s in (args.sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)).split(",")]
-    densities = [float(d) for d in args.density.split(",")]
+    try:
+        sizes = [parse_size(s) for s in (args.sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)).split(",")]
+    except ValueError as e:
+        raise UsageError(f"--sizes: {e}") from None
+    try:
+        densities = [float(d) for d in args.density.split(",")]
+    except ValueError:
+        raise UsageError(f"--density {args.density!r}: comma-separated numbers in (0, 1]") from None
     dists = [d.strip() for d in args.dist.split(",")]
     for d in dists:
         if d not in DISTRIBUTIONS and d != "ties":
-            raise SystemExit(f"unknown --dist {d!r}; valid: {sorted(DISTRIBUTIONS)}")
+            raise UsageError(f"unknown --dist {d!r}; valid: {sorted(DISTRIBUTIONS)}")
     dtype = getattr(torch, args.dtype)
     impls = [i.strip() for i in args.impls.split(",")]
     for impl in impls:
@@ -217,9 +225,9 @@ def main(args: argparse.Namespace) -> int:
         try:
             get_selector(name)
         except ValueError as e:
-            raise SystemExit(f"--impls: {e}") from None
+            raise UsageError(f"--impls: {e}") from None
         if kernel and (name != "mstopk" or kernel not in ("torch", "bisect", "gpu")):
-            raise SystemExit(f"--impls: {impl!r}: only mstopk takes a kernel (torch, bisect, gpu)")
+            raise UsageError(f"--impls: {impl!r}: only mstopk takes a kernel (torch, bisect, gpu)")
     machine = machine_description() + (f"; GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     print(f"machine: {machine}; torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
     rows = run(sizes, densities, device, args.repeats, dists, dtype, impls, args.seed)
