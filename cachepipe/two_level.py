@@ -255,6 +255,8 @@ class TwoLevelCache:
         (it starts empty and refills from L1 as samples are read)."""
         health = getattr(self._store, "health", None)
         if self.config.redis is None and health and health[0].failures and health[0].available():
+            if self.embedded_server().identity() is not None:
+                return  # ours and alive, only busy: never restarted under a reader (NOTE [server identity])
             try:
                 if self.embedded_server(start=True):
                     self.counters["l2_restarts"] += 1
