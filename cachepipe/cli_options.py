@@ -70,8 +70,8 @@ def check_args(args: argparse.Namespace) -> None:
                 args.replicas, args.l2_memory, args.timeout)
 
 
-def cache_from_args(args: argparse.Namespace) -> TwoLevelCache:
-    """Open the :class:`TwoLevelCache` the flags describe.
+def cache_from_args(args: argparse.Namespace, *, save_manifest: bool = True) -> TwoLevelCache:
+    """Open the :class:`TwoLevelCache` the flags describe (``save_manifest`` as there).
 
     Raises:
         FileNotFoundError, ValueError: as :class:`TwoLevelCache`.
@@ -79,4 +79,4 @@ def cache_from_args(args: argparse.Namespace) -> TwoLevelCache:
     return TwoLevelCache(args.source, args.cache_dir, redis_from_args(args), args.cache_size,
                          prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
                          timeout=args.timeout, verify="files" if args.verify_files else "dirs",
-                         rescan=args.rescan)
+                         rescan=args.rescan, save_manifest=save_manifest)

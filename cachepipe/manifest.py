@@ -229,7 +229,7 @@ class Manifest:
 
     @classmethod
     def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *,
-                     verify: str = "dirs", rescan: bool = False) -> Manifest:
+                     verify: str = "dirs", rescan: bool = False, save: bool = True) -> Manifest:
         """Reuse the saved manifest of ``root`` if unchanged, else scan and save.
 
         Args:
@@ -239,6 +239,7 @@ class Manifest:
                 files) or ``"files"`` (also stat every file: catches in-place edits).
                 See NOTE [manifest reuse].
             rescan: always scan.
+            save: write a new scan to ``cache_dir`` (``False``: change nothing there).
 
         Raises:
             FileNotFoundError, ValueError: as :meth:`scan`; ValueError for a bad ``verify``.
@@ -261,11 +262,14 @@ class Manifest:
                     return m
             except (OSError, ValueError, KeyError, TypeError):
                 # unreadable pointer or manifest: drop them so the rescan rewrites them
+                if not save:
+                    return cls.scan(root)
                 pointer.unlink(missing_ok=True)
                 if isinstance(fingerprint, str):
                     bad = Path(cache_dir) / fingerprint / "manifest.json"
                     if not _readable(bad):
                         bad.unlink(missing_ok=True)
         m = cls.scan(root)
-        m.save(cache_dir)
+        if save:
+            m.save(cache_dir)
         return m

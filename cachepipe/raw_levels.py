@@ -5,8 +5,11 @@ The lower half of the two-level cache: the decoded L2 sits above it in
 """
 from __future__ import annotations
 
+import errno
 import warnings
 from collections import Counter
+
+import lmdb
 
 from cachepipe.errors import CacheWarning, L1FullError
 from cachepipe.l1_mirror import L1Mirror
@@ -47,7 +50,11 @@ class RawLevels:
         c, m = self.counters, self.manifest
         raw: dict[int, bytes | OSError] = {}
         if self.l1 is not None:
-            values, corrupt = self.l1.get_many(need)
+            try:
+                values, corrupt = self.l1.get_many(need)
+            except lmdb.Error as exc:  # NOTE [L1 guard]: bypass it, never fail the read
+                values, corrupt = [None] * len(need), []
+                self._bypass_l1(exc)
             if corrupt:
                 c["l1_corrupt"] += len(corrupt)
                 warn_once(self._warned, "l1corrupt", f"L1 entries failed verification (e.g. sample "
@@ -76,13 +83,23 @@ class RawLevels:
         if self.l1 is not None and fresh and (self.l1_writable or strict_l1):
             try:
                 c["l1_writes"] += self.l1.put_many(fresh)
-            except L1FullError as exc:
+            except (L1FullError, lmdb.Error) as exc:
                 if strict_l1:
-                    raise
+                    raise L1FullError(errno.ENOSPC, f"cannot write L1 mirror {self.l1.path}: {exc}") from None
                 self.l1_writable = False
                 c["l1_write_errors"] += len(fresh)
                 warnings.warn(f"{exc}; L1 writes are off in this process", CacheWarning, stacklevel=3)
+        elif self.l1 is not None and fresh and strict_l1:
+            raise L1FullError(errno.EROFS, f"L1 mirror {self.l1.path} cannot be written here "
+                              f"(read-only); warm-up needs a writable cache dir")
         return raw
+
+    def _bypass_l1(self, exc: BaseException) -> None:
+        self.counters["l1_errors"] += 1
+        warnings.warn(f"L1 mirror {self.l1.path} failed a read ({type(exc).__name__}: {exc}); L1 is "
+                      f"bypassed in this process: reads come from L2 and the source", CacheWarning,
+                      stacklevel=4)
+        self.l1 = None
 
     def close(self) -> None:
         self.reader.close()

@@ -10,7 +10,8 @@ __all__ = ["SourceReader", "STAT_KEYS"]
 # Counters reported by TwoLevelCache.stats(), in display order.
 STAT_KEYS = ("requests", "l2_hits", "l2_misses", "l2_bytes", "l2_writes", "l2_corrupt",
              "l2_errors", "l2_skipped", "l2_fallbacks", "l2_oom", "l2_write_errors", "l2_restarts",
-             "l1_hits", "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors", "source_reads",
+             "l1_hits", "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors", "l1_errors",
+             "l1_quarantined", "source_reads",
              "source_bytes", "source_errors", "source_changed", "corrupt")
 
 

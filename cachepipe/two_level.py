@@ -22,6 +22,7 @@ from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CorruptSampleError
+from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
 from cachepipe.l2_store import SampleStore, open_store, warn_once
@@ -59,6 +60,8 @@ class TwoLevelCache:
         l1_map_size: LMDB map size in bytes (default: 2x the source bytes + 64 MiB).
         verify: manifest reuse check, ``"dirs"`` or ``"files"`` (see NOTE [manifest reuse]).
         rescan: always rescan the source.
+        save_manifest: write a new scan to ``cache_dir`` (``False`` for inspection only,
+            as ``cachepipe stats``: with it and without using L1/L2, nothing is written).
 
     Raises:
         FileNotFoundError: the source does not exist.
@@ -74,15 +77,17 @@ class TwoLevelCache:
                  redis: None | bool | str | list[str] = None, cache_size: int = 256, *,
                  prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
                  timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
-                 verify: str = "dirs", rescan: bool = False) -> None:
+                 verify: str = "dirs", rescan: bool = False, save_manifest: bool = True) -> None:
         root = source.root if isinstance(source, Manifest) else source
         self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
                                   l2_memory, timeout, use_l1, l1_map_size)
         if isinstance(source, Manifest):
-            source.save(self.config.cache_dir)
+            if save_manifest:
+                source.save(self.config.cache_dir)
             self._manifest = source
         else:
-            self._manifest = Manifest.load_or_scan(root, self.config.cache_dir, verify=verify, rescan=rescan)
+            self._manifest = Manifest.load_or_scan(root, self.config.cache_dir, verify=verify,
+                                                   rescan=rescan, save=save_manifest)
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
 
@@ -113,8 +118,9 @@ class TwoLevelCache:
         cfg = self.config
         if cfg.use_l1:
             map_size = cfg.l1_map_size or 2 * self.manifest.total_bytes + (64 << 20)
-            self._l1 = L1Mirror.shared(self.l1_path, map_size)
+            self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS)
+        self._raw.l1_writable = self._l1 is not None and writable
         if cfg.redis is not False:
             urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
             self._store = open_store(urls, self.namespace, self.counters,
@@ -277,6 +283,8 @@ class TwoLevelCache:
         backoff), ``l2_fallbacks`` (served by a replica), ``l2_oom``, ``l2_write_errors``,
         ``l2_restarts`` (embedded server restarted after it died),
         ``l1_hits``, ``l1_misses``, ``l1_writes``, ``l1_corrupt``, ``l1_write_errors``,
+        ``l1_errors`` (L1 bypassed: cannot be opened or read), ``l1_quarantined`` (a broken
+        L1 moved aside, NOTE [L1 guard]),
         ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
         ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.
         """

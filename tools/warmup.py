@@ -2,7 +2,8 @@
 
 Exit status: 0 done (corrupt files are listed), 1 corrupt files with ``--strict`` or L2
 writes that failed, 2 bad usage (flag values, URL schemes), 3 missing or invalid source, 4 unreachable Redis,
-5 L2 too small (the message says how much memory it needs), 6 L1 disk or map full.
+5 L2 too small (the message says how much memory it needs), 6 L1 disk or map full, or the
+cache dir cannot be written.
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ def main(args: argparse.Namespace) -> int:
         cache = cache_from_args(args)
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         return fail(str(exc), EXIT_SOURCE)
+    except OSError as exc:  # read-only or full cache dir
+        return fail(f"cannot write the cache dir {args.cache_dir}: {exc}", EXIT_L1_FULL)
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
     try:
         with cache:
