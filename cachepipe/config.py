@@ -1,11 +1,13 @@
 """Validated configuration of a :class:`~cachepipe.TwoLevelCache` (all that gets pickled)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 from cachepipe.embedded import parse_memory
 from cachepipe.l2_store import store_kind
+from cachepipe.redis_url import canonical, redact
 
 __all__ = ["CacheConfig", "normalize_redis"]
 
@@ -22,8 +24,10 @@ def normalize_redis(redis) -> tuple[str, ...] | None | bool:
         redis = [redis]
     if not isinstance(redis, (list, tuple)) or not all(isinstance(u, str) for u in redis):
         raise ValueError(f"redis must be None (embedded), False (no L2), a URL or a list of URLs; "
-                         f"got {redis!r}")
+                         f"got a {type(redis).__name__}")
     store_kind(redis)  # validates schemes
+    for url in redis:
+        canonical(url)  # validates port and db
     return tuple(redis)
 
 
@@ -55,6 +59,11 @@ class CacheConfig:
     use_l1: bool = True
     l1_map_size: int | None = None
 
+    def __repr__(self) -> str:
+        redis = self.redis if self.redis in (None, False) else tuple(redact(u) for u in self.redis)
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "redis")
+        return f"CacheConfig(redis={redis!r}, {fields})"
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", os.path.abspath(os.fspath(self.source)))
         object.__setattr__(self, "cache_dir", os.path.abspath(os.fspath(self.cache_dir)))
@@ -71,7 +80,7 @@ class CacheConfig:
             raise ValueError("replicas applies to plain shards; a Redis Cluster replicates by itself")
         if not 1 <= self.replicas <= n:
             raise ValueError(f"replicas must be in 1..{n} (the number of shards), got {self.replicas}")
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
+            raise ValueError(f"timeout (--timeout) must be a finite number of seconds > 0, got {self.timeout!r}")
         if self.l1_map_size is not None and self.l1_map_size < 1 << 16:
             raise ValueError(f"l1_map_size must be >= 64 KiB, got {self.l1_map_size}")

@@ -58,15 +58,19 @@ def parse_memory(value: int | str | None) -> int:
         return _physical_memory() // 4
     if isinstance(value, int):
         if value <= 0:
-            raise ValueError(f"l2_memory must be > 0 bytes, got {value}")
+            raise ValueError(f"l2_memory (--l2-memory) must be > 0 bytes, got {value}")
         return value
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[a-zA-Z]*)\s*", str(value))
     if not m or (m.group(2) != "%" and m.group(2).lower() not in _UNITS):
-        raise ValueError(f"cannot parse memory size {value!r}; use e.g. 4gb, 512mb, 2GiB, 25%")
+        raise ValueError(f"l2_memory (--l2-memory): cannot parse memory size {value!r}; use e.g. "
+                         f"4gb, 512mb, 2GiB, 25%")
     num, unit = float(m.group(1)), m.group(2).lower()
+    if unit == "%" and num > 100:
+        raise ValueError(f"l2_memory (--l2-memory) {value!r} is more than all of this machine's RAM; "
+                         f"use a percentage up to 100% or a size")
     size = int(num * _physical_memory() / 100) if unit == "%" else int(num * _UNITS[unit])
     if size <= 0:
-        raise ValueError(f"l2_memory must be > 0, got {value!r}")
+        raise ValueError(f"l2_memory (--l2-memory) must be > 0, got {value!r}")
     return size
 
 
