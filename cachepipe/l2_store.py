@@ -1,7 +1,7 @@
 """L2 store protocol and the registry that picks an implementation from the Redis URLs.
 
 A store maps sample indices to encoded values (see NOTE [L2 value format]) under one key
-namespace ``<prefix>:<fingerprint>:<cache_size>:``. Implementations never raise on a
+namespace ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:``. Implementations never raise on a
 failed read or write: they count it in ``counters`` (a ``collections.Counter``), warn,
 and report a miss. Only the explicit checks (``missing``, ``shard_info``) raise
 :class:`~cachepipe.errors.L2UnavailableError`.

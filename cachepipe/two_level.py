@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cachepipe.config import CacheConfig
-from cachepipe.decode import decode_and_resize
+from cachepipe.decode import DECODER_TAG, decode_and_resize, possible_shape
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_guard import open_l1
@@ -57,7 +57,7 @@ class TwoLevelCache:
             shards (rendezvous hashing of the index); ``"redis-cluster://host:port"``: a
             Redis Cluster; ``False``: no L2.
         cache_size: shorter side of cached samples (see NOTE [resize policy]).
-        prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<index>``.
+        prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:<index>``.
         replicas: copies of each L2 value on distinct shards.
         l2_memory: embedded server's maxmemory (``"4gb"``, ``"25%"``, bytes); ``None`` keeps
             a running server's setting and starts a new one at 25 % of RAM.
@@ -147,8 +147,8 @@ class TwoLevelCache:
 
     @property
     def namespace(self) -> str:
-        """L2 key prefix ``<prefix>:<fingerprint>:<cache_size>:``."""
-        return f"{self.config.prefix}:{self._fingerprint}:{self.config.cache_size}:"
+        """L2 key prefix ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` (NOTE [decoder tag])."""
+        return f"{self.config.prefix}:{self._fingerprint}:{self.config.cache_size}:{DECODER_TAG}:"
 
     @property
     def l1_path(self) -> Path:
@@ -222,8 +222,9 @@ class TwoLevelCache:
                     continue
                 try:
                     arr = decode_sample(value, i, copy=copy)
-                    if arr.shape[2] != 3:
-                        raise ValueError(f"{arr.shape[2]} channels, not 3")
+                    if not possible_shape(arr.shape, self.config.cache_size):  # NOTE [decoder tag]
+                        raise ValueError(f"shape {arr.shape} is impossible at cache size "
+                                         f"{self.config.cache_size}")
                     result[i] = arr
                     c["l2_bytes"] += len(value)
                 except ValueError as exc:
