@@ -37,10 +37,15 @@ class RawLevels:
         self.counters = counters
         self.reader = SourceReader(threads)
         self.l1_writable = True
+        self.changed: set[int] = set()  # of the last read: bytes that do not match the manifest
         self._warned: set = set()
 
     def read(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
         """Raw bytes of ``need``; an unreadable file maps to its ``OSError``.
+
+        Bytes whose file no longer has the manifest's size and mtime are returned (they
+        are the file as it is now) but never stored: their indices are in ``self.changed``
+        after the call, so the caller keeps them out of L2 too (NOTE [changed files]).
 
         Args:
             need: sample indices.
@@ -62,24 +67,30 @@ class RawLevels:
             raw = {i: v for i, v in zip(need, values) if v is not None}
             c["l1_hits"] += len(raw)
             c["l1_misses"] += len(need) - len(raw)
+        self.changed = set()
         todo = [i for i in need if i not in raw]
         if not todo:
             return raw
         fresh = []
-        for i, data in zip(todo, self.reader.read([m.path(i) for i in todo])):
-            raw[i] = data
-            if isinstance(data, OSError):
-                warnings.warn(f"cannot read {m.path(i)}: {data}", CacheWarning, stacklevel=3)
+        expect = [(m.sizes[i], m.mtimes[i]) for i in todo]
+        for i, got in zip(todo, self.reader.read([m.path(i) for i in todo], expect)):
+            if isinstance(got, OSError):
+                raw[i] = got
+                warnings.warn(f"cannot read {m.path(i)!r}: {got}", CacheWarning, stacklevel=3)
                 c["source_errors"] += 1
                 continue
+            raw[i] = got.data
             c["source_reads"] += 1
-            c["source_bytes"] += len(data)
-            if len(data) != m.sizes[i]:
+            c["source_bytes"] += got.size
+            if (got.size, got.mtime_ns) != (m.sizes[i], m.mtimes[i]):
                 c["source_changed"] += 1
-                warn_once(self._warned, "changed", f"{m.relpaths[i]} has {len(data)} bytes, the "
-                          f"manifest says {m.sizes[i]}: the source changed since it was scanned "
-                          f"(rescan to refresh the cache)")
-            fresh.append((i, data))
+                self.changed.add(i)
+                warn_once(self._warned, "changed", f"{m.relpaths[i]!r} has {got.size} bytes and mtime "
+                          f"{got.mtime_ns}, the manifest says {m.sizes[i]} and {m.mtimes[i]}: the "
+                          f"source changed since it was scanned; served but not cached (rescan to "
+                          f"refresh the cache)")
+                continue
+            fresh.append((i, got.data))
         if self.l1 is not None and fresh and (self.l1_writable or strict_l1):
             try:
                 c["l1_writes"] += self.l1.put_many(fresh)

@@ -250,7 +250,7 @@ class TwoLevelCache:
                     errors_seen.append(exc)
                     continue
                 result[i] = arr
-                if self._store is not None:
+                if self._store is not None and i not in self._raw.changed:
                     encoded.append((i, encode_sample(i, arr)))
             if encoded:
                 c["l2_writes"] += self._store.put_many(encoded)

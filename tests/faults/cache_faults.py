@@ -82,25 +82,32 @@ def remount_ro(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def eio_on(path: str | os.PathLike, times: int | None = None):
-    """Reads of ``path`` through ``open()`` raise ``OSError(EIO)`` (``times`` times, or
-    always), as a failing NFS server or disk sector does; other files read normally."""
+def on_open(path: str | os.PathLike, fault):
+    """Call ``fault(n)`` (n = 0, 1, ...) each time ``path`` is opened, before the real
+    ``open()``: it may change the real file (truncate, rename, touch) or raise."""
     import builtins
 
     target = os.path.realpath(path)
     real_open = builtins.open
-    left = [times]
+    calls = [0]
 
-    def failing_open(file, *args, **kwargs):
-        if isinstance(file, (str, bytes, os.PathLike)) and os.path.realpath(file) == target \
-                and (left[0] is None or left[0] > 0):
-            if left[0] is not None:
-                left[0] -= 1
-            raise OSError(errno.EIO, os.strerror(errno.EIO), os.fspath(file))
+    def hooked(file, *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and os.path.realpath(file) == target:
+            calls[0] += 1
+            fault(calls[0] - 1)
         return real_open(file, *args, **kwargs)
 
-    builtins.open = failing_open
+    builtins.open = hooked
     try:
-        yield
+        yield calls
     finally:
         builtins.open = real_open
+
+
+def eio(first: int | None = None):
+    """A fault for :func:`on_open`: ``OSError(EIO)`` on the first ``first`` opens (or all),
+    as a failing NFS server or disk sector gives."""
+    def fault(n: int) -> None:
+        if first is None or n < first:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+    return fault
