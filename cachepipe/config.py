@@ -46,6 +46,8 @@ class CacheConfig:
         timeout: Redis socket timeout in seconds.
         use_l1: keep the L1 mirror (``False``: L2 + source only).
         l1_map_size: LMDB map size in bytes (``None`` = from the manifest).
+        follow_external_links: the scan follows links leaving the source root (NOTE
+            [symlinks in the source]).
     """
 
     source: str
@@ -58,6 +60,7 @@ class CacheConfig:
     timeout: float = 1.0
     use_l1: bool = True
     l1_map_size: int | None = None
+    follow_external_links: bool = False
 
     def __repr__(self) -> str:
         redis = self.redis if self.redis in (None, False) else tuple(redact(u) for u in self.redis)

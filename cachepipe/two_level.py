@@ -66,6 +66,8 @@ class TwoLevelCache:
         l1_map_size: LMDB map size in bytes (default: 2x the source bytes + 64 MiB).
         verify: manifest reuse check, ``"dirs"`` or ``"files"`` (see NOTE [manifest reuse]).
         rescan: always rescan the source.
+        follow_external_links: follow symlinks that leave the source root (default: skip
+            them with a warning; NOTE [symlinks in the source]).
         save_manifest: write a new scan to ``cache_dir`` (``False`` for inspection only,
             as ``cachepipe stats``: with it and without using L1/L2, nothing is written).
 
@@ -83,17 +85,21 @@ class TwoLevelCache:
                  redis: None | bool | str | list[str] = None, cache_size: int = 256, *,
                  prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
                  timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
-                 verify: str = "dirs", rescan: bool = False, save_manifest: bool = True) -> None:
+                 verify: str = "dirs", rescan: bool = False, save_manifest: bool = True,
+                 follow_external_links: bool = False) -> None:
         root = source.root if isinstance(source, Manifest) else source
         self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
-                                  l2_memory, timeout, use_l1, l1_map_size)
+                                  l2_memory, timeout, use_l1, l1_map_size, follow_external_links)
+        if save_manifest and not os.path.isdir(self.config.cache_dir):
+            os.makedirs(self.config.cache_dir, mode=0o700)  # NOTE [private cache files]
         if isinstance(source, Manifest):
             if save_manifest:
                 source.save(self.config.cache_dir)
             self._manifest = source
         else:
             self._manifest = Manifest.load_or_scan(root, self.config.cache_dir, verify=verify,
-                                                   rescan=rescan, save=save_manifest)
+                                                   rescan=rescan, save=save_manifest,
+                                                   follow_external_links=follow_external_links)
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
 
