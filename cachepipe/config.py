@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from cachepipe.embedded import parse_memory
 from cachepipe.l2_store import store_kind
+from cachepipe.netfs import check_cache_dir
 from cachepipe.redis_url import canonical, redact
 
 __all__ = ["CacheConfig", "normalize_redis"]
@@ -87,3 +88,4 @@ class CacheConfig:
             raise ValueError(f"timeout (--timeout) must be a finite number of seconds > 0, got {self.timeout!r}")
         if self.l1_map_size is not None and self.l1_map_size < 1 << 16:
             raise ValueError(f"l1_map_size must be >= 64 KiB, got {self.l1_map_size}")
+        check_cache_dir(self.cache_dir)  # NOTE [cache dir on a network file system]
