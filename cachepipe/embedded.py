@@ -116,7 +116,7 @@ class EmbeddedRedis:
         """Whether our server answers (``False`` for a socket that is not ours)."""
         try:
             return check_socket(self.socket_path) and bool(self.client().ping())
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
+        except (redis.RedisError, OSError):  # down, busy (BUSY, LOADING) or not ours
             return False
 
     def identity(self) -> ServerIdentity | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -79,3 +80,22 @@ def test_socket_of_another_user_is_never_used(tmp_path, monkeypatch):
     os.chmod(sock.parent, 0o755)  # others may enter it
     with pytest.raises(PermissionError, match="mode 0700"):
         server.start("16mb")
+
+
+def test_server_in_a_long_command_is_waited_for(server):
+    import threading
+
+    pid = server.pid()
+    busy = ("local s = tonumber(redis.call('TIME')[1]) "
+            "while tonumber(redis.call('TIME')[1]) < s + 3 do end return 1")
+    worker = threading.Thread(target=lambda: server.client(timeout=30).eval(busy, 0))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while server.ping():  # until the script runs: then it misses its 1 s pings
+            assert time.monotonic() < deadline
+        # the old start() SIGKILLed it here
+        assert server.start("16mb") is False
+    finally:
+        worker.join()
+    assert server.pid() == pid and server.client().get("kept") == b"value"
