@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["MSTopKBand", "band_from_kth", "band_counts", "kth_largest", "select_from_candidates", "smallest_positive",
+__all__ = ["MSTopKBand", "band_from_kth", "band_counts", "kth_largest", "select_from_candidates", "draw_offset",
+           "smallest_positive",
            "MAX_ITERS"]
 
 MAX_ITERS = 50  # ratio = j / 2**N stays exact in float64 well past this
@@ -110,13 +111,23 @@ def smallest_positive(dtype: torch.dtype) -> float:
     return float(np.nextafter(np.float32(0), np.float32(1))) if dtype == torch.float32 else 5e-324
 
 
+def draw_offset(high: int, generator: torch.Generator | None) -> int | torch.Tensor:
+    """The fill window's offset, uniform in ``[0, high)`` (paper line 27: rand = random(0,
+    len(band) - (k - k1) + 1)): a host int from a CPU generator (or ``None``, torch's
+    default), a 1-element tensor on a CUDA generator's device (no host sync either way).
+    """
+    device = generator.device if generator is not None else torch.device("cpu")
+    offset = torch.randint(0, high, (1,), generator=generator, device=device)
+    return int(offset) if device.type == "cpu" else offset
+
+
 def band_counts(cand_val: torch.Tensor, band: MSTopKBand, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(n_upper, n_band)`` as 0-dim device tensors (no host sync); see ``select_from_candidates``."""
-    upper = torch.tensor(band.upper, dtype=cand_val.dtype, device=cand_val.device)
-    n_upper = (cand_val >= upper).sum()
+    # The thresholds are exact in cand_val's dtype, so Python scalars compare exactly
+    # (and, unlike a tensor made on the host, need no copy to the device).
+    n_upper = (cand_val >= band.upper).sum()
     if band.lower > 0:
-        lower = torch.tensor(band.lower, dtype=cand_val.dtype, device=cand_val.device)
-        return n_upper, ((cand_val >= lower) & (cand_val < upper)).sum()
+        return n_upper, ((cand_val >= band.lower) & (cand_val < band.upper)).sum()
     return n_upper, n - n_upper
 
 
@@ -148,19 +159,15 @@ def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band:
     need = k - n_upper
     if need < 0 or n_band < need:
         raise RuntimeError(f"MSTopK band inconsistent: {n_upper} above, {n_band} in band, k={k}")
-    # Paper line 27: rand = random(0, len(band) - (k - k1) + 1), an integer in [0, len - need].
-    device = generator.device if generator is not None else torch.device("cpu")
-    offset = torch.randint(0, n_band - need + 1, (1,), generator=generator, device=device).to(cand_idx.device)
-    upper = torch.tensor(band.upper, dtype=cand_val.dtype, device=cand_val.device)
-    above = cand_val >= upper
+    offset = draw_offset(n_band - need + 1, generator)
+    above = cand_val >= band.upper
     # Scatter the kept entries to [0, n_upper) and the window to [n_upper, k), in index
     # order; everything else goes to the spare slot k. No boolean indexing: its size
     # would have to be read back from the device.
     out = torch.empty(k + 1, dtype=torch.int64, device=cand_idx.device)
     pos = torch.where(above, torch.cumsum(above, 0) - 1, k)
     if band.lower > 0:
-        lower = torch.tensor(band.lower, dtype=cand_val.dtype, device=cand_val.device)
-        in_band = (cand_val >= lower) & ~above
+        in_band = (cand_val >= band.lower) & ~above
         rank = torch.cumsum(in_band, 0) - 1 - offset
         pos = torch.where(in_band & (rank >= 0) & (rank < need), n_upper + rank, pos)
         out.scatter_(0, pos, cand_idx)

@@ -39,6 +39,17 @@ def _student_t2(n, g, dev):  # Z / sqrt(chi2_2 / 2), chi2_2 = -2 log U
     return torch.randn(n, generator=g, device=dev) / torch.sqrt(-torch.log(torch.rand(n, generator=g, device=dev)))
 
 
+def _student_t3(n, g, dev):  # Z / sqrt(chi2_3 / 3)
+    z = torch.randn(n, generator=g, device=dev)
+    chi2 = torch.randn(3, n, generator=g, device=dev).square().sum(0)
+    return z / torch.sqrt(chi2 / 3)
+
+
+def _lognormal(n, g, dev):  # random sign, log |x| ~ N(0, 1)
+    sign = torch.randint(0, 2, (n,), generator=g, device=dev) * 2 - 1
+    return torch.exp(torch.randn(n, generator=g, device=dev)) * sign
+
+
 def _cauchy(n, g, dev):
     return torch.tan(math.pi * (torch.rand(n, generator=g, device=dev) - 0.5))
 
@@ -59,7 +70,9 @@ DISTRIBUTIONS = {
     "gaussian": lambda n, g, dev: torch.randn(n, generator=g, device=dev),
     "laplace": _laplace,
     "student_t": _student_t2,
+    "student_t3": _student_t3,
     "cauchy": _cauchy,
+    "lognormal": _lognormal,
     "sparse": _sparse,
 }
 _EXTRA = {"ties": _ties}
@@ -67,8 +80,9 @@ _EXTRA = {"ties": _ties}
 
 def make_input(dist: str, n: int, seed: int = 0, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, **opts) -> torch.Tensor:
-    """A seeded 1-D test vector: gaussian, laplace, student_t (df=2), cauchy, sparse
-    (1% nonzero Gaussian entries, ``nonzero=`` changes it) or ties (multiples of 1/4).
+    """A seeded 1-D test vector: gaussian, laplace, student_t (df=2), student_t3 (df=3),
+    cauchy, lognormal (random signs), sparse (1% nonzero Gaussian entries, ``nonzero=``
+    changes it) or ties (multiples of 1/4).
 
     Raises:
         ValueError: for an unknown distribution (the message lists the valid ones).
