@@ -6,16 +6,13 @@ interpreter in tests]), which checks the logic, masking, atomics and counts, not
 """
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from comm.topk import SELECTORS, captured_energy, mstopk, mstopk_select, recall
 from comm.topk.mstopk import resolve_kernel
 from tools.bench.topk import DISTRIBUTIONS, make_input
+from tools.bench.topk_counts import HostSyncCounter
 
 pytestmark = [pytest.mark.triton]
 
@@ -190,62 +187,20 @@ def test_kernel_on_subnormal_and_huge_magnitudes(scale):
         _same_as_torch(x, 1_000, iters=iters)
 
 
-class _SyncCounter:
-    """Counts the reads of tensor values into Python made by ``comm/`` code: ``.item()``,
-    ``.tolist()``, ``float()``/``int()``/``bool()``, ``.numpy()``, copies to the CPU or to
-    another device (``.cpu()``, ``.to(device)``, ``torch.tensor(..., device=)``), and
-    boolean-mask indexing and ``nonzero`` (their output size is read back). On a GPU each
-    waits for the device; in the interpreter they are the same calls on CPU tensors.
-    The draw of a CPU generator (``draw_offset``) is host-side and not counted.
-    """
-
-    def __init__(self, monkeypatch):
-        self.count, self.where = 0, []
-        comm_dir = str(Path(__file__).resolve().parents[2] / "comm")
-
-        def counted(orig, name, check=lambda *a, **kw: True):
-            def wrapper(*args, **kwargs):
-                caller = sys._getframe(1)
-                if (caller.f_code.co_filename.startswith(comm_dir) and caller.f_code.co_name != "draw_offset"
-                        and check(*args, **kwargs)):
-                    self.count += 1
-                    self.where.append(f"{name} at {os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}")
-                return orig(*args, **kwargs)
-            return wrapper
-
-        def moves(*args, **kwargs):  # .to(...) with a device, not just a dtype
-            return "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:])
-
-        def bool_index(_self, index, *rest):
-            items = index if isinstance(index, tuple) else (index,)
-            return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
-
-        T = torch.Tensor
-        for name in ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "numpy", "cpu",
-                     "nonzero"):
-            monkeypatch.setattr(T, name, counted(getattr(T, name), name))
-        monkeypatch.setattr(T, "to", counted(T.to, "to", moves))
-        monkeypatch.setattr(T, "__getitem__", counted(T.__getitem__, "mask", bool_index))
-        monkeypatch.setattr(torch, "nonzero", counted(torch.nonzero, "nonzero"))
-        monkeypatch.setattr(torch, "tensor", counted(torch.tensor, "tensor", lambda *a, **kw: "device" in kw))
-
-
 @pytest.mark.parametrize("dist,density", [("gaussian", 0.001), ("cauchy", 0.01), ("ties", 0.3),
                                           ("sparse", 0.05)])
-def test_at_most_two_host_syncs_per_call(monkeypatch, dist, density):
+def test_at_most_two_host_syncs_per_call(dist, density):
     x = make_input(dist, 300_000, seed=30, device=DEVICE)
     k = int(density * x.numel())
     mstopk(x, k, kernel="gpu")  # compile first
     for generator in (None, _gen(), torch.Generator(device=DEVICE).manual_seed(0)):
-        syncs = _SyncCounter(monkeypatch)
-        _, idx = mstopk(x, k, kernel="gpu", generator=generator)
-        monkeypatch.undo()
+        with HostSyncCounter() as syncs:
+            _, idx = mstopk(x, k, kernel="gpu", generator=generator)
         assert syncs.count <= 2, syncs.where
         assert idx.numel() == k
     # ... and the counter sees the torch path's syncs, so it is not blind.
-    syncs = _SyncCounter(monkeypatch)
-    mstopk(x, k, kernel="torch")
-    monkeypatch.undo()
+    with HostSyncCounter() as syncs:
+        mstopk(x, k, kernel="torch")
     assert syncs.count > 2, syncs.where
 
 
