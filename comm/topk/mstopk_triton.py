@@ -210,10 +210,9 @@ class Candidates(NamedTuple):
 
     idx: torch.Tensor  # ascending indices of the candidates
     val: torch.Tensor  # their float32 magnitudes
-    mean: float  # mean of |x|
     vmax: float  # max of |x|
-    mean_t: torch.Tensor  # the same two as 0-dim float64 device tensors
-    vmax_t: torch.Tensor
+    mean_t: torch.Tensor  # mean of |x|, 0-dim float64 on the device
+    vmax_t: torch.Tensor  # max of |x|, the same
     v_is_zero: bool  # the (k+1)-th magnitude is 0, so the band's lower end is 0
     written: torch.Tensor  # the compaction counter (0-dim, on the device); must equal len(idx)
     fine_bin: int  # entries in the fine bin holding the (k+1)-th magnitude (0 if it is 0)
@@ -269,7 +268,7 @@ def gpu_candidates(x: torch.Tensor, k: int, iters: int) -> Candidates | None:
         _launch(_compact_kernel, (triton.cdiv(n, COMPACT_BLOCK),), x, n, cut, m, counter, out_idx, out_val,
                 BLOCK=COMPACT_BLOCK, SHIFT=KEY_SHIFT, num_warps=_WARPS)
     order = torch.argsort(out_idx)
-    return Candidates(out_idx[order], out_val[order], mean, vmax_h, total / n, vmax.double(), q_v == 0, counter[0],
+    return Candidates(out_idx[order], out_val[order], vmax_h, total / n, vmax.double(), q_v == 0, counter[0],
                       fine[f] if q_v else 0)
 
 
