@@ -216,7 +216,7 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
                       drop_last: bool | None = None, cache=None, on_error: str = "raise", cache_size: int = 256,
                       pin_memory: bool | None = None, prefetch_factor: int = 2, dtype: str = "float32",
                       normalize: bool = True, channels_last: bool = False,
-                      multiprocessing_context=None) -> CachedDataLoader:
+                      multiprocessing_context=None, follow_external_links: bool = False) -> CachedDataLoader:
     """A DataLoader over the two-level cache yielding ``(images float NCHW, labels int64)``.
 
     Training shuffles every epoch (``set_epoch``) with random-resized-crop + flip; validation
@@ -266,7 +266,7 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     rank, world = resolve_rank(distributed)
     transform = make_transform(train, size, dtype=dtype, normalize=normalize, channels_last=channels_last)
     dataset = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
-                                on_error=on_error)
+                                on_error=on_error, follow_external_links=follow_external_links)
     drop_last = train if drop_last is None else bool(drop_last)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, rank=rank,
                                   world_size=world, drop_last=drop_last, size=size)

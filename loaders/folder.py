@@ -56,7 +56,7 @@ class CachedImageFolder(torch.utils.data.Dataset):
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, *, cache=None, cache_dir=None, redis=None,
-                 cache_size: int = 256, on_error: str = "raise") -> None:
+                 cache_size: int = 256, on_error: str = "raise", follow_external_links: bool = False) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; valid: {list(ON_ERROR)}")
         self._owns_cache = cache is None
@@ -64,10 +64,11 @@ class CachedImageFolder(torch.utils.data.Dataset):
             if cache_dir is None:
                 raise ValueError("pass cache_dir (the local L1 directory), a TwoLevelCache as cache=, "
                                  "or cache=False to read the files directly")
-            cache = TwoLevelCache(os.fspath(root), os.fspath(cache_dir), redis=redis, cache_size=cache_size)
+            cache = TwoLevelCache(os.fspath(root), os.fspath(cache_dir), redis=redis, cache_size=cache_size,
+                                  follow_external_links=follow_external_links)
         if cache is False:
             self.cache = None
-            self.manifest = Manifest.scan(root)
+            self.manifest = Manifest.scan(root, follow_external_links=follow_external_links)
             self.cache_size = int(cache_size)
         else:
             self.cache = cache

@@ -29,6 +29,8 @@ class RunConfig:
         print_table: rank 0 prints one table row per epoch.
         ddp: exchange inside backward through DistributedDataParallel (sparse algorithms
             as its comm hook) instead of the standalone exchanger after backward.
+        follow_external_links: the cache's scan follows symlinks leaving the data root
+            (NOTE [symlinks in the source] in ``cachepipe/scan.py``).
     """
 
     recipe: Recipe
@@ -45,6 +47,7 @@ class RunConfig:
     stop_after_steps: int = 0
     print_table: bool = True
     ddp: bool = False
+    follow_external_links: bool = False
 
     def __post_init__(self):
         if self.loader not in LOADERS:
