@@ -112,7 +112,8 @@ class CachedDataLoader(SamplerControls):
         dataset: the ``CachedImageFolder``.
         sampler: the ``ShardedBatchSampler`` (epoch, size, rank, resume position).
         loader: the underlying ``torch.utils.data.DataLoader``.
-        skipped: indices of corrupt samples skipped so far (``on_error="skip"``).
+        skipped: indices of bad samples skipped and replaced so far (``on_error="skip"``;
+            NOTE [replacing bad samples] in ``loaders.replacement``).
         cache_wait_s: seconds workers spent waiting on the cache, summed over batches.
         cache_hits: ``{"l2_hits", "l1_hits", "source_reads"}`` of the batches yielded so far,
             counted where the reads happen (in the workers when ``workers > 0``).
@@ -191,8 +192,6 @@ class CachedDataLoader(SamplerControls):
                 self.cache_hits[name] += n
             if len(skipped):
                 self.skipped.extend(skipped.tolist())
-            if not len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
-                continue
             yield images, labels
             del images
 
@@ -237,7 +236,8 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         seed: shuffling and augmentation seed; must be equal on every rank.
         drop_last: default True for training and False for validation.
         cache: None (build a cache), a ``TwoLevelCache`` to share, or False (decode files).
-        on_error: "raise" or "skip" corrupt samples (counted in ``loader.skipped``).
+        on_error: "raise" or "skip" bad samples: replaced by others so every batch stays
+            full (NOTE [replacing bad samples]; counted in ``loader.skipped``).
         cache_size: shorter side of cached samples (default 256).
         pin_memory: default: when CUDA is available.
         prefetch_factor: batches prefetched per worker (default 2).

@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=None, help="train.seed")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                        help="override any recipe field, e.g. optim.eta=0.002 or phases.0.size=112")
+    parser.add_argument("--on-error", default="skip", choices=["raise", "skip"],
+                        help="a corrupt or unreadable sample: skip (default) warns, counts it (skip column) and "
+                             "replaces it so every batch stays full; raise ends the run")
     parser.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: epoch ends only)")
     parser.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue from RUN_DIR/checkpoints/last.npz")
     parser.add_argument("--nodes", type=int, default=None, help="nodes in the topology (default: from torchrun's environment)")
@@ -127,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader, cache_dir=args.cache_dir,
                         redis=tuple(args.redis) if args.redis else None, ckpt_every=args.ckpt_every,
                         resume=args.resume, nodes=args.nodes, local_size=args.local_size, device=args.device,
-                        stop_after_steps=args.stop_after_steps, ddp=args.ddp)
+                        stop_after_steps=args.stop_after_steps, ddp=args.ddp, on_error=args.on_error)
         if _under_torchrun():
             return _run_torchrun(cfg)
         _check_topology(args.nprocs, args.nodes, args.local_size)

@@ -19,7 +19,7 @@ from torch import nn
 from trainer import models
 from trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from trainer.data import LoaderSpec, check_data_root, make_loader
-from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, cache_counts,
+from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts,
                                  pick_device, world)
 from trainer.evaluate import evaluate
 from trainer.exchange import build_ddp_exchange, build_exchange, topology_for
@@ -54,9 +54,9 @@ class _Run:
         self.autocast = autocast_for(r.train.amp, self.device)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
         self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
-                               r.train.cache_size, r.train.workers, str(self.device))
+                               r.train.cache_size, r.train.workers, str(self.device), cfg.on_error)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
-        self.cache_seen = [0.0] * len(CACHE_COUNTERS)
+        self.cache_seen = [0.0] * (len(CACHE_COUNTERS) + 1)
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
                          "world_size": self.world}
@@ -86,7 +86,7 @@ class _Run:
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
-        self.cache_seen = cache_counts(self.loader)
+        self.cache_seen = loader_counts(self.loader)
         if self.cfg.ddp and self.world > 1:
             self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
                                                 selector=phase.selector)
@@ -239,12 +239,13 @@ class _Run:
         breakdown.load_state_dict(self.accum["breakdown"])
         row["time_per_iter"] = breakdown.per_iteration()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
-        counts = cache_counts(self.loader)
+        counts = loader_counts(self.loader)
         delta = all_sum(torch.tensor([c - p for c, p in zip(counts, self.cache_seen)], dtype=torch.float64),
-                        self.device)
+                        self.device).tolist()
         self.cache_seen = counts
         if self.spec.kind != "memory":
-            row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta.tolist())}
+            row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta)}
+        row["skipped"] = int(delta[-1])  # bad samples replaced, all ranks
         self.epoch += 1
         self.accum = self._fresh_accum()
         self._checkpoint()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer.config import Recipe
-from trainer.data import LOADERS
+from trainer.data import LOADERS, ON_ERROR
 
 __all__ = ["RunConfig"]
 
@@ -29,6 +29,9 @@ class RunConfig:
         print_table: rank 0 prints one table row per epoch.
         ddp: exchange inside backward through DistributedDataParallel (sparse algorithms
             as its comm hook) instead of the standalone exchanger after backward.
+        on_error: ``skip`` (default): a corrupt or unreadable sample is warned about,
+            counted (``skipped`` in the epoch row) and replaced, so every batch stays full
+            (NOTE [replacing bad samples] in ``loaders.replacement``); ``raise``: it ends the run.
     """
 
     recipe: Recipe
@@ -45,12 +48,15 @@ class RunConfig:
     stop_after_steps: int = 0
     print_table: bool = True
     ddp: bool = False
+    on_error: str = "skip"
 
     def __post_init__(self):
         if self.loader not in LOADERS:
             raise ValueError(f"unknown loader {self.loader!r}; valid: {list(LOADERS)}")
         if self.ckpt_every < 0 or self.stop_after_steps < 0:
             raise ValueError(f"--ckpt-every and --stop-after-steps must be >= 0; got {self.ckpt_every}, {self.stop_after_steps}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"--on-error must be one of {list(ON_ERROR)}; got {self.on_error!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda; got {self.device!r}")
         for name, v in (("nodes", self.nodes), ("local_size", self.local_size)):

@@ -1,0 +1,37 @@
+"""Shared helpers of the training-side fault tests: a small recipe, a private dataset copy."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cachepipe.demo_data import make_dataset
+from trainer.recipes import load_recipe, override
+
+__all__ = ["train_dataset", "small_recipe", "copy_dataset", "train_files"]
+
+
+@pytest.fixture(scope="session")
+def train_dataset(tmp_path_factory) -> Path:
+    """4 classes, 12 training and 4 validation 40 px JPEGs per class (import it into a test module)."""
+    return make_dataset(tmp_path_factory.mktemp("train_faults"), classes=4, per_class=12, val_per_class=4,
+                        size=40, seed=0)
+
+
+def small_recipe(epochs: int = 1, **sets):
+    """The demo recipe shrunk for tests: batch 4, 32 px crops from a 36 px cache, dense exchange."""
+    extra = [f"{k}={v}" for k, v in sets.items()]
+    return override(load_recipe("demo"), epochs=epochs, comm="dense", batch_size=4, size=32,
+                    sets=["train.cache_size=36", "train.eval_size=32", "schedule.warmup_epochs=0", *extra])
+
+
+def copy_dataset(dataset: Path, dst: Path) -> Path:
+    """A private, modifiable copy of a ``train/`` + ``val/`` dataset."""
+    shutil.copytree(dataset, dst)
+    return dst
+
+
+def train_files(data: Path) -> list[Path]:
+    """The training files in sample-index order (sorted classes, sorted files)."""
+    return [f for c in sorted((data / "train").iterdir()) for f in sorted(c.iterdir())]
