@@ -35,3 +35,39 @@ def copy_dataset(dataset: Path, dst: Path) -> Path:
 def train_files(data: Path) -> list[Path]:
     """The training files in sample-index order (sorted classes, sorted files)."""
     return [f for c in sorted((data / "train").iterdir()) for f in sorted(c.iterdir())]
+
+
+def run_ranks(fn, world_size: int, *args, report: tuple[int, ...], timeout: float = 120.0) -> dict:
+    """Like ``tests.distributed.run_distributed``, for jobs in which some ranks die: only the
+    ranks in ``report`` must return (their values, by rank); every process is reaped."""
+    import queue as queue_module
+
+    import torch.multiprocessing as mp
+
+    from tests.distributed import _worker
+    from tests.redis_servers import free_port
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    values: dict = {}
+    try:
+        while set(report) - set(values):
+            try:
+                rank, ok, value = results.get(timeout=timeout)
+            except queue_module.Empty:
+                raise AssertionError(f"ranks {sorted(set(report) - set(values))} did not report in {timeout} s")
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            values[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return values
