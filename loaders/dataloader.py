@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.data
 
+from loaders.dead_workers import MAX_RESTARTS, detect_in_next, is_dead_worker, shut_down
 from loaders.folder import CachedImageFolder
 from loaders.recycle import RecyclingNormalizer
 from loaders.sampler import BatchRequest, SamplerControls, ShardedBatchSampler
@@ -138,6 +139,7 @@ class CachedDataLoader(SamplerControls):
         self.transform = transform
         kwargs = {}
         if workers > 0:
+            detect_in_next()  # NOTE [restarting dead workers]
             kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
                           multiprocessing_context=multiprocessing_context, worker_init_fn=_keep_freed_memory)
         # NOTE [recycled shared batches] (loaders.shared_batches): only the internal uint8 batches
@@ -185,15 +187,25 @@ class CachedDataLoader(SamplerControls):
             # their threads live.
             gc.collect()
         self.batches_done = self.sampler.start
-        for images, labels, skipped, waited, hits in self.loader:
-            self.batches_done += 1
-            self.cache_wait_s += waited
-            for name, n in zip(HIT_COUNTERS, hits.tolist()):
-                self.cache_hits[name] += n
-            if len(skipped):
-                self.skipped.extend(skipped.tolist())
-            yield images, labels
-            del images
+        restarts = 0
+        while True:
+            try:
+                for images, labels, skipped, waited, hits in self.loader:
+                    self.batches_done += 1
+                    self.cache_wait_s += waited
+                    for name, n in zip(HIT_COUNTERS, hits.tolist()):
+                        self.cache_hits[name] += n
+                    if len(skipped):
+                        self.skipped.extend(skipped.tolist())
+                    yield images, labels
+                    del images
+                return
+            except (RuntimeError, OSError, EOFError) as exc:  # NOTE [restarting dead workers]
+                if not is_dead_worker(exc, self.loader) or restarts == MAX_RESTARTS:
+                    raise
+                restarts += 1
+                shut_down(self.loader, exc, restarts)
+                self.sampler.start = self.batches_done
 
     def give_back(self, images: torch.Tensor) -> None:
         """Let the worker that made ``images`` (from ``transported``) reuse its buffer: the pixels were read."""
