@@ -10,7 +10,8 @@ import sys
 import time
 
 from comm.shm_names import SHM_DIR
-from tests.faults.train_faults import spawned_children, train_dataset  # noqa: F401
+from tests.faults.train_faults import train_dataset  # noqa: F401
+from tools.bench.faults import spawned_children
 
 KEYS = ("epoch", "steps", "train_loss", "val_loss", "val_top1", "val_top5", "skipped")
 

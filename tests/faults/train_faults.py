@@ -9,7 +9,7 @@ import pytest
 from cachepipe.demo_data import make_dataset
 from trainer.recipes import load_recipe, override
 
-__all__ = ["train_dataset", "small_recipe", "copy_dataset", "train_files"]
+__all__ = ["train_dataset", "small_recipe", "copy_dataset", "train_files", "run_ranks"]
 
 
 @pytest.fixture(scope="session")
@@ -72,19 +72,3 @@ def run_ranks(fn, world_size: int, *args, report: tuple[int, ...], timeout: floa
                 p.join()
     return values
 
-
-def spawned_children(pid: int) -> list[int]:
-    """The multiprocessing workers (ranks) that process ``pid`` spawned, oldest first; its
-    resource tracker is not one of them. Only our own children's children are listed."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children += [int(c) for c in (task / "children").read_text().split()]
-    ranks = []
-    for child in sorted(children):
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-            ranks.append(child)
-    return ranks
