@@ -76,6 +76,7 @@ class _Shard:
     def __init__(self, workdir: Path):
         from cachepipe.redis_binary import find_redis_server
 
+        workdir.mkdir(parents=True, exist_ok=True)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -86,16 +87,16 @@ class _Shard:
         self.start()
 
     def start(self) -> None:
-        import redis
-
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(200):
+            if self.proc.poll() is not None:
+                break
             try:
-                redis.Redis(port=self.port).ping()
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 return
-            except redis.ConnectionError:
+            except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"redis-server on port {self.port} did not start")
+        raise RuntimeError(f"redis-server on port {self.port} did not start ({' '.join(self.argv)})")
 
     def kill(self) -> None:
         self.proc.kill()
@@ -122,6 +123,7 @@ class _Bench:
         from trainer.demo import prepare_cache
 
         self.args, self.work = args, work
+        (work / "logs").mkdir(parents=True, exist_ok=True)
         self.data = make_dataset(work / "data", classes=args.classes, per_class=args.per_class,
                                  val_per_class=max(args.per_class // 4, 1), size=64, seed=0)
         self.shards = [_Shard(work / f"shard{i}") for i in range(2)]
@@ -140,17 +142,20 @@ class _Bench:
 
     def run(self, argv, inject=None) -> tuple[int, bool]:
         """Run ``argv``; ``inject(job)`` is polled while it runs and returns True once injected."""
-        job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        injected = inject is None
-        try:
-            while job.poll() is None:
-                if not injected:
-                    injected = bool(inject(job))
-                time.sleep(0.02)
-        finally:
-            if job.poll() is None:
-                job.kill()
-            self.log = job.communicate()[0]
+        log = self.work / "logs" / f"run{len(list((self.work / 'logs').glob('*')))}.log"
+        with open(log, "w") as f:  # a file, not a pipe: a chatty run never blocks on it
+            job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, text=True)
+            injected = inject is None
+            try:
+                while job.poll() is None:
+                    if not injected:
+                        injected = bool(inject(job))
+                    time.sleep(0.02)
+            finally:
+                if job.poll() is None:
+                    job.kill()
+                job.wait()
+        self.log = log.read_text()
         return job.returncode, injected
 
 
