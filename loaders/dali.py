@@ -115,7 +115,7 @@ class DALILoader(SamplerControls):
 
     @property
     def skipped(self) -> list[int]:
-        """Indices of corrupt samples skipped so far (``on_error="skip"``)."""
+        """Indices of bad samples skipped and replaced so far (``on_error="skip"``)."""
         return self._counted.skipped
 
     @property
