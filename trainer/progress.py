@@ -1,4 +1,5 @@
-"""What rank 0 prints: the per-epoch table, a progress bar within an epoch, and the
+"""What rank 0 prints: the per-epoch table (loss, accuracy, throughput, breakdown, cache
+hits, bad samples skipped and replaced), a progress bar within an epoch, and the
 configuration and final lines around them (the same for ``train`` and ``train --demo``)."""
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import sys
 __all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "print_row", "resume_command"]
 
 # Two header lines: which columns belong to training, which to validation, which to the
-# time per training iteration (the MLSys paper's Figure 1 parts) and which to the cache.
+# time per training iteration (the MLSys paper's Figure 1 parts) and which to the cache
+# (hits per level, and bad samples skipped and replaced).
 _GROUPS = (f"{'':>5} {'':>4} {'':>7} {'train':^15} | {'validation':^21} | "
-           f"{'train: ms per iteration':^34} | {'train reads':>13}")
+           f"{'train: ms per iteration':^34} | {'train reads':^19}").rstrip()
 HEADER = (f"{'epoch':>5} {'px':>4} {'comm':>7} {'loss':>7} {'img/s':>7} | {'loss':>7} {'top1':>6} {'top5':>6} | "
-          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} | {'L2/L1/src':>13}")
+          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} | {'L2/L1/src':>13} {'skip':>5}")
 
 
 def _hits(cache: dict | None) -> str:
@@ -27,7 +29,7 @@ def format_row(row: dict) -> str:
             f"{row['images_per_s']:>7.1f} | {row.get('val_loss', float('nan')):>7.3f} {row['val_top1']:>6.1f} "
             f"{row['val_top5']:>6.1f} | {t.get('data', 0):>6.1f} {t.get('compute', 0):>6.1f} "
             f"{t.get('compress', 0):>6.1f} {t.get('communicate', 0):>6.1f} {t.get('update', 0):>6.1f} | "
-            f"{_hits(row.get('cache')):>13}")
+            f"{_hits(row.get('cache')):>13} {row.get('skipped', 0):>5}")
 
 
 def print_row(row: dict, header: bool = False) -> None:

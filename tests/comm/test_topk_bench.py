@@ -31,8 +31,39 @@ def test_bench_topk_writes_rows_and_plot(tmp_path, capsys):
     (["--impls", "exact:gpu"], "only mstopk takes a kernel"),
     (["--dist", "uniform"], "unknown --dist"),
     (["--sizes", "12Q"], "--sizes: bad size '12Q'"),
+    (["--density", "0.1,x"], "--density '0.1,x'"),
 ])
 def test_bench_topk_rejects_bad_arguments_with_exit_2(flags, message, capsys):
     assert cli_main(["bench", "topk", *flags]) == 2  # a bad flag, as everywhere
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("cachepipe bench: error: ") and message in err[0]
+
+
+@pytest.mark.triton
+def test_bench_topk_kernel_rows_report_candidates_passes_and_syncs(tmp_path):
+    # In Triton's interpreter without a GPU (tests/conftest.py), as the command:
+    # TRITON_INTERPRET=1 cachepipe bench topk --device cpu --kernel gpu --json PATH
+    import torch
+
+    out = tmp_path / "rows.json"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    assert cli_main(["bench", "topk", "--device", device, "--kernel", "gpu", "--sizes", "100K",
+                     "--density", "0.001,0.01", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {(r["distribution"], r["impl"]) for r in rows} == {
+        (d, i) for d in ("gaussian", "student_t3", "cauchy", "lognormal") for i in ("torch", "gpu")}
+    for r in rows:
+        assert {"distribution", "numel", "k", "candidates_per_k", "passes", "host_syncs"} <= set(r)
+        assert r["candidates_per_k"] > 1 and r["recall"] >= 0.95
+        if r["impl"] == "gpu":
+            assert r["passes"] == 3 and r["host_syncs"] <= 2
+            assert r["candidates_per_k"] * r["k"] <= 2 * r["k"] + r["fine_bin"]
+        else:
+            assert 1 <= r["passes"] < 2  # one scan plus the sample
+
+
+def test_bench_topk_kernel_gpu_without_a_gpu_or_interpreter_says_so(monkeypatch, capsys):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert cli_main(["bench", "topk", "--device", "cpu", "--kernel", "gpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--kernel gpu needs triton" in err[0]

@@ -12,6 +12,7 @@ from PIL import Image
 
 from cachepipe import CorruptSampleError
 from loaders import CachedImageFolder
+from loaders.replacement import replacement_index
 from loaders.transforms import ValTransform
 from tests.torchvision_reference import torchvision_image_folder
 
@@ -160,7 +161,7 @@ def test_custom_loader_is_honoured_without_the_cache(source, cache_dir):
         assert quiet[0][0] == ref.size
 
 
-def test_custom_loader_errors_pass_through_or_are_skipped(source):
+def test_custom_loader_errors_pass_through_or_are_replaced(source):
     bad = sorted((source / "class_0001").iterdir())[2]
     bad.write_bytes(b"not an image")
 
@@ -174,7 +175,8 @@ def test_custom_loader_errors_pass_through_or_are_skipped(source):
         ds.__getitems__([0, bad_index])
     skipping = CachedImageFolder(source, loader=loader, cache=False, on_error="skip")
     with pytest.warns(RuntimeWarning, match=bad.name):
-        assert len(skipping.__getitems__([0, bad_index, 1])) == 2
+        batch = skipping.__getitems__([0, bad_index, 1])
+    assert len(batch) == 3 and all(img.mode == "RGB" for img, _ in batch)  # replaced: the batch stays full
     assert skipping.skipped == [bad_index]
 
 
@@ -199,7 +201,7 @@ def test_output_pil_runs_a_torchvision_style_pipeline_unchanged(source, cache_di
 
 
 @pytest.mark.parametrize("cache", ["files", "cache"])
-def test_corrupt_sample_raises_naming_the_file_or_is_skipped_and_counted(source, cache_dir, cache):
+def test_corrupt_sample_raises_naming_the_file_or_is_replaced_and_counted(source, cache_dir, cache):
     bad = sorted((source / "class_0001").iterdir())[2]
     bad.write_bytes(b"definitely not a JPEG" * 10)
     kwargs = dict(cache=False) if cache == "files" else dict(cache_dir=cache_dir, redis=False)
@@ -213,7 +215,8 @@ def test_corrupt_sample_raises_naming_the_file_or_is_skipped_and_counted(source,
     skipping = CachedImageFolder(source, cache_size=32, on_error="skip", **kwargs)
     with pytest.warns(RuntimeWarning, match=bad.name):
         batch = skipping.__getitems__([0, bad_index, 1])
-    assert [t for _, t in batch] == [skipping.targets[0], skipping.targets[1]]
+    stand_in = replacement_index("", bad_index, 0, len(skipping))  # the batch stays full
+    assert [t for _, t in batch] == [skipping.targets[0], skipping.targets[stand_in], skipping.targets[1]]
     assert skipping.skipped == [bad_index]
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.checkpoint import Checkpoints
 from trainer.launch import WorkerFailed, launch_local
 
 
@@ -62,10 +62,10 @@ def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
 
 
 def test_checkpoint_from_another_model_is_refused(tmp_path):
-    save_checkpoint(tmp_path, rank=0, step=3, shared={"model_name": "resnet18", "recipe": "demo"}, local={"x": 1})
+    Checkpoints(tmp_path, 0).save({"model_name": "resnet18", "recipe": "demo", "step": 3}, {"x": 1})
     with pytest.raises(ValueError, match="model_name='resnet18' but this run has model_name='resnet50'"):
-        load_checkpoint(tmp_path, rank=0, expect={"model_name": "resnet50", "recipe": "demo"})
-    shared, local = load_checkpoint(tmp_path, rank=0, expect={"model_name": "resnet18"})
+        Checkpoints(tmp_path, 0).load({"model_name": "resnet50", "recipe": "demo"})
+    shared, local = Checkpoints(tmp_path, 0).load({"model_name": "resnet18"})
     assert shared["step"] == 3 and local == {"x": 1}
 
 
@@ -111,6 +111,7 @@ def test_first_run_without_recipe_names_it_stops_where_asked_and_resumes(tmp_pat
     assert argv[:2] == ["cachepipe", "train"] and "--stop-after-steps" not in argv
     assert argv[-2:] == ["--resume", str(out)]
     assert (out / "metrics.jsonl").stat().st_mode & 0o777 == 0o640  # the umask's mode, not mkstemp's 0600
+    assert {p.stat().st_mode & 0o777 for p in (out / "checkpoints").iterdir()} == {0o640}  # checkpoints too
     again = _cli(*argv[1:])
     assert again.returncode == 0, again.stderr[-2000:]
     assert "final top-1" in again.stdout and "after epoch 1" in again.stdout
