@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from comm.collectives.base import (Exchanger, add_pairs_, all_gather_async, all_gather_flat, index_dtype, k_for,
-                                   pack_pairs, reduce_scatter_flat)
+from comm.collectives.base import (Exchanger, Stages, add_pairs_, all_gather_async, all_gather_flat, index_dtype,
+                                   k_for, pack_pairs, reduce_scatter_flat)
 
 __all__ = ["HiTopKExchanger"]
 
@@ -34,7 +34,7 @@ class HiTopKExchanger(Exchanger):
     name = "hitopk"
     sparse = True
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+    def _stages(self, x: torch.Tensor) -> Stages:
         t = self.topology
         n, m = t.local_size, t.nodes
         acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -54,7 +54,7 @@ class HiTopKExchanger(Exchanger):
             self.memory.update(acc)
         out = torch.zeros(n * c, dtype=acc.dtype, device=acc.device)
         if work is not None:
-            work.wait()
+            yield work
         # step 4: intra-node all-gather of the gathered pairs; row i * m + j: chunk i, node j
         rows = all_gather_flat(node_pairs, t.intra_group, n, t.shm)
         offsets = torch.arange(n, device=acc.device).repeat_interleave(m) * c
