@@ -15,7 +15,7 @@ class SparseHookState:
     __slots__ = (
         # what to run
         "algorithm", "topology", "density", "selector", "error_feedback", "value_dtype",
-        # NOTE [overflow steps] in comm.fusion: skip non-finite buckets without touching residuals
+        # NOTE [overflow steps] in comm.engine: skip non-finite buckets without touching residuals
         "skip_nonfinite", "skipped_buckets",
         # bucket index -> exchanger (holding that bucket's residual)
         "exchangers",

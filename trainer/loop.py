@@ -164,7 +164,9 @@ class _Run:
             elapsed = time.perf_counter() - start
             split = getattr(self.exchanger, "last_timings", None) or {}
             compress = min(float(split.get("compress", 0.0)), elapsed)
-            times.add("compress", compress)
+            overlapped = float(split.get("compress_overlapped", 0.0))  # selection inside backward
+            times.add("compute", -overlapped)
+            times.add("compress", compress + overlapped)
             times.add("communicate", elapsed - compress)
         with times.part("update"):
             if self.scaler is not None:

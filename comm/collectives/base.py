@@ -9,7 +9,10 @@ tensor. :meth:`Exchanger.exchange` drives it to the end at once (wait, resume);
 the engine (:mod:`comm.engine`) runs it up to its first yield while backward goes on, so
 several buckets can have their collectives in flight, and resumes it in
 ``synchronize()``. Whoever drives the stages of several buckets resumes them in the same
-order on every rank, since collectives on one group must be issued in the same order.
+order on every rank, since collectives on one group must be issued in the same order;
+for that every rank yields at the same points of an algorithm (``None`` where it has
+nothing in flight there, as a non-leader in ``hier`` or an idle rank in a ``gtopk``
+round), so the stage boundaries line up across ranks.
 """
 from __future__ import annotations
 
@@ -106,6 +109,12 @@ class Exchanger:
         values, indices = self.select(acc, k, generator=self.generator)
         return values, indices.long()
 
+    def placed_residual(self, numel: int) -> torch.Tensor:
+        """This worker's residual as a ``numel``-element vector over the exchanged tensor
+        (zeros when there is none): adding it to the next input applies it."""
+        res = self.memory.residual
+        return torch.zeros(numel) if res is None else res[:numel]
+
     def state_dict(self) -> dict:
         return {"algorithm": self.name, "memory": self.memory.state_dict()}
 
@@ -120,7 +129,8 @@ def drive(stages: Stages) -> torch.Tensor:
     try:
         work = next(stages)
         while True:
-            work.wait()
+            if work is not None:
+                work.wait()
             work = stages.send(None)
     except StopIteration as stop:
         return stop.value

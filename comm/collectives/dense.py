@@ -16,6 +16,5 @@ class DenseExchanger(Exchanger):
 
     def _stages(self, x: torch.Tensor) -> Stages:
         buf = x.to(self.wire_dtype(x), copy=True)
-        if self.topology.world_size > 1:
-            yield ops.all_reduce(buf, async_op=True)
+        yield ops.all_reduce(buf, async_op=True) if self.topology.world_size > 1 else None
         return buf.to(x.dtype).div_(self.topology.world_size)

@@ -73,20 +73,22 @@ class GTopKExchanger(Exchanger):
             residual[indices] = values - local_sent                 # Alg. 4 line 8 (+ rounding)
         notes: list[tuple[torch.Tensor, torch.Tensor]] = []          # NOTE [gtopk error feedback]
         cur_idx, cur_val = indices, local_sent
-        step = 1
-        while step < world:
-            if rank % (2 * step) == 0 and rank + step < world:
+        step, active = 1, True
+        while step < world:  # one yield per round on every rank (NOTE [exchange stages])
+            if active and rank % (2 * step) == 0 and rank + step < world:
                 r_val = torch.empty(k, dtype=wire, device=acc.device)
                 r_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
                 yield _Both(ops.irecv(r_val, src=rank + step), ops.irecv(r_idx, src=rank + step))
                 cur_idx, cur_val, drop_idx, drop_val = merge_topk(
                     cur_idx, cur_val, r_idx.long(), r_val.to(acc.dtype), k)
                 notes.append((drop_idx, drop_val))
-            elif rank % (2 * step) == step:
+            elif active and rank % (2 * step) == step:
                 sent = cur_val.to(wire)
                 yield _Both(ops.isend(sent, dst=rank - step), ops.isend(cur_idx.to(idx_wire), dst=rank - step))
                 notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
-                break
+                active = False
+            else:
+                yield None
             step *= 2
         g_val = torch.empty(k, dtype=wire, device=acc.device)
         g_idx = torch.empty(k, dtype=idx_wire, device=acc.device)

@@ -53,10 +53,20 @@ class HiTopKExchanger(Exchanger):
             acc[indices] = values - sent.to(acc.dtype)
             self.memory.update(acc)
         out = torch.zeros(n * c, dtype=acc.dtype, device=acc.device)
-        if work is not None:
-            yield work
+        yield work
         # step 4: intra-node all-gather of the gathered pairs; row i * m + j: chunk i, node j
         rows = all_gather_flat(node_pairs, t.intra_group, n, t.shm)
         offsets = torch.arange(n, device=acc.device).repeat_interleave(m) * c
         add_pairs_(out, rows, k, sent.dtype, index_dtype(c), t.world_size, offsets)
         return out[: x.numel()]
+
+    def placed_residual(self, numel: int) -> torch.Tensor:
+        """The chunk residual (NOTE [hitopk error feedback]) at its chunk's offset: the node
+        sum of the next inputs then carries it once."""
+        res = self.memory.residual
+        if res is None:
+            return torch.zeros(numel)
+        c, j = res.numel(), self.topology.local_rank
+        full = res.new_zeros(self.topology.local_size * c)
+        full[j * c:(j + 1) * c] = res
+        return full[:numel]

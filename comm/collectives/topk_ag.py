@@ -37,6 +37,5 @@ class TopKAllGatherExchanger(Exchanger):
             acc[indices] = values - sent.to(acc.dtype)
             self.memory.update(acc)
         out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
-        if work is not None:
-            yield work
+        yield work
         return add_pairs_(out, gathered, k, sent.dtype, index_dtype(d), t.world_size)

@@ -49,6 +49,5 @@ class Torus2DExchanger(Exchanger):
         return out[: x.numel()].to(x.dtype).div_(t.world_size)
 
     def _gather(self, work, chunk: torch.Tensor, dst: torch.Tensor) -> Stages:
-        if work is not None:
-            yield work
+        yield work
         all_gather_flat(chunk, self.topology.intra_group, self.topology.local_size, self.topology.shm, out=dst)
