@@ -276,8 +276,8 @@ class GradientExchanger:
     close = remove
 
     # -- residuals -----------------------------------------------------------------------
-    def take_residuals(self) -> dict[int, torch.Tensor]:
-        """This rank's residuals per parameter index (shaped like the parameter), cleared
+    def take_residuals(self) -> dict[torch.Tensor, torch.Tensor]:
+        """This rank's residuals per parameter (parameter -> tensor shaped like it), cleared
         here (NOTE [residual at a phase switch]). Parameters without residual are left out."""
         out = {}
         for b, ex in zip(self.buckets, self.exchangers):
@@ -289,19 +289,23 @@ class GradientExchanger:
             offset = 0
             for i in b.params:
                 n = self.params[i].numel()
-                out[i] = full[offset:offset + n].view_as(self.params[i]).clone()
+                out[self.params[i]] = full[offset:offset + n].view_as(self.params[i]).clone()
                 offset += n
             ex.memory.update(None)
         return out
 
-    def carry_in(self, residuals: dict[int, torch.Tensor]) -> None:
-        """Add ``residuals`` (per parameter index, as :meth:`take_residuals` gives) to the
-        next gradients this exchanger sends."""
-        for i, r in residuals.items():
-            if r.shape != self.params[i].shape:
-                raise ValueError(f"carried residual of shape {tuple(r.shape)} for a parameter of "
-                                 f"shape {tuple(self.params[i].shape)}")
-            self._carry[i] = r
+    def carry_in(self, residuals: dict[torch.Tensor, torch.Tensor]) -> None:
+        """Add ``residuals`` (parameter -> tensor, as :meth:`take_residuals` gives) to the
+        next gradients this exchanger sends.
+
+        Raises:
+            ValueError: for a parameter this exchanger does not hold, or a wrong shape.
+        """
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for p, r in residuals.items():
+            if id(p) not in index or r.shape != p.shape:
+                raise ValueError(f"carried residual of shape {tuple(r.shape)} matches no parameter of this exchanger")
+            self._carry[index[id(p)]] = r
 
     def state_dict(self) -> dict:
         """Residuals of every bucket (for checkpoints), with the bucket layout."""

@@ -90,10 +90,17 @@ class PhaseExchange:
         if self.inner is not None and state.get("exchange"):
             self.inner.load_state_dict(state["exchange"])
 
+    def take_residuals(self) -> dict:
+        """What the exchange still owes, per parameter (NOTE [residual at a phase switch])."""
+        return self.inner.take_residuals() if self.inner is not None else {}
+
+    def carry_in(self, residuals: dict) -> None:
+        if self.inner is not None and residuals:
+            self.inner.carry_in(residuals)
+
     def close(self) -> None:
-        remove = getattr(self.inner, "remove", None)
-        if callable(remove):
-            remove()
+        if self.inner is not None:
+            self.inner.remove()
 
 
 def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pipelined: bool, probe,
@@ -172,12 +179,23 @@ class DDPExchange:
         if self.hook_state is not None and state:
             self.hook_state.load_state_dict(state)
 
+    def take_residuals(self) -> dict:
+        """What the hook's exchange still owes, per parameter (NOTE [residual at a phase switch])."""
+        return self.hook_state.take_residuals() if self.hook_state is not None else {}
+
+    def carry_in(self, residuals: dict) -> None:
+        if residuals:
+            self.hook_state.carry_in(residuals)
+
     def close(self) -> None:
         self.module = self.hook_state = None  # drops the reducer and its autograd hooks
 
 
-def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str) -> DDPExchange:
-    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``.
+def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
+                       carry: bool = False) -> DDPExchange:
+    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``
+    (asynchronous), and so does ``dense`` when ``carry`` (a residual from the previous phase
+    to apply: NOTE [residual at a phase switch] in comm/engine.py).
 
     Raises:
         ValueError: for ``omgs`` (it has its own backward pipeline: use the standalone
@@ -189,7 +207,7 @@ def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float,
 
     device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
     ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
-    if name == "dense":
+    if name == "dense" and not carry:
         return DDPExchange(ddp)
     from comm import register_sparse_hook
 

@@ -81,7 +81,9 @@ class _Run:
         if index == self.phase_index:
             return
         self.phase_index = index
+        carry = {}  # NOTE [residual at a phase switch] in comm/engine.py: applied by the next phase
         if self.exchanger is not None:
+            carry = self.exchanger.take_residuals()
             self.exchanger.close()
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
@@ -89,7 +91,7 @@ class _Run:
         self.cache_seen = cache_counts(self.loader)
         if self.cfg.ddp and self.world > 1:
             self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                                selector=phase.selector)
+                                                selector=phase.selector, carry=bool(carry))
             self.forward_model = self.exchanger.module
         else:
             saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None
@@ -99,6 +101,7 @@ class _Run:
                                                 hybrid_bytes=phase.hybrid_bytes, layout=saved,
                                                 probe=probe if phase.omgs_plan == "auto" else None)
             self.forward_model = self.model
+        self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
 
     @contextlib.contextmanager
