@@ -127,7 +127,7 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
         for p in params:
             carried = state.carry.pop(id(p), None)
             if carried is not None:
-                flat[offset:offset + p.numel()] += carried.reshape(-1).to(flat.dtype)
+                flat[offset:offset + p.numel()] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
             offset += p.numel()
     ex = state.exchanger_for(bucket.index(), flat.numel())
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()

@@ -200,7 +200,7 @@ class GradientExchanger:
             for i, g in zip(self.buckets[b].params, grads):
                 carried = self._carry.pop(i, None)
                 if carried is not None:
-                    flat[offset:offset + g.numel()] += carried.reshape(-1).to(flat.dtype)
+                    flat[offset:offset + g.numel()] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
                 offset += g.numel()
         if check and nonfinite_anywhere(flat):
             self._skipped = True

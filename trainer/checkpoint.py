@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from comm import collective_ops as ops
 from trainer.serialize import load_state, save_state
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "checkpoint_dir"]
@@ -42,7 +43,7 @@ def set_rng_state(state: dict) -> None:
 
 def _barrier() -> None:
     if dist.is_initialized():
-        dist.barrier()
+        ops.barrier()
 
 
 def save_checkpoint(out: str | Path, *, rank: int, step: int, shared: dict, local: dict) -> Path:
