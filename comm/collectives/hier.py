@@ -3,10 +3,9 @@
 Intra-node reduce to the node leader, all-reduce among the leaders, intra-node broadcast:
 ``4(n-1) + 2(m-1)`` steps instead of ``2(mn-1)``, so it wins on small (latency-bound)
 tensors; the hybrid choice of the ``size`` plan (:mod:`comm.plans.size`) sends small
-buckets here. Large tensors
-are pipelined in segments as in NOTE [2dtar pipelining] (comm/collectives/torus2d.py):
-the leaders' all-reduce of one segment runs in the background while the node reduces
-the next and broadcasts the previous one.
+buckets here. Large tensors are pipelined in segments as in NOTE [2dtar pipelining]
+(comm/collectives/torus2d.py): the leaders' all-reduce of one segment runs in the
+background while the node reduces the next and broadcasts the previous one.
 """
 from __future__ import annotations
 
