@@ -144,13 +144,13 @@ class GradientExchanger:
         self.stats = dict.fromkeys(("select_s", "compress_s", "wait_s", "sync_s"), 0.0)
         self.bucket_compress_s = [0.0] * len(self.buckets)
         self.last_timings = {"select": 0.0, "select_overlapped": 0.0, "wait": 0.0, "launched_in_backward": 0}
-        self._select = [0.0]
+        self._select = _SelectTimer()
         self.exchangers = []
         for b in self.buckets:
             ex = build_exchanger(b.algorithm, topology, density=density, selector=selector,
                                  error_feedback=error_feedback, value_dtype=value_dtype)
             if ex.sparse:
-                ex.select = _timed(ex.select, self._select)
+                ex.select = self._select.wrap(ex.select)
             self.exchangers.append(ex)
         self._bucket_of = {i: bi for bi, b in enumerate(self.buckets) for i in b.params}
         self._ready = [0] * len(self.buckets)
@@ -226,7 +226,7 @@ class GradientExchanger:
             worker's gradients were non-finite (NOTE [overflow steps]).
         """
         start = time.perf_counter()
-        overlapped, self._select[0] = self._select[0], 0.0
+        overlapped = self._select.take()
         in_backward = self.launched
         if self.skip_nonfinite and in_backward == 0 and self.params:
             local = all(bool(torch.isfinite(self._grad(i)).all()) for i in range(len(self.params)))
@@ -250,11 +250,11 @@ class GradientExchanger:
         self.skipped_steps += skipped
         self._inflight, self._ready, self._skipped = [], [0] * len(self.buckets), False
         wait = time.perf_counter() - start
-        self.stats["select_s"] += overlapped + self._select[0]
+        select = self._select.take()
+        self.stats["select_s"] += overlapped + select
         self.stats["sync_s"] += wait
-        self.last_timings = {"select": self._select[0], "select_overlapped": overlapped, "wait": wait,
+        self.last_timings = {"select": select, "select_overlapped": overlapped, "wait": wait,
                              "launched_in_backward": in_backward}
-        self._select[0] = 0.0
         return not skipped
 
     @contextlib.contextmanager
@@ -325,20 +325,38 @@ class GradientExchanger:
             ex.load_state_dict(s)
 
 
-def _timed(select, total: list):
-    """Wrap a top-k selector so the time spent selecting is added to ``total[0]``
-    (synchronising CUDA, so the kernels are charged to the selection)."""
+class _SelectTimer:
+    """Time spent in top-k selection: the clock on CPU; CUDA events on a GPU, read only in
+    :meth:`take` (from ``synchronize()``), so selection inside backward never blocks the host."""
 
-    @functools.wraps(select)
-    def run(x, k, *args, **kwargs):
-        start = time.perf_counter()
-        out = select(x, k, *args, **kwargs)
-        if x.is_cuda:
-            torch.cuda.synchronize(x.device)
-        total[0] += time.perf_counter() - start
-        return out
+    def __init__(self):
+        self.seconds, self.events = 0.0, []
 
-    return run
+    def wrap(self, select):
+        @functools.wraps(select)
+        def run(x, k, *args, **kwargs):
+            if x.is_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = select(x, k, *args, **kwargs)
+                end.record()
+                self.events.append((start, end))
+                return out
+            start = time.perf_counter()
+            out = select(x, k, *args, **kwargs)
+            self.seconds += time.perf_counter() - start
+            return out
+
+        return run
+
+    def take(self) -> float:
+        """Seconds since the last call (waits for the recorded CUDA events)."""
+        total = self.seconds
+        for start, end in self.events:
+            end.synchronize()
+            total += start.elapsed_time(end) / 1e3
+        self.seconds, self.events = 0.0, []
+        return total
 
 
 def _check_same_layout(sizes: list[int], topology) -> None:
