@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
