@@ -8,7 +8,8 @@ releases its hooks (``close()``). Names: ``dense``, ``hier``, ``2dtar``, ``topk_
 ``gtopk``, ``hitopk`` (``comm.GradientExchanger``, fused buckets) and ``omgs``
 (``comm.omgs.OMGSExchanger``, layer-wise and pipelined with backward).
 ``build_ddp_exchange`` instead wraps the model in DDP and exchanges inside backward
-(DDP's all-reduce for ``dense``, ``comm.register_sparse_hook`` for the others).
+(DDP's all-reduce for ``dense``, torch's PowerSGD hook for ``powersgd`` (always under
+DDP), ``comm.register_sparse_hook`` for the others).
 """
 from __future__ import annotations
 
@@ -196,8 +197,10 @@ class DDPExchange:
         self.module = self.hook_state = None  # drops the reducer and its autograd hooks
 
 
-def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str) -> DDPExchange:
-    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``.
+def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
+                       powersgd_rank: int = 2) -> DDPExchange:
+    """Wrap ``model`` in DDP; ``powersgd`` runs torch's PowerSGD hook (``comm.powersgd``,
+    rank ``powersgd_rank``), algorithms other than ``dense`` ``comm.register_sparse_hook``.
 
     Raises:
         ValueError: for ``omgs`` (it has its own backward pipeline: use the standalone
@@ -211,6 +214,10 @@ def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float,
     ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
     if name == "dense":
         return DDPExchange(ddp)
+    if name == "powersgd":
+        from comm.powersgd import register_powersgd_hook
+
+        return DDPExchange(ddp, register_powersgd_hook(ddp, rank=powersgd_rank))
     from comm import register_sparse_hook
 
     return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))
