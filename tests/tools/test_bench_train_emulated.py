@@ -114,6 +114,7 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
     (["--emulate", "2x2@fast"], "--emulate '2x2@fast': expected MxN@MBIT"),
     (["--emulate", "2x2", "--comm", "dense,ring"], r"--comm 'dense,ring': unknown \['ring'\]; valid: \['dense'"),
     (["--emulate", "2x2", "--comm", "dense", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
+    (["--emulate", "2x2", "--per-class", "0"], "--per-class must be >= 1"),
     (["--emulate", "2x2", "--comm", "omgs", "--reuse"], "--reuse: .* holds no finished run"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):

@@ -183,8 +183,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         emu = parse_emulate(args.emulate, DEFAULTS["mbit"])
         comms = _comms(args.comm)
-        if args.powersgd_rank < 1:
-            raise ValueError(f"--powersgd-rank must be >= 1; got {args.powersgd_rank}")
+        for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1; got {value}")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if not args.reuse:
