@@ -77,7 +77,7 @@ def _comms(text: str) -> list[str]:
 
 def _train_argv(args, comm: str, data: Path, run_dir: Path, cache_dir: Path, urls: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", args.recipe,
-            "--out", str(run_dir), "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
+            "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
             "--comm", comm, "--epochs", str(args.epochs or DEFAULTS["epochs"]),
             "--size", str(args.size or DEFAULTS["size"]),
             "--batch-size", str(args.batch_size or DEFAULTS["batch_size"]),
@@ -128,8 +128,7 @@ def _run_one(args, cluster, emu, comm: str, data: Path, out: Path, urls: list[st
     from tools.emulated_job import launch, link_bytes
 
     run_dir = out / comm
-    if (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()  # a fresh run, never a resumed one
+    (run_dir / "bench.json").unlink(missing_ok=True)  # --reuse must never pair old counters with a new run
     before = link_bytes(cluster)
     start = time.perf_counter()
     launch(cluster, lambda rank: _train_argv(args, comm, data, run_dir, out / f"cache/node{rank // emu.local_size}", urls),
