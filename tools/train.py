@@ -32,8 +32,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("recipe overrides (every phase)")
     group.add_argument("--epochs", type=int, default=None, help="epochs of every phase (default: the recipe's)")
     group.add_argument("--comm", default=None,
-                       help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs")
+                       help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, "
+                            "powersgd (torch's PowerSGD DDP hook; always under DDP)")
     group.add_argument("--density", type=float, default=None, help="top-k density of every phase, in (0, 1]")
+    group.add_argument("--powersgd-rank", type=int, default=None,
+                       help="matrix approximation rank of --comm powersgd, every phase (default: the recipe's, 2)")
     group.add_argument("--selector", default=None, help="top-k selector of every phase: exact, dgc, mstopk")
     group.add_argument("--batch-size", type=int, default=None, help="per-worker batch size of every phase")
     group.add_argument("--size", type=int, default=None, help="training image size of every phase (px)")
@@ -83,7 +86,7 @@ def _recipe(args, default_name: str | None = None):
             sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}")
     return override(load_recipe(default_name or args.recipe), epochs=args.epochs, comm=args.comm,
                     density=args.density, selector=args.selector, batch_size=args.batch_size, size=args.size,
-                    sets=sets)
+                    powersgd_rank=args.powersgd_rank, sets=sets)
 
 
 def _under_torchrun() -> bool:

@@ -9,7 +9,8 @@ releases its hooks (``close()``). Names: ``dense``, ``hier``, ``2dtar``, ``topk_
 (the same engine with ``topk_ag`` on the merged layers of the OMGS planner); both start
 each bucket's exchange during backward.
 ``build_ddp_exchange`` instead wraps the model in DDP and exchanges inside backward
-(DDP's all-reduce for ``dense``, ``comm.register_sparse_hook`` for the others).
+(DDP's all-reduce for ``dense``, torch's PowerSGD hook for ``powersgd`` (always under
+DDP), ``comm.register_sparse_hook`` for the others).
 """
 from __future__ import annotations
 
@@ -191,8 +192,9 @@ class DDPExchange:
 
 
 def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
-                       carry: bool = False) -> DDPExchange:
-    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``
+                       carry: bool = False, powersgd_rank: int = 2) -> DDPExchange:
+    """Wrap ``model`` in DDP; ``powersgd`` runs torch's PowerSGD hook (``comm.powersgd``,
+    rank ``powersgd_rank``); algorithms other than ``dense`` run as ``comm.register_sparse_hook``
     (asynchronous), and so does ``dense`` when ``carry`` (a residual from the previous phase
     to apply: NOTE [residual at a phase switch] in comm/engine.py).
 
@@ -208,6 +210,10 @@ def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float,
     ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
     if name == "dense" and not carry:
         return DDPExchange(ddp)
+    if name == "powersgd":
+        from comm.powersgd import register_powersgd_hook
+
+        return DDPExchange(ddp, register_powersgd_hook(ddp, rank=powersgd_rank))
     from comm import register_sparse_hook
 
     return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))

@@ -18,6 +18,7 @@ from torch import nn
 
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
+from trainer.config import DDP_COMMS
 from trainer.consensus import RankFailed, agree
 from trainer.data import LoaderSpec, check_data_root, make_loader
 from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts,
@@ -97,9 +98,10 @@ class _Run:
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
         self.cache_seen = loader_counts(self.loader)
-        if self.cfg.ddp and self.world > 1:
+        if (self.cfg.ddp or phase.comm in DDP_COMMS) and self.world > 1:
             self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                                selector=phase.selector, carry=bool(carry))
+                                                selector=phase.selector, carry=bool(carry),
+                                                powersgd_rank=phase.powersgd_rank)
             self.forward_model = self.exchanger.module
         else:
             saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None

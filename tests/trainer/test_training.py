@@ -11,7 +11,7 @@ from trainer.run_config import RunConfig
 from trainer.checkpoint import Checkpoints
 from trainer.serialize import load_state
 
-ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs"]
+ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd"]  # powersgd: always DDP
 DDP_ALGORITHMS = ["dense", "hitopk"]  # also run inside backward as DDP (comm hook)
 RESUME_COMMS = ["hitopk", "omgs"]  # sparse: residuals (and OMGS's planned layout) are resumed state
 
