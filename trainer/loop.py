@@ -54,7 +54,8 @@ class _Run:
         self.autocast = autocast_for(r.train.amp, self.device)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
         self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
-                               r.train.cache_size, r.train.workers, str(self.device))
+                               r.train.cache_size, r.train.workers, str(self.device), r.train.locality,
+                               r.train.exchange_fraction, self.topology.local_size)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
         self.cache_seen = [0.0] * len(CACHE_COUNTERS)
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()

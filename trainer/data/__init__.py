@@ -36,6 +36,9 @@ class LoaderSpec:
     cache_size: int = 256
     workers: int = 0
     device: str = "cpu"
+    locality: str = "global"
+    exchange_fraction: float = 0.0
+    local_size: int = 1
 
     def __post_init__(self):
         if self.kind not in LOADERS:
@@ -101,7 +104,8 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
         return loaders.cached_dataloader(split, batch_size=batch_size, train=train, size=size, workers=spec.workers,
                                          cache_dir=cache_dir, redis=redis, distributed=(spec.rank, spec.world_size),
                                          seed=spec.seed, cache_size=spec.cache_size,
-                                         channels_last=spec.device.startswith("cuda"))
+                                         channels_last=spec.device.startswith("cuda"), locality=spec.locality,
+                                         local_size=spec.local_size, exchange_fraction=spec.exchange_fraction)
     if not loaders.dali_available():
         raise ValueError("--loader dali needs nvidia-dali: pip install 'cachepipe[dali]' (or use --loader torch)")
     on_gpu = spec.device.startswith("cuda")
@@ -109,4 +113,6 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
                                      device="gpu" if on_gpu else "cpu", shard_id=spec.rank,
                                      num_shards=spec.world_size, seed=spec.seed, cache_dir=cache_dir, redis=redis,
                                      workers=max(spec.workers, 1), cache_size=spec.cache_size,
-                                     device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None)
+                                     device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None,
+                                     locality=spec.locality, local_size=spec.local_size,
+                                     exchange_fraction=spec.exchange_fraction)
