@@ -77,12 +77,20 @@ class ClusterStore:
         """
         from redis.crc import key_slot
 
+        slots, error = None, None
         try:
-            slots = self.client.cluster_slots()
+            for node in self.client.get_nodes():  # any live node knows the slot map
+                try:
+                    slots = self.client.cluster_slots(target_nodes=node)
+                    break
+                except _ERRORS as exc:
+                    error = exc
         except _ERRORS as exc:
+            error = exc
+        if slots is None:
             self._client = None
             raise LocalityError(f"cannot ask Redis Cluster {self.urls[0]} which node holds which slot "
-                                f"({type(exc).__name__}: {exc})") from None
+                                f"({type(error).__name__}: {error})")
         primaries = sorted({tuple(owners["primary"]) for owners in slots.values()})
         slot_owner = np.full(16384, -1, dtype=np.int64)
         for (lo, hi), owners in slots.items():
