@@ -186,3 +186,21 @@ def test_real_ranks_agree_on_rank_zeros_placement(source, tmp_path, redis_server
     results = run_distributed(_rank_placement, 2, str(source), str(tmp_path / "cache"), urls)
     assert results[0][0] == results[1][0]
     assert sorted(results[0][1] + results[1][1]) == list(range(24))
+
+
+@pytest.mark.dali
+def test_dali_loader_draws_the_same_node_local_order(source, cache_dir, redis_servers):
+    from loaders import build_dali_loader
+
+    cache = _warm_cache(source, cache_dir, [s.url for s in redis_servers(2)])
+    torch_side = _ranks(cache, 2, local_size=1, batch_size=4)
+    dali = build_dali_loader(cache.manifest.root, cache=cache, batch_size=4, train=True, size=16, device="cpu",
+                             workers=0, shard_id=1, num_shards=2, local_size=1, locality="node", seed=3)
+    try:
+        dali.set_epoch(2)
+        torch_side[1].set_epoch(2)
+        assert dali.sampler.indices() == torch_side[1].sampler.indices()
+        labels = torch.cat([y for _, y in dali]).tolist()
+        assert labels == [cache.manifest.targets[i] for i in dali.sampler.indices()]
+    finally:
+        dali.close()

@@ -43,6 +43,8 @@ COLUMNS = ("loader", "workers", "size", "batch_size", "dtype", "images_per_s", "
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from loaders.locality import DEFAULT_EXCHANGE_FRACTION
+
     parser.add_argument("src", metavar="SRC", help="ImageFolder root (<SRC>/<class>/<image>); "
                         "a dataset root holding train/ uses SRC/train")
     parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
@@ -75,7 +77,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="run cached_dataloader jobs of M nodes x N ranks joined by MBIT Mbit/s links, one Redis "
                           "per node, instead of the single-process loaders (e.g. 2x2@200)")
     emu.add_argument("--locality", default="node,global", help="with --emulate: comma-separated locality modes to run")
-    emu.add_argument("--exchange-fraction", type=float, default=0.02,
+    emu.add_argument("--exchange-fraction", type=float, default=DEFAULT_EXCHANGE_FRACTION,
                      help="with --emulate: exchange fraction of --locality node, in [0, 1]")
     emu.add_argument("--epochs", type=int, default=2, help="with --emulate: timed epochs per job (after one untimed)")
     emu.add_argument("--node-memory", default="2gb", help="with --emulate: maxmemory of each node's Redis")
