@@ -25,6 +25,7 @@ are node-major: rank r is on node ``r // local_size``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -69,7 +70,7 @@ class NodeLocality:
         if self.local_size < 1:
             raise ValueError(f"local_size must be >= 1, got {self.local_size}")
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
         """Short hash of the placement (saved with the resume position)."""
         return hashlib.blake2b(np.ascontiguousarray(self.home, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
