@@ -4,21 +4,24 @@ NOTE [node-local order]
 With ``locality="node"`` an epoch's order is a pure function of (seed, epoch, the home
 node of every sample), so every rank computes the same partition without talking:
 
-1. the permutation of ``seed + epoch`` (the one ``locality="global"`` uses) orders the samples;
-2. partial exchange: the first ``round(exchange_fraction * N)`` samples of that order, and
-   every sample no live shard holds (home ``-1``, NOTE [placement]), are dealt round-robin
-   to the nodes, whatever their home; every other sample stays on its home node. A
-   different random fraction moves each epoch, so no node sees a fixed subset forever;
-   moved samples are read from their home shard, across the network;
+1. the permutation of ``seed + epoch`` (the one ``locality="global"`` uses) orders the
+   samples; a second permutation from the same generator picks the exchanged ones;
+2. partial exchange: the first ``round(exchange_fraction * N)`` samples of the second
+   permutation, and every sample no live shard holds (home ``-1``, NOTE [placement]), are
+   dealt round-robin to the nodes in that order, whatever their home; every other sample
+   stays on its home node. A different random fraction moves each epoch, so no node sees
+   a fixed subset forever; moved samples are read from their home shard, across the network;
 3. balance: hash sharding is not perfectly even, but every rank must take the same number
    of steps. Each node gets exactly ``local_size * per_rank`` samples, ``per_rank`` as in
    NOTE [sharding and the last batch] (``ceil(N / W)``, or ``floor(N / W)`` with
-   ``drop_last``). Nodes over that quota hand the end of their (shuffled) list to the nodes
-   under it, in node order; with ``drop_last`` what is left over is not seen this epoch
-   (at most W - 1 samples, as with DistributedSampler), without it the nodes still short
-   repeat their own first samples (at most W - 1 repeats in all);
-4. a node's list, still in permutation order (so shuffled within the node), is dealt to
-   its ranks: local rank j takes every ``local_size``-th sample from j.
+   ``drop_last``). Nodes over that quota hand their samples that come last in the second
+   permutation (random ones) to the nodes under it, in node order; with ``drop_last`` what
+   is left over is not seen this epoch (at most W - 1 samples, as with
+   DistributedSampler), without it the nodes still short repeat their first samples (at
+   most W - 1 repeats in all);
+4. a node's list, in permutation order (received samples mixed in, so shuffled within
+   the node; repeats at the end), is dealt to its ranks: local rank j takes every
+   ``local_size``-th sample from j.
 
 When N divides by W every sample is seen exactly once per epoch across all ranks. Ranks
 are node-major: rank r is on node ``r // local_size``.
@@ -81,21 +84,32 @@ class NodeLocality:
         g = torch.Generator()
         g.manual_seed(seed + epoch)
         order = torch.randperm(n, generator=g).numpy()
-        node = self.home[order].astype(np.int64)
-        dealt = (np.arange(n) < round(self.exchange_fraction * n)) | (node < 0)
-        node[dealt] = np.arange(int(dealt.sum())) % nodes
-        lists = [order[node == m].tolist() for m in range(nodes)]
+        mix = torch.randperm(n, generator=g).numpy()  # a second draw: who is exchanged, dealt in this order
+        node = self.home.astype(np.int64)
+        dealt = node < 0
+        dealt[mix[:round(self.exchange_fraction * n)]] = True
+        chosen = mix[dealt[mix]]
+        node[chosen] = np.arange(len(chosen)) % nodes
+        position, late = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        position[order] = np.arange(n)
+        late[mix] = np.arange(n)
+        lists = [order[node[order] == m] for m in range(nodes)]
         per_rank = n // world_size if drop_last else math.ceil(n / world_size)
         quota = self.local_size * per_rank
-        spare = [i for m in range(nodes) for i in lists[m][quota:]]
+        spare = []
+        for m, part in enumerate(lists):  # a full node gives away the samples last in ``mix``: random ones
+            if len(part) > quota:
+                by_mix = part[np.argsort(late[part], kind="stable")]
+                lists[m] = by_mix[:quota]
+                spare.append(by_mix[quota:])
+        spare = np.concatenate(spare) if spare else np.empty(0, dtype=np.int64)
         for m in range(nodes):
-            del lists[m][quota:]
-            take = quota - len(lists[m])
-            lists[m] += spare[:take]
-            del spare[:take]
-            pad = lists[m] or order.tolist()
-            while len(lists[m]) < quota:
-                lists[m] += pad[:quota - len(lists[m])]
+            take = max(0, quota - len(lists[m]))
+            mine = np.concatenate([lists[m], spare[:take]])
+            spare = spare[take:]
+            mine = mine[np.argsort(position[mine], kind="stable")]  # back in permutation order
+            pad = mine if len(mine) else order
+            lists[m] = np.concatenate([mine, np.resize(pad, quota - len(mine))]).tolist()
         mine = lists[rank // self.local_size]
         return mine[rank % self.local_size::self.local_size]
 

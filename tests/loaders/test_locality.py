@@ -78,10 +78,12 @@ def test_uneven_partitions_pad_or_drop_like_distributed_sampler():
     cut = [loc.indices(epoch=0, seed=1, rank=r, world_size=6, drop_last=True) for r in range(6)]
     flat = [i for r in cut for i in r]
     assert [len(r) for r in cut] == [4] * 6 and len(set(flat)) == 24  # floor(29 / 6), 5 left out
-    # the short nodes keep all their own samples and fill up with node 0's surplus; node 2 still
-    # lacks one sample and repeats one of its own
-    assert sum(home[i] == r // 2 for r, part in enumerate(padded) for i in part) == 10 + 5 + 4 + 1
-    assert sum(home[i] == r // 2 for r, part in enumerate(cut) for i in part) == 8 + 5 + 4
+    # the short nodes keep all their own samples and fill up with node 0's surplus (node 2
+    # still lacks one sample and repeats one); node 0 keeps as many of its own as its quota
+    for parts, quota in ((padded, 10), (cut, 8)):
+        drawn = [{i for r in (2 * m, 2 * m + 1) for i in parts[r]} for m in range(3)]
+        assert sum(home[i] == 0 for i in drawn[0]) == quota
+        assert all({i for i in range(29) if home[i] == m} <= drawn[m] for m in (1, 2))
 
 
 def test_exchange_moves_a_fresh_fraction_each_epoch():
