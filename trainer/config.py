@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from loaders.locality import DEFAULT_EXCHANGE_FRACTION, LOCALITIES
+
 __all__ = ["COMM_NAMES", "DDP_COMMS", "SELECTOR_NAMES", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig",
            "PhaseConfig", "TrainConfig", "Recipe", "from_dict"]
 
@@ -127,7 +129,12 @@ class PhaseConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Precision, memory format, seed, evaluation and cache settings."""
+    """Precision, memory format, seed, evaluation, cache and data-locality settings.
+
+    ``locality``: ``global`` shuffles over the whole dataset; ``node`` makes the ranks of a
+    node draw the samples held by their node's Redis, with ``exchange_fraction`` of them
+    dealt across nodes each epoch (NOTE [node-local order] in ``loaders.locality``).
+    """
 
     amp: str = "bf16"
     channels_last: bool = True
@@ -136,6 +143,8 @@ class TrainConfig:
     eval_batch_size: int = 0  # 0 = the phase's batch size
     cache_size: int = 256
     workers: int = 4
+    locality: str = "global"
+    exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION
 
     def __post_init__(self):
         _need(self.amp in AMP_MODES, f"train.amp {self.amp!r} is unknown; valid: {list(AMP_MODES)}")
@@ -144,6 +153,9 @@ class TrainConfig:
         _need(self.eval_batch_size >= 0, f"train.eval_batch_size must be >= 0; got {self.eval_batch_size}")
         _need(self.cache_size >= 16, f"train.cache_size must be >= 16; got {self.cache_size}")
         _need(self.workers >= 0, f"train.workers must be >= 0; got {self.workers}")
+        _need(self.locality in LOCALITIES, f"train.locality {self.locality!r} is unknown; valid: {list(LOCALITIES)}")
+        _need(0 <= self.exchange_fraction <= 1,
+              f"train.exchange_fraction (--exchange-fraction) must be in [0, 1]; got {self.exchange_fraction}")
 
 
 @dataclass(frozen=True)

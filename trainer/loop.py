@@ -57,7 +57,8 @@ class _Run:
         self.autocast = autocast_for(r.train.amp, self.device)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
         self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
-                               r.train.cache_size, r.train.workers, str(self.device),
+                               r.train.cache_size, r.train.workers, str(self.device), locality=r.train.locality,
+                               exchange_fraction=r.train.exchange_fraction, local_size=self.topology.local_size,
                                follow_external_links=cfg.follow_external_links, on_error=cfg.on_error)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
         self.cache_seen = [0.0] * (len(CACHE_COUNTERS) + 1)

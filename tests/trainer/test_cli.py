@@ -48,6 +48,11 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     (["--data", "{tmp}"], r"lacks train/<class>/<image>"),
     (["--data", "{data}", "--nprocs", "3", "--nodes", "2"], r"2 nodes x 1 workers = 2 ranks, but the world size is 3"),
     (["--data", "{data}", "--recipe", "demo", "--comm", "ring"], r"comm 'ring' is unknown"),
+    (["--data", "{data}", "--recipe", "demo", "--exchange-fraction", "1.5"],
+     r"exchange_fraction \(--exchange-fraction\) must be in \[0, 1\]; got 1.5"),
+    (["--data", "{data}", "--recipe", "demo", "--locality", "node", "--nprocs", "2", "--nodes", "2",
+      "--cache-dir", "{tmp}/cache", "--set", "train.workers=0"],
+     r"rank \d failed: LocalityError: locality='node' cannot place samples on 2 nodes with the embedded Redis"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
     import re
