@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+import numpy as np
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
@@ -12,7 +13,9 @@ from redis.retry import Retry
 
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
+from cachepipe.l2_shards import make_client
 from cachepipe.l2_store import is_oom, warn_once
+from cachepipe.placement import LocalityError, node_of_hosts
 from cachepipe.redis_url import redact
 
 __all__ = ["ClusterStore"]
@@ -61,6 +64,52 @@ class ClusterStore:
                                         socket_connect_timeout=self.timeout,
                                         retry=Retry(NoBackoff(), 0))
         return self._client
+
+    @property
+    def nodes(self) -> int:
+        """Nodes named by the seed URLs, one per node in node order (NOTE [placement])."""
+        return len(self.urls)
+
+    def node_of(self, indices: Sequence[int]) -> np.ndarray:
+        """Node of the primary owning each index's slot, -1 where it does not answer (NOTE [placement]).
+
+        Raises:
+            LocalityError: the cluster cannot be asked for its slots, or a primary is on
+                none of the nodes named by the URLs.
+        """
+        from redis.crc import key_slot
+
+        slots, error = None, None
+        try:
+            for node in self.client.get_nodes():  # any live node knows the slot map
+                try:
+                    slots = self.client.cluster_slots(target_nodes=node)
+                    break
+                except _ERRORS as exc:
+                    error = exc
+        except _ERRORS as exc:
+            error = exc
+        if slots is None:
+            self._client = None
+            raise LocalityError(f"cannot ask Redis Cluster {self.urls[0]} which node holds which slot "
+                                f"({type(error).__name__}: {error})")
+        primaries = sorted({tuple(owners["primary"]) for owners in slots.values()})
+        slot_owner = np.full(16384, -1, dtype=np.int64)
+        for (lo, hi), owners in slots.items():
+            slot_owner[int(lo):int(hi) + 1] = primaries.index(tuple(owners["primary"]))
+        node = node_of_hosts(primaries, [(n.host, n.port) for n in map(_node, self.urls)])
+        alive = np.zeros(len(primaries), dtype=bool)
+        for k, (host, port) in enumerate(primaries):
+            client = make_client(f"redis://{host}:{port}/0", self.timeout)
+            try:
+                alive[k] = bool(client.ping())
+            except _ERRORS:
+                pass
+            finally:
+                client.close()
+        owner = slot_owner[[key_slot(f"{self.namespace}{int(i)}".encode()) for i in indices]]
+        known = np.maximum(owner, 0)  # a slot no primary covers has no holder, as a dead one
+        return np.where((owner >= 0) & alive[known], node[known], -1)
 
     def _failed(self, exc: BaseException, what: str) -> None:
         self.health.failed(exc)

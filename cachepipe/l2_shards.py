@@ -13,6 +13,7 @@ from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.hashing import rendezvous_owners, shard_seed
 from cachepipe.l2_store import is_oom, warn_once
+from cachepipe.placement import first_live_owner
 from cachepipe.redis_url import canonical, redact
 from cachepipe.resp_mget import MGetConnection
 
@@ -78,6 +79,21 @@ class ShardedRedisStore:
     def owners(self, indices: Sequence[int]) -> np.ndarray:
         """``(n, replicas)`` shard positions of ``indices``."""
         return rendezvous_owners(indices, self.seeds, self.replicas)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the shards stand for: the i-th URL is node i's server (NOTE [placement])."""
+        return len(self.urls)
+
+    def node_of(self, indices: Sequence[int]) -> np.ndarray:
+        """Node of each index's first live owner, -1 where none answers (NOTE [placement])."""
+        alive = np.zeros(len(self.urls), dtype=bool)
+        for s, client in enumerate(self.clients):
+            try:
+                alive[s] = bool(client.ping())
+            except (*_NET_ERRORS, redis.ResponseError):
+                pass
+        return first_live_owner(self.owners(np.asarray(indices, dtype=np.int64)), alive)
 
     def _failed(self, s: int, exc: BaseException, what: str) -> None:
         self.health[s].failed(exc)

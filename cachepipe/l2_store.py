@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from cachepipe.errors import CacheWarning
 from cachepipe.redis_url import redact
 
@@ -32,6 +34,14 @@ class SampleStore(Protocol):
 
     def missing(self, indices: Sequence[int]) -> list[int]:
         """Indices lacking a value on at least one of their shards (raises if a shard is down)."""
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes the URLs stand for (NOTE [placement] in ``cachepipe.placement``)."""
+
+    def node_of(self, indices: Sequence[int]) -> np.ndarray:
+        """Node holding each index's value (its first live owner's), ``-1`` for none
+        (NOTE [placement]); raises ``LocalityError`` when the store cannot tell."""
 
     def shard_info(self) -> list[dict]:
         """Per shard: ``url``, ``reachable``, ``used_memory``, ``maxmemory``, ``keys``, ``error``."""

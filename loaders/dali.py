@@ -43,6 +43,7 @@ from loaders._optional import require_dali
 from loaders.dali_sources import CacheSource, CropSource
 from loaders.dataloader import CachedDataLoader, resolve_rank
 from loaders.folder import CachedImageFolder
+from loaders.locality import DEFAULT_EXCHANGE_FRACTION, check_locality, node_locality
 from loaders.sampler import SamplerControls, ShardedBatchSampler
 from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD, make_transform
 
@@ -181,7 +182,9 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
                       seed: int = 0, cache_dir=None, redis=None, workers: int = 2, cache=None,
                       on_error: str = "raise", cache_size: int = 256, drop_last: bool | None = None,
                       dtype: str = "float32", device_id: int | None = None,
-                      prefetch_queue_depth: int = 2, dali_resize: bool | None = None,
+                      prefetch_queue_depth: int = 2, dali_resize: bool | None = None, locality: str = "global",
+                      local_size: int | None = None,
+                      exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION,
                       follow_external_links: bool = False) -> DALILoader:
     """A DALI loader over the two-level cache yielding ``(images NCHW, labels int64)``, like ``cached_dataloader``.
 
@@ -210,6 +213,7 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         prefetch_queue_depth: batches DALI keeps in flight (default 2).
         dali_resize: resize with DALI's operator; default (``None``): on the GPU only, with
             torch's faster uint8 kernel in the source workers in CPU mode (NOTE [DALI CPU resize]).
+        locality, local_size, exchange_fraction: node-local sampling, as ``cached_dataloader``.
 
     Raises:
         ImportError: DALI is not installed (names ``pip install 'cachepipe[dali]'``).
@@ -221,6 +225,7 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         >>> for images, labels in loader: ...  # doctest: +SKIP
     """
     require_dali()
+    check_locality(locality, exchange_fraction)
     if device not in ("gpu", "cpu"):
         raise ValueError(f"unknown device {device!r}; valid: ['cpu', 'gpu']")
     if dtype not in _OUT_DTYPES:
@@ -237,8 +242,10 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     folder = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
                                on_error=on_error, follow_external_links=follow_external_links)
     drop_last = train if drop_last is None else bool(drop_last)
+    placed = node_locality(folder, locality=locality, exchange_fraction=exchange_fraction, local_size=local_size,
+                           rank=rank, world_size=world, train=train)
     sampler = ShardedBatchSampler(len(folder), batch_size, shuffle=train, seed=seed, rank=rank, world_size=world,
-                                  drop_last=drop_last, size=size)
+                                  drop_last=drop_last, size=size, locality=placed)
     return DALILoader(folder, sampler, train, device=device, device_id=device_id, workers=workers,
                       out_dtype=dtype, prefetch_queue_depth=prefetch_queue_depth, seed=seed,
                       dali_resize=device == "gpu" if dali_resize is None else bool(dali_resize))

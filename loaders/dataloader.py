@@ -16,6 +16,7 @@ import torch.utils.data
 
 from loaders.dead_workers import MAX_RESTARTS, detect_in_next, is_dead_worker, shut_down
 from loaders.folder import CachedImageFolder
+from loaders.locality import DEFAULT_EXCHANGE_FRACTION, check_locality, node_locality
 from loaders.recycle import RecyclingNormalizer
 from loaders.sampler import BatchRequest, SamplerControls, ShardedBatchSampler
 from loaders.shared_batches import SharedBatchPool, release
@@ -227,12 +228,16 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
                       drop_last: bool | None = None, cache=None, on_error: str = "raise", cache_size: int = 256,
                       pin_memory: bool | None = None, prefetch_factor: int = 2, dtype: str = "float32",
                       normalize: bool = True, channels_last: bool = False,
-                      multiprocessing_context=None, follow_external_links: bool = False) -> CachedDataLoader:
+                      multiprocessing_context=None, locality: str = "global", local_size: int | None = None,
+                      exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION,
+                      follow_external_links: bool = False) -> CachedDataLoader:
     """A DataLoader over the two-level cache yielding ``(images float NCHW, labels int64)``.
 
     Training shuffles every epoch (``set_epoch``) with random-resized-crop + flip; validation
     keeps the dataset order with resize + center crop. Each rank sees its shard (see NOTE
-    [sharding and the last batch] in ``loaders.sampler``). Batches are fetched with one round
+    [sharding and the last batch] in ``loaders.sampler``); with ``locality="node"`` the
+    ranks of a node draw the samples held by their node's Redis (NOTE [node-local order]
+    in ``loaders.locality``). Batches are fetched with one round
     trip per Redis shard and transformed in the workers (NOTE [batch requests carry the
     epoch state]), which stay alive across epochs.
 
@@ -258,6 +263,12 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         normalize: ImageNet mean/std normalisation (default True).
         channels_last: NHWC memory layout (shape stays NCHW).
         multiprocessing_context: e.g. "spawn"; default: torch's.
+        locality: ``"global"`` (default): shuffle over the whole dataset; ``"node"``: the
+            ranks of a node draw the samples whose L2 shard is on their node (training
+            only; ``redis`` lists one URL per node in node order, ranks are node-major).
+        local_size: ranks per node (default: ``LOCAL_WORLD_SIZE``, else all ranks on one node).
+        exchange_fraction: with ``locality="node"``, the share of samples dealt across
+            nodes each epoch, in [0, 1] (default 0.02: NOTE [default exchange fraction]).
 
     Returns:
         A ``CachedDataLoader`` (``len``, iteration, ``set_epoch``, ``set_size``,
@@ -265,23 +276,31 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
 
     Raises:
         ValueError: bad arguments, an empty dataset, or too few samples for one batch.
+        cachepipe.placement.LocalityError: ``locality="node"`` with a store that cannot
+            tell where samples are (the message says why).
 
     Example:
         >>> loader = cached_dataloader("/data/train", batch_size=256, train=True, size=224,
         ...                            workers=8, cache_dir="/local/cache")  # doctest: +SKIP
+        >>> loader = cached_dataloader("/data/train", batch_size=256, train=True, cache_dir="/local/cache",
+        ...                            redis=["redis://node0:6379/0", "redis://node1:6379/0"],
+        ...                            distributed=(rank, 16), local_size=8, locality="node")  # doctest: +SKIP
         >>> for epoch in range(epochs):  # doctest: +SKIP
         ...     loader.set_epoch(epoch)
         ...     for images, labels in loader: ...
     """
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    check_locality(locality, exchange_fraction)
     rank, world = resolve_rank(distributed)
     transform = make_transform(train, size, dtype=dtype, normalize=normalize, channels_last=channels_last)
     dataset = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
                                 on_error=on_error, follow_external_links=follow_external_links)
     drop_last = train if drop_last is None else bool(drop_last)
+    placed = node_locality(dataset, locality=locality, exchange_fraction=exchange_fraction, local_size=local_size,
+                           rank=rank, world_size=world, train=train)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, rank=rank,
-                                  world_size=world, drop_last=drop_last, size=size)
+                                  world_size=world, drop_last=drop_last, size=size, locality=placed)
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     return CachedDataLoader(dataset, transform, sampler, workers=workers, pin_memory=pin_memory,

@@ -13,11 +13,14 @@ rank r takes every world_size-th index from r. With ``drop_last=True`` the permu
 cut to a multiple of world_size and each rank's partial last batch is dropped; with
 ``drop_last=False`` it is padded by wrapping around (at most world_size - 1 repeats) and
 the partial last batch is kept. Every rank thus has the same number of batches of the
-same sizes and all ranks stop on the same iteration.
+same sizes and all ranks stop on the same iteration. With ``locality`` (a
+``loaders.locality.NodeLocality``) the ranks of a node draw from their node's samples
+instead (NOTE [node-local order]), with the same counts per rank.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -75,6 +78,8 @@ class ShardedBatchSampler:
         world_size: number of ranks (>= 1).
         drop_last: see NOTE [sharding and the last batch].
         size: crop size carried by every request (progressive resizing: ``set_size``).
+        locality: a ``NodeLocality`` for node-local order (shuffled batches only), or None
+            (default) for the global order.
 
     Raises:
         ValueError: for out-of-range arguments, or when no full batch exists with
@@ -82,7 +87,7 @@ class ShardedBatchSampler:
     """
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = False, size: int = 224) -> None:
+                 world_size: int = 1, drop_last: bool = False, size: int = 224, locality=None) -> None:
         if num_samples < 1 or batch_size < 1:
             raise ValueError(f"need num_samples >= 1 and batch_size >= 1; got {num_samples=}, {batch_size=}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -92,7 +97,11 @@ class ShardedBatchSampler:
                              f"{batch_size} with drop_last=True; lower batch_size or pass drop_last=False")
         self.num_samples, self.batch_size = num_samples, batch_size
         self.shuffle, self.seed, self.rank, self.world_size = shuffle, seed, rank, world_size
+        if locality is not None and (len(locality.home) != num_samples or world_size % locality.local_size):
+            raise ValueError(f"the locality places {len(locality.home)} samples on nodes of {locality.local_size} "
+                             f"ranks; this sampler has {num_samples} samples and {world_size} ranks")
         self.drop_last = drop_last
+        self.locality = locality if shuffle else None
         self.epoch = 0
         self.size = size
         self.start = 0  # first batch of the next pass over ``self.epoch`` (resume)
@@ -124,9 +133,22 @@ class ShardedBatchSampler:
         return BatchRequest(indices, epoch=self.epoch, number=number, size=self.size,
                             seed=f"{self.seed}/{self.epoch}/{self.rank}/{number}")
 
+    def indices(self) -> list[int]:
+        """This rank's samples of the current epoch, in order."""
+        if self.locality is not None:
+            return self.locality.indices(epoch=self.epoch, seed=self.seed, rank=self.rank,
+                                         world_size=self.world_size, drop_last=self.drop_last)
+        return shard_indices(self.num_samples, epoch=self.epoch, seed=self.seed, rank=self.rank,
+                             world_size=self.world_size, shuffle=self.shuffle, drop_last=self.drop_last)
+
+    def _locality_state(self) -> dict:
+        loc = self.locality
+        if loc is None:
+            return {"locality": "global", "exchange_fraction": 0.0, "placement": ""}
+        return {"locality": "node", "exchange_fraction": loc.exchange_fraction, "placement": loc.digest}
+
     def __iter__(self) -> Iterator[BatchRequest]:
-        order = shard_indices(self.num_samples, epoch=self.epoch, seed=self.seed, rank=self.rank,
-                              world_size=self.world_size, shuffle=self.shuffle, drop_last=self.drop_last)
+        order = self.indices()
         start, self.start = self.start, 0
         for number in range(start, len(self)):
             yield self.request(order[number * self.batch_size:(number + 1) * self.batch_size], number)
@@ -135,19 +157,31 @@ class ShardedBatchSampler:
     def state_dict(self, batches_done: int) -> dict:
         """Position after ``batches_done`` batches of the current epoch."""
         return {"epoch": self.epoch, "batches_done": int(batches_done), "seed": self.seed, "size": self.size,
-                "num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size}
+                "num_samples": self.num_samples, "batch_size": self.batch_size, "world_size": self.world_size,
+                **self._locality_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next pass yields the batches after ``state["batches_done"]``.
 
+        A state saved with another placement of the samples on the nodes (a shard that
+        died or came back in between) resumes at the same position with a warning: the
+        rest of that epoch's samples then differ from the uninterrupted run's.
+
         Raises:
             ValueError: when the state was saved with a different dataset length, batch size,
-                world size or seed (the remaining samples would not be the same).
+                world size, seed, locality or exchange fraction (the remaining samples
+                would not be the same).
         """
-        for key in ("seed", "num_samples", "batch_size", "world_size"):
-            if state[key] != getattr(self, key):
-                raise ValueError(f"cannot resume: state has {key}={state[key]!r}, this loader has "
-                                 f"{getattr(self, key)!r}")
+        mine = {"seed": self.seed, "num_samples": self.num_samples, "batch_size": self.batch_size,
+                "world_size": self.world_size, **self._locality_state()}
+        saved = {"locality": "global", "exchange_fraction": 0.0, "placement": "", **state}  # older states: global
+        for key in ("seed", "num_samples", "batch_size", "world_size", "locality", "exchange_fraction"):
+            if saved[key] != mine[key]:
+                raise ValueError(f"cannot resume: state has {key}={saved[key]!r}, this loader has {mine[key]!r}")
+        if saved["placement"] != mine["placement"]:
+            warnings.warn("resuming with another placement of the samples on the nodes than when the state was "
+                          "saved (a shard died or came back?): the rest of this epoch's samples differ from the "
+                          "uninterrupted run's", RuntimeWarning, stacklevel=2)
         if not 0 <= state["batches_done"] <= len(self):
             raise ValueError(f"batches_done={state['batches_done']} outside [0, {len(self)}]")
         self.epoch, self.size = int(state["epoch"]), int(state["size"])

@@ -36,8 +36,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("recipe overrides (every phase)")
     group.add_argument("--epochs", type=int, default=None, help="epochs of every phase (default: the recipe's)")
     group.add_argument("--comm", default=None,
-                       help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs")
+                       help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, "
+                            "powersgd (torch's PowerSGD DDP hook; always under DDP)")
     group.add_argument("--density", type=float, default=None, help="top-k density of every phase, in (0, 1]")
+    group.add_argument("--powersgd-rank", type=int, default=None,
+                       help="matrix approximation rank of --comm powersgd, every phase (default: the recipe's, 2)")
     group.add_argument("--selector", default=None, help="top-k selector of every phase: exact, dgc, mstopk")
     group.add_argument("--batch-size", type=int, default=None, help="per-worker batch size of every phase")
     group.add_argument("--size", type=int, default=None, help="training image size of every phase (px)")
@@ -45,6 +48,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default=None, help="model.name: resnet50, resnet18, resnet_small")
     group.add_argument("--amp", default=None, choices=["off", "bf16", "fp16"], help="train.amp (CUDA only)")
     group.add_argument("--seed", type=int, default=None, help="train.seed")
+    group.add_argument("--locality", default=None, choices=["global", "node"],
+                       help="train.locality: global shuffles over all samples; node: each node's ranks draw the "
+                            "samples held by its Redis (one --redis URL per node, in node order; default: the recipe's)")
+    group.add_argument("--exchange-fraction", type=float, default=None, metavar="F",
+                       help="train.exchange_fraction: with --locality node, the share of samples dealt across "
+                            "nodes each epoch, in [0, 1] (default: the recipe's, 0.02)")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                        help="override any recipe field, e.g. optim.eta=0.002 or phases.0.size=112")
     parser.add_argument("--follow-external-links", action="store_true",
@@ -119,12 +128,13 @@ def _recipe(args, default_name: str | None = None):
 
     sets = list(args.set)
     for key, value in (("optim.lr", args.lr), ("model.name", args.model), ("train.amp", args.amp),
-                       ("train.seed", args.seed)):
+                       ("train.seed", args.seed), ("train.locality", args.locality),
+                       ("train.exchange_fraction", args.exchange_fraction)):
         if value is not None:
             sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}")
     return override(load_recipe(args.recipe or default_name), epochs=args.epochs, comm=args.comm,
                     density=args.density, selector=args.selector, batch_size=args.batch_size, size=args.size,
-                    sets=sets)
+                    powersgd_rank=args.powersgd_rank, sets=sets)
 
 
 def _under_torchrun() -> bool:

@@ -10,12 +10,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-__all__ = ["COMM_NAMES", "SELECTOR_NAMES", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig",
+from loaders.locality import DEFAULT_EXCHANGE_FRACTION, LOCALITIES
+
+__all__ = ["COMM_NAMES", "DDP_COMMS", "SELECTOR_NAMES", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig",
            "PhaseConfig", "TrainConfig", "Recipe", "from_dict"]
 
 # Names resolved by comm (collectives, OMGS) and comm.topk; validated here so a typo in a
 # recipe fails before any process starts.
-COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs")
+COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd")
+# Exchanges that exist only as a DDP comm hook: the trainer wraps the model in DDP for them.
+DDP_COMMS = ("powersgd",)
 SPARSE_COMMS = ("topk_ag", "gtopk", "hitopk", "omgs")
 SELECTOR_NAMES = ("exact", "dgc", "mstopk")
 AMP_MODES = ("off", "bf16", "fp16")
@@ -97,7 +101,8 @@ class PhaseConfig:
     all-reduce whatever ``comm`` says (Jizhi's hybrid choice by size); 0 sends every
     bucket with ``comm``. ``omgs_plan`` (``comm: omgs`` only): ``auto`` profiles backward
     and plans merged layers at the start of the phase; ``lags`` keeps every layer alone
-    (deterministic, no profiling).
+    (deterministic, no profiling). ``powersgd_rank`` (``comm: powersgd`` only): the
+    matrix approximation rank of torch's PowerSGD hook (``comm.powersgd``).
     """
 
     epochs: int = 1
@@ -108,6 +113,7 @@ class PhaseConfig:
     selector: str = "mstopk"
     hybrid_bytes: int = 2**20
     omgs_plan: str = "auto"
+    powersgd_rank: int = 2
 
     def __post_init__(self):
         _need(self.epochs >= 1, f"phase epochs must be >= 1; got {self.epochs}")
@@ -116,13 +122,19 @@ class PhaseConfig:
         _need(self.comm in COMM_NAMES, f"phase comm {self.comm!r} is unknown; valid: {list(COMM_NAMES)}")
         _need(0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
         _need(self.omgs_plan in ("auto", "lags"), f"phase omgs_plan must be auto or lags; got {self.omgs_plan!r}")
+        _need(self.powersgd_rank >= 1, f"phase powersgd_rank must be >= 1; got {self.powersgd_rank}")
         _need(self.hybrid_bytes >= 0, f"phase hybrid_bytes must be >= 0; got {self.hybrid_bytes}")
         _need(self.selector in SELECTOR_NAMES, f"phase selector {self.selector!r} is unknown; valid: {list(SELECTOR_NAMES)}")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Precision, memory format, seed, evaluation and cache settings."""
+    """Precision, memory format, seed, evaluation, cache and data-locality settings.
+
+    ``locality``: ``global`` shuffles over the whole dataset; ``node`` makes the ranks of a
+    node draw the samples held by their node's Redis, with ``exchange_fraction`` of them
+    dealt across nodes each epoch (NOTE [node-local order] in ``loaders.locality``).
+    """
 
     amp: str = "bf16"
     channels_last: bool = True
@@ -131,6 +143,8 @@ class TrainConfig:
     eval_batch_size: int = 0  # 0 = the phase's batch size
     cache_size: int = 256
     workers: int = 4
+    locality: str = "global"
+    exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION
 
     def __post_init__(self):
         _need(self.amp in AMP_MODES, f"train.amp {self.amp!r} is unknown; valid: {list(AMP_MODES)}")
@@ -139,6 +153,9 @@ class TrainConfig:
         _need(self.eval_batch_size >= 0, f"train.eval_batch_size must be >= 0; got {self.eval_batch_size}")
         _need(self.cache_size >= 16, f"train.cache_size must be >= 16; got {self.cache_size}")
         _need(self.workers >= 0, f"train.workers must be >= 0; got {self.workers}")
+        _need(self.locality in LOCALITIES, f"train.locality {self.locality!r} is unknown; valid: {list(LOCALITIES)}")
+        _need(0 <= self.exchange_fraction <= 1,
+              f"train.exchange_fraction (--exchange-fraction) must be in [0, 1]; got {self.exchange_fraction}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from torch import nn
 
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
+from trainer.config import DDP_COMMS
 from trainer.consensus import RankFailed, agree
 from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
 from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts,
@@ -59,7 +60,8 @@ class _Run:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
         workers = loader_workers(r.train.workers, cfg.ranks_per_machine or _local_world(self.world))
         self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
-                               r.train.cache_size, workers, str(self.device),
+                               r.train.cache_size, workers, str(self.device), locality=r.train.locality,
+                               exchange_fraction=r.train.exchange_fraction, local_size=self.topology.local_size,
                                follow_external_links=cfg.follow_external_links, on_error=cfg.on_error)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
         self.cache_seen = [0.0] * (len(CACHE_COUNTERS) + 1)
@@ -90,15 +92,20 @@ class _Run:
         if index == self.phase_index:
             return
         self.phase_index = index
+        carry = {}  # NOTE [residual at a phase switch] in comm/engine.py: applied by the next phase
         if self.exchanger is not None:
+            carry = self.exchanger.take_residuals()
             self.exchanger.close()
+        elif self.local is not None and self.local["phase"] != index:
+            carry = self._saved_residuals()
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
         self.cache_seen = loader_counts(self.loader)
-        if self.cfg.ddp and self.world > 1:
+        if (self.cfg.ddp or phase.comm in DDP_COMMS) and self.world > 1:
             self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                                selector=phase.selector)
+                                                selector=phase.selector, carry=bool(carry),
+                                                powersgd_rank=phase.powersgd_rank)
             self.forward_model = self.exchanger.module
         else:
             saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None
@@ -108,7 +115,24 @@ class _Run:
                                                 hybrid_bytes=phase.hybrid_bytes, layout=saved,
                                                 probe=probe if phase.omgs_plan == "auto" else None)
             self.forward_model = self.model
+        self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
+
+    def _saved_residuals(self) -> dict:
+        """Resuming into a later phase than the checkpoint's: the residuals the checkpoint
+        holds for its own phase, per parameter, to carry into this one (as an uninterrupted
+        run does at the phase switch). The ``--ddp`` hook's residuals are not recovered."""
+        old = self.recipe.phases[self.local["phase"]]
+        state = self.local["exchanger"]
+        if self.cfg.ddp or not state.get("exchange"):
+            return {}
+        saved = build_exchange(old.comm, self.model, self.topology, density=old.density, selector=old.selector,
+                               pipelined=False, hybrid_bytes=old.hybrid_bytes, layout=state.get("layout"))
+        try:
+            saved.load_state_dict(state)
+            return saved.take_residuals()
+        finally:
+            saved.close()
 
     @contextlib.contextmanager
     def _probing(self, phase):
@@ -193,7 +217,9 @@ class _Run:
             elapsed = time.perf_counter() - start
             split = getattr(self.exchanger, "last_timings", None) or {}
             compress = min(float(split.get("compress", 0.0)), elapsed)
-            times.add("compress", compress)
+            overlapped = float(split.get("compress_overlapped", 0.0))  # selection inside backward
+            times.add("compute", -overlapped)
+            times.add("compress", compress + overlapped)
             times.add("communicate", elapsed - compress)
         with times.part("update"):
             if self.scaler is not None:

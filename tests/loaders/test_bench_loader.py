@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from loaders import dali_available
 from tools.cli import main
+from tools.cluster import netns_unavailable_reason
+
+NETNS = netns_unavailable_reason()
 
 
 def test_bench_loader_writes_rows(source, cache_dir, tmp_path):
@@ -27,3 +31,34 @@ def test_bench_loader_writes_rows(source, cache_dir, tmp_path):
         assert r["cpu_ms_per_image"] >= 0 and r["fetch_ms_per_batch"] >= 0  # CPU ticks are 10 ms: may read 0
         assert r["batches"] >= 2
     assert rows[0]["speedup"] == 1.0
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(NETNS is not None, reason=str(NETNS))
+def test_bench_loader_emulated_compares_node_and_global(source, tmp_path):
+    out = tmp_path / "emulated.json"
+    rc = main(["bench", "loader", str(source), "--cache-dir", str(tmp_path / "cache"), "--emulate", "2x1@200",
+               "--locality", "node,global", "--exchange-fraction", "0", "--workers", "0", "--size", "24",
+               "--cache-size", "64", "--batch-size", "4", "--epochs", "1", "--rounds", "1", "--json", str(out)])
+    assert rc == 0
+    rows = {r["locality"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"node", "global"}
+    for r in rows.values():
+        assert r["images_per_s"] > 0 and r["l2_hit_rate"] == 1.0  # each node's warm-up filled L2
+        assert r["images"] == 2 * 24  # one untimed and one timed epoch, drop_last: 24 = 2 ranks x 3 x 4
+    # global reads about half of the ~12 KB samples from the other node; node-local only the balancing moves
+    assert rows["global"]["inter_node_bytes_per_image"] > 3000
+    assert rows["node"]["inter_node_bytes_per_image"] < 0.5 * rows["global"]["inter_node_bytes_per_image"]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--emulate", "2x@200"], "--emulate wants NODESxRANKS@MBIT"),
+    (["--emulate", "2x2@200", "--locality", "rack"], "--locality wants a comma-separated subset of node,global"),
+    (["--emulate", "2x2@200", "--exchange-fraction", "1.5"], r"--exchange-fraction must be in \[0, 1\]"),
+])
+def test_bench_loader_emulated_bad_flags_are_one_line_errors(source, tmp_path, capsys, args, match):
+    import re
+
+    rc = main(["bench", "loader", str(source), "--cache-dir", str(tmp_path / "cache"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and re.search(match, err[0]), err

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -51,14 +52,24 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     (["--epochs", "1"], r"--data ROOT is required"),
     (["--data", "{data}", "--recipe", "demo", "--density", "2"], r"--density 2: must be in \(0, 1\]$"),
     (["--data", "{data}", "--nprocs", "0"], r"--nprocs 0: must be >= 1$"),
+    (["--data", "{data}", "--recipe", "demo", "--exchange-fraction", "1.5"],
+     r"exchange_fraction \(--exchange-fraction\) must be in \[0, 1\]; got 1.5"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
-    import re
-
     res = _cli("train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out", tmp_path / "o")
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(match, lines[0]), res.stderr
+
+
+def test_a_run_that_fails_is_a_one_line_error_with_exit_1(tmp_path, small_dataset):
+    # the flags are fine; the ranks find the problem (embedded Redis with node locality)
+    res = _cli("train", "--data", small_dataset, "--recipe", "demo", "--locality", "node", "--nprocs", "2",
+               "--nodes", "2", "--cache-dir", tmp_path / "cache", "--set", "train.workers=0", "--out", tmp_path / "o")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(r"rank \d failed: LocalityError: locality='node' cannot place samples on "
+                                         r"2 nodes with the embedded Redis", lines[0]), res.stderr
 
 
 def test_checkpoint_from_another_model_is_refused(tmp_path):

@@ -1,5 +1,8 @@
 """``cachepipe bench loader``: plain files vs ``cached_dataloader`` (L2) vs the DALI loader, side by side.
 
+(``--emulate MxN@MBIT --locality node,global``: node-local vs global sampling on an
+emulated cluster instead; see ``tools.bench.loader_emulated``.)
+
 All loaders use the same batch size, worker count, crop size and training augmentation
 (random-resized-crop + flip + normalise to float NCHW) and the same batch-at-a-time worker
 code; only where the pixels come from differs:
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +47,8 @@ COLUMNS = ("loader", "l2", "workers", "size", "batch_size", "dtype", "images_per
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from loaders.locality import DEFAULT_EXCHANGE_FRACTION
+
     parser.add_argument("src", metavar="SRC", help="ImageFolder root (<SRC>/<class>/<image>); "
                         "a dataset root holding train/ uses SRC/train")
     parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
@@ -74,6 +80,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="plain: let file reads hit the OS page cache (default: evict each file with "
                              "posix_fadvise(DONTNEED) before reading it, as `bench cache` does)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
+    emu = parser.add_argument_group("emulated cluster (tools/bench/loader_emulated.py; needs root)")
+    emu.add_argument("--emulate", default=None, metavar="MxN@MBIT",
+                     help="run cached_dataloader jobs of M nodes x N ranks joined by MBIT Mbit/s links, one Redis "
+                          "per node, instead of the single-process loaders (e.g. 2x2@200)")
+    emu.add_argument("--locality", default="node,global", help="with --emulate: comma-separated locality modes to run")
+    emu.add_argument("--exchange-fraction", type=float, default=DEFAULT_EXCHANGE_FRACTION,
+                     help="with --emulate: exchange fraction of --locality node, in [0, 1]")
+    emu.add_argument("--epochs", type=int, default=2, help="with --emulate: timed epochs per job (after one untimed)")
+    emu.add_argument("--node-memory", default="2gb", help="with --emulate: maxmemory of each node's Redis")
 
 
 class PlainFiles:
@@ -199,6 +214,14 @@ def main(args: argparse.Namespace) -> int:
     from tools.bench.tcp_redis import TcpRedis, describe_server, resolve_binary
     from tools.cli import UsageError
 
+    if args.emulate:
+        from tools.bench.loader_emulated import run
+
+        try:
+            return run(args)
+        except ValueError as exc:
+            print(f"cachepipe bench loader: error: {exc}", file=sys.stderr)
+            return 2
     kinds = [k.strip() for k in args.loaders.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(LOADERS))
     if unknown:

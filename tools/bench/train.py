@@ -1,5 +1,9 @@
 """``cachepipe bench train``: training images/s with synthetic data vs the cached loaders.
 
+With ``--emulate MxN@MBIT`` it measures time to accuracy of exchange algorithms on an
+emulated slow cluster instead (``tools.bench.train_emulated``); with ``--convergence``
+accuracy per epoch of exchange algorithms on the demo recipe.
+
 One training configuration (model, image size, batch, precision) is timed three ways,
 side by side in one run: ``synthetic`` (one random batch kept on the device: the
 data-free ceiling), ``torch`` (``loaders.cached_dataloader`` reading the warmed L2 Redis)
@@ -47,7 +51,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                       help="train the demo recipe once per --algorithms into DIR/<alg> and plot DIR/report")
     conv.add_argument("--algorithms", nargs="+", default=["dense", "hitopk", "gtopk"], help="exchange algorithms to compare")
     conv.add_argument("--density", type=float, default=0.01, help="density of the sparse algorithms")
-    conv.add_argument("--epochs", type=int, default=None, help="epochs (default: the demo recipe's)")
+    conv.add_argument("--epochs", type=int, default=None,
+                      help="epochs (default: the demo recipe's; with --emulate NOTE [emulate defaults])")
+    from tools.bench import train_emulated
+
+    train_emulated.configure(parser.add_argument_group(
+        "time to accuracy on an emulated cluster (--emulate; --data, --model, --size, --cache-size, --batch-size, "
+        "--epochs, --density and --json apply too)"))
 
 
 def _cycle(loader):
@@ -107,6 +117,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.convergence:
         return _convergence(args)
+    if args.emulate:
+        from tools.bench.train_emulated import main as emulated
+
+        return emulated(args)
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")

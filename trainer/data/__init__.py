@@ -38,6 +38,9 @@ class LoaderSpec:
     cache_size: int = 256
     workers: int = 0
     device: str = "cpu"
+    locality: str = "global"
+    exchange_fraction: float = 0.0
+    local_size: int = 1
     follow_external_links: bool = False
     on_error: str = "skip"
 
@@ -118,7 +121,8 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
                                          cache_dir=cache_dir, redis=redis, distributed=(spec.rank, spec.world_size),
                                          seed=spec.seed, cache_size=spec.cache_size, on_error=spec.on_error,
                                          channels_last=spec.device.startswith("cuda"),
-                                         follow_external_links=spec.follow_external_links)
+                                         follow_external_links=spec.follow_external_links, locality=spec.locality,
+                                         local_size=spec.local_size, exchange_fraction=spec.exchange_fraction)
     if not loaders.dali_available():
         raise ValueError("--loader dali needs nvidia-dali: pip install 'cachepipe[dali]' (or use --loader torch)")
     on_gpu = spec.device.startswith("cuda")
@@ -128,4 +132,6 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
                                      workers=max(spec.workers, 1), cache_size=spec.cache_size,
                                      on_error=spec.on_error,
                                      device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None,
-                                     follow_external_links=spec.follow_external_links)
+                                     follow_external_links=spec.follow_external_links,
+                                     locality=spec.locality, local_size=spec.local_size,
+                                     exchange_fraction=spec.exchange_fraction)

@@ -51,10 +51,10 @@ def _parse_value(text: str):
 
 def override(recipe: Recipe, *, epochs: int | None = None, comm: str | None = None, density: float | None = None,
              selector: str | None = None, batch_size: int | None = None, size: int | None = None,
-             sets: list[str] | tuple[str, ...] = ()) -> Recipe:
+             powersgd_rank: int | None = None, sets: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Return ``recipe`` with single fields replaced.
 
-    ``epochs``, ``comm``, ``density``, ``selector``, ``batch_size`` and ``size`` apply to
+    ``epochs``, ``comm``, ``density``, ``selector``, ``batch_size``, ``size`` and ``powersgd_rank`` apply to
     every phase (``epochs=N`` makes every phase N epochs long). Each ``sets`` entry is
     ``section.field=value`` (``optim.lr=0.2``) or ``phases.I.field=value``; the value is
     parsed as YAML.
@@ -65,7 +65,7 @@ def override(recipe: Recipe, *, epochs: int | None = None, comm: str | None = No
     data = _jsonable(recipe.to_dict())
     for phase in data["phases"]:
         for key, value in (("epochs", epochs), ("comm", comm), ("density", density), ("selector", selector),
-                           ("batch_size", batch_size), ("size", size)):
+                           ("batch_size", batch_size), ("size", size), ("powersgd_rank", powersgd_rank)):
             if value is not None:
                 phase[key] = value
     for item in sets:

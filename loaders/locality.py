@@ -1,0 +1,164 @@
+"""Node-local sampling: the ranks of a node draw the samples whose L2 shard is on their node.
+
+NOTE [node-local order]
+With ``locality="node"`` an epoch's order is a pure function of (seed, epoch, the home
+node of every sample), so every rank computes the same partition without talking:
+
+1. the permutation of ``seed + epoch`` (the one ``locality="global"`` uses) orders the
+   samples; a second permutation from the same generator picks the exchanged ones;
+2. partial exchange: the first ``round(exchange_fraction * N)`` samples of the second
+   permutation, and every sample no live shard holds (home ``-1``, NOTE [placement]), are
+   dealt round-robin to the nodes in that order, whatever their home; every other sample
+   stays on its home node. A different random fraction moves each epoch, so no node sees
+   a fixed subset forever; moved samples are read from their home shard, across the network;
+3. balance: hash sharding is not perfectly even, but every rank must take the same number
+   of steps. Each node gets exactly ``local_size * per_rank`` samples, ``per_rank`` as in
+   NOTE [sharding and the last batch] (``ceil(N / W)``, or ``floor(N / W)`` with
+   ``drop_last``). Nodes over that quota hand their samples that come last in the second
+   permutation (random ones) to the nodes under it, in node order; with ``drop_last`` what
+   is left over is not seen this epoch (at most W - 1 samples, as with
+   DistributedSampler), without it the nodes still short repeat their first samples (at
+   most W - 1 repeats in all);
+4. a node's list, in permutation order (received samples mixed in, so shuffled within
+   the node; repeats at the end), is dealt to its ranks: local rank j takes every
+   ``local_size``-th sample from j.
+
+When N divides by W every sample is seen exactly once per epoch across all ranks. Ranks
+are node-major: rank r is on node ``r // local_size``.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["DEFAULT_EXCHANGE_FRACTION", "LOCALITIES", "NodeLocality", "node_locality"]
+
+LOCALITIES = ("global", "node")
+# NOTE [default exchange fraction]: 0.02 keeps node-local inter-node bytes per image at
+# 2-4 % of global's at 2 nodes (measured in docs/BENCHMARKS.md, "node-local sampling"),
+# inside the 5 % target with room for the balancing moves of step 3.
+DEFAULT_EXCHANGE_FRACTION = 0.02
+
+
+def check_locality(locality: str, exchange_fraction: float) -> None:
+    """Raises ValueError for an unknown locality or an exchange fraction outside [0, 1]."""
+    if locality not in LOCALITIES:
+        raise ValueError(f"unknown locality {locality!r}; valid: {list(LOCALITIES)}")
+    if not 0.0 <= float(exchange_fraction) <= 1.0:
+        raise ValueError(f"exchange_fraction must be in [0, 1]; got {exchange_fraction}")
+
+
+@dataclass(frozen=True, eq=False)
+class NodeLocality:
+    """The home node of every sample and how the node-local order is drawn (NOTE [node-local order]).
+
+    Args:
+        home: node of each sample's L2 value, ``-1`` where no live shard holds it.
+        local_size: ranks per node.
+        exchange_fraction: share of the samples dealt across nodes each epoch, in [0, 1].
+    """
+
+    home: np.ndarray = field(repr=False)
+    local_size: int
+    exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION
+
+    def __post_init__(self) -> None:
+        check_locality("node", self.exchange_fraction)
+        if self.local_size < 1:
+            raise ValueError(f"local_size must be >= 1, got {self.local_size}")
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """Short hash of the placement (saved with the resume position)."""
+        return hashlib.blake2b(np.ascontiguousarray(self.home, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
+
+    def indices(self, *, epoch: int, seed: int, rank: int, world_size: int, drop_last: bool) -> list[int]:
+        """This rank's sample indices for ``epoch`` (NOTE [node-local order])."""
+        n, nodes = len(self.home), world_size // self.local_size
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(n, generator=g).numpy()
+        mix = torch.randperm(n, generator=g).numpy()  # a second draw: who is exchanged, dealt in this order
+        node = self.home.astype(np.int64)
+        dealt = node < 0
+        dealt[mix[:round(self.exchange_fraction * n)]] = True
+        chosen = mix[dealt[mix]]
+        node[chosen] = np.arange(len(chosen)) % nodes
+        position, late = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        position[order] = np.arange(n)
+        late[mix] = np.arange(n)
+        lists = [order[node[order] == m] for m in range(nodes)]
+        per_rank = n // world_size if drop_last else math.ceil(n / world_size)
+        quota = self.local_size * per_rank
+        spare = []
+        for m, part in enumerate(lists):  # a full node gives away the samples last in ``mix``: random ones
+            if len(part) > quota:
+                by_mix = part[np.argsort(late[part], kind="stable")]
+                lists[m] = by_mix[:quota]
+                spare.append(by_mix[quota:])
+        spare = np.concatenate(spare) if spare else np.empty(0, dtype=np.int64)
+        for m in range(nodes):
+            take = max(0, quota - len(lists[m]))
+            mine = np.concatenate([lists[m], spare[:take]])
+            spare = spare[take:]
+            mine = mine[np.argsort(position[mine], kind="stable")]  # back in permutation order
+            pad = mine if len(mine) else order
+            lists[m] = np.concatenate([mine, np.resize(pad, quota - len(mine))]).tolist()
+        mine = lists[rank // self.local_size]
+        return mine[rank % self.local_size::self.local_size]
+
+
+def node_locality(folder, *, locality: str, exchange_fraction: float, local_size: int | None, rank: int,
+                  world_size: int, train: bool) -> NodeLocality | None:
+    """The :class:`NodeLocality` of a training loader, or None for today's global order.
+
+    None for ``locality="global"``, validation loaders (they keep the dataset order) and
+    a single node. The placement is asked of the store once; when torch.distributed is
+    initialised with this world size, rank 0's answer is broadcast so that every rank
+    draws from the same partition even if a shard fails while they start.
+
+    Raises:
+        ValueError: unknown locality, exchange_fraction outside [0, 1], a local_size that
+            does not divide the world size.
+        LocalityError: the cache cannot tell where samples are (no L2, the embedded server,
+            a URL count other than the node count, a cluster primary on no listed node).
+    """
+    from cachepipe.placement import LocalityError
+
+    check_locality(locality, exchange_fraction)
+    if locality == "global" or not train:
+        return None
+    if local_size is None:
+        local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if local_size < 1 or world_size % local_size:
+        raise ValueError(f"local_size must divide the world size ({world_size} ranks); got {local_size}")
+    nodes = world_size // local_size
+    if nodes == 1:
+        return None
+    cache = getattr(folder, "cache", None)
+    redis = cache.config.redis if cache is not None else False
+    if redis is False:
+        raise LocalityError("locality='node' needs L2 on the nodes' Redis servers; this loader has no L2 "
+                            "(redis=False or cache=False): pass redis=[url of node 0's server, ...]")
+    if redis is None:
+        raise LocalityError(f"locality='node' cannot place samples on {nodes} nodes with the embedded Redis "
+                            "(private to one machine): pass redis=[url of node 0's server, url of node 1's, ...]")
+    store = cache.store
+    if store.nodes != nodes:
+        raise LocalityError(f"locality='node' needs one Redis URL per node, in node order: {world_size} ranks "
+                            f"of local_size {local_size} are {nodes} nodes, but {store.nodes} URL(s) were given")
+    home = np.asarray(store.node_of(range(len(folder))), dtype=np.int64)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == world_size:
+        on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        shared = torch.from_numpy(home).to(on)
+        dist.broadcast(shared, src=0)
+        home = shared.cpu().numpy()
+    return NodeLocality(home, local_size, float(exchange_fraction))

@@ -1,0 +1,144 @@
+"""``cachepipe bench train --emulate``: parsing, rows and target from recorded metrics, the CLI."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tools.bench.time_to_accuracy import Emulation, breakdown, build_rows, parse_emulate, time_to_target
+from tools.cli import main as cli
+from tools.cluster import netns_unavailable_reason
+
+REASON = netns_unavailable_reason()
+
+
+def _epoch(epoch, top1, seconds, steps, compute=0.03, compress=0.0, communicate=0.3, data=0.01):
+    return {"epoch": epoch, "val_top1": top1, "seconds": seconds, "steps": steps,
+            "time_per_iter": {"data": data, "compute": compute, "compress": compress, "communicate": communicate,
+                              "update": 0.001}}
+
+
+DENSE = [_epoch(0, 50.0, 10.0, 20), _epoch(1, 65.0, 10.0, 40), _epoch(2, 70.0, 10.0, 60)]
+HITOPK = [_epoch(0, 40.0, 3.0, 20, compress=0.002, communicate=0.05),
+          _epoch(1, 69.5, 3.0, 40, compress=0.002, communicate=0.05),
+          _epoch(2, 71.0, 3.0, 60, compress=0.004, communicate=0.07)]
+GTOPK = [_epoch(0, 30.0, 4.0, 20), _epoch(1, 60.0, 4.0, 40)]
+
+
+@pytest.mark.parametrize("text, want", [("2x2@10", Emulation(2, 2, 10.0)), ("4x1@0.5", Emulation(4, 1, 0.5)),
+                                        ("2x2", Emulation(2, 2, 25.0)), (" 1x4@200 ", Emulation(1, 4, 200.0))])
+def test_parse_emulate(text, want):
+    assert parse_emulate(text, default_mbit=25.0) == want
+
+
+@pytest.mark.parametrize("text, match", [("2by2@10", "expected MxN@MBIT"), ("2x2@", "expected MxN@MBIT"),
+                                         ("2x2@-5", "expected MxN@MBIT"), ("2x2@0", "MBIT must be > 0"),
+                                         ("0x2@10", "1 <= M <= 250"), ("1x1@10", "at least 2 processes"),
+                                         ("2x0@10", "N >= 1"), ("", "expected MxN@MBIT")])
+def test_parse_emulate_rejects_bad_values_naming_the_flag(text, match):
+    with pytest.raises(ValueError, match=match) as info:
+        parse_emulate(text, default_mbit=10.0)
+    assert str(info.value).startswith("--emulate ")
+
+
+def test_time_to_target_is_the_end_of_the_first_epoch_that_reaches_it():
+    assert time_to_target(DENSE, 69.0) == 30.0
+    assert time_to_target(HITOPK, 69.0) == 6.0
+    assert time_to_target(HITOPK, 40.0) == 3.0
+    assert time_to_target(GTOPK, 69.0) is None
+
+
+def test_rows_default_target_is_dense_final_minus_one_point():
+    runs = {"dense": {"metrics": DENSE, "inter_node_bytes": 6_000_000, "job_s": 50.0},
+            "hitopk": {"metrics": HITOPK, "inter_node_bytes": 600_000, "job_s": 20.0},
+            "gtopk": {"metrics": GTOPK, "inter_node_bytes": 400_000, "job_s": 15.0}}
+    rows = build_rows(runs)
+    assert [r["comm"] for r in rows] == ["dense", "hitopk", "gtopk"]
+    dense, hitopk, gtopk = rows
+    assert {r["target_top1"] for r in rows} == {69.0}
+    assert (dense["seconds_to_target"], hitopk["seconds_to_target"], gtopk["seconds_to_target"]) == (30.0, 6.0, None)
+    assert hitopk["speedup_to_target_vs_dense"] == pytest.approx(5.0)
+    assert "speedup_to_target_vs_dense" not in gtopk
+    assert (dense["final_top1"], hitopk["final_top1"], hitopk["best_top1"]) == (70.0, 71.0, 71.0)
+    assert (dense["seconds"], dense["steps"], dense["step_s"]) == (30.0, 60, 0.5)
+    assert dense["inter_node_bytes_per_step"] == 100_000 and gtopk["inter_node_bytes_per_step"] == 10_000
+    json.dumps(rows)  # --json writes them as they are (None -> null)
+
+
+def test_rows_with_an_explicit_target_need_no_dense_run():
+    rows = build_rows({"hitopk": {"metrics": HITOPK, "inter_node_bytes": 0, "job_s": 1.0}}, target_top1=45.0)
+    assert rows[0]["target_top1"] == 45.0 and rows[0]["seconds_to_target"] == 6.0
+    with pytest.raises(ValueError, match="include dense in --comm or pass --target-top1"):
+        build_rows({"hitopk": {"metrics": HITOPK, "inter_node_bytes": 0, "job_s": 1.0}})
+    with pytest.raises(ValueError, match="gtopk run has no finished epoch"):
+        build_rows({"gtopk": {"metrics": [], "inter_node_bytes": 0, "job_s": 1.0}}, target_top1=1.0)
+
+
+def test_breakdown_weights_epochs_by_their_steps_and_derives_waiting():
+    b = breakdown(HITOPK)
+    # (2 * 2 ms + 4 ms) / 3 epochs of 20 steps each
+    assert b["selection_ms"] == pytest.approx((2 + 2 + 4) / 3)
+    assert b["exchange_ms"] == pytest.approx((50 + 50 + 70) / 3)
+    assert b["waiting_ms"] == pytest.approx(b["selection_ms"] + b["exchange_ms"])
+    assert b["compute_ms"] == pytest.approx(30.0) and b["data_ms"] == pytest.approx(10.0)
+    # an engine that records its own exchange duration (overlapped with backward) is used as is
+    overlapped = [dict(DENSE[0], time_per_iter=dict(DENSE[0]["time_per_iter"], exchange=0.5))]
+    assert breakdown(overlapped)["exchange_ms"] == pytest.approx(500.0)
+    assert breakdown(overlapped)["waiting_ms"] == pytest.approx(300.0)
+
+
+def _record(out, comm, metrics, inter_node_bytes):
+    (out / comm).mkdir(parents=True)
+    (out / comm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    (out / comm / "bench.json").write_text(json.dumps({"inter_node_bytes": inter_node_bytes, "job_s": 9.0}))
+
+
+def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
+    out = tmp_path / "bench"
+    _record(out, "dense", DENSE, 6_000_000)
+    _record(out, "hitopk", HITOPK, 600_000)
+    code = cli(["bench", "train", "--emulate", "2x2@10", "--comm", "dense,hitopk", "--out", str(out), "--reuse",
+                "--json", str(tmp_path / "rows.json")])
+    assert code == 0, capsys.readouterr().err
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [(r["comm"], r["seconds_to_target"]) for r in rows] == [("dense", 30.0), ("hitopk", 6.0)]
+    for key in ("comm", "final_top1", "target_top1", "seconds_to_target", "seconds", "step_s",
+                "inter_node_bytes_per_step"):
+        assert all(key in r for r in rows)
+    assert (out / "top1_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| hitopk" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--emulate", "2x2@fast"], "--emulate '2x2@fast': expected MxN@MBIT"),
+    (["--emulate", "2x2", "--comm", "dense,ring"], r"--comm 'dense,ring': unknown \['ring'\]; valid: \['dense'"),
+    (["--emulate", "2x2", "--comm", "dense", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
+    (["--emulate", "2x2", "--per-class", "0"], "--per-class must be >= 1"),
+    (["--emulate", "2x2", "--comm", "omgs", "--reuse"], "--reuse: .* holds no finished run"),
+])
+def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):
+    code = cli(["bench", "train", *argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert re.search(match, err), err
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=str(REASON))
+def test_emulated_cluster_end_to_end_tiny(tmp_path):
+    """Two emulated nodes of one process, one short epoch per algorithm: the harness runs
+    real ``cachepipe train`` ranks, counts link bytes and cleans up its namespaces."""
+    import subprocess
+
+    out = tmp_path / "bench"
+    code = cli(["bench", "train", "--emulate", "2x1@100", "--comm", "dense,powersgd", "--epochs", "1",
+                "--per-class", "8", "--batch-size", "8", "--size", "16", "--cache-size", "20", "--out", str(out),
+                "--json", str(tmp_path / "rows.json"), "--set", "schedule.warmup_epochs=0"])
+    assert code == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["comm"] for r in rows] == ["dense", "powersgd"]
+    for r in rows:
+        assert r["steps"] == 5 and r["inter_node_bytes_per_step"] > 0 and r["seconds"] > 0
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "cpi14b" not in netns

@@ -1,0 +1,161 @@
+"""Time-to-accuracy rows and plot from finished training runs (``metrics.jsonl``).
+
+Pure functions behind ``cachepipe bench train --emulate`` (``tools.bench.train_emulated``):
+parse ``MxN@MBIT``, turn each algorithm's per-epoch metrics plus the bytes that crossed
+the emulated links into one row, and draw top-1 against wall-clock time (the shape of
+Figure 10 of the MLSys 2021 paper).
+
+NOTE [time-to-accuracy clock]: the clock is the run's cumulative training wall-clock
+(``seconds`` of each epoch row: every step, data wait and exchange included; the
+per-epoch evaluation and checkpoint are left out, they cost every algorithm the same).
+Accuracy is measured at epoch ends, so the time to a target is the end of the first
+epoch whose validation top-1 reaches it.
+
+NOTE [breakdown columns]: per iteration, from the trainer's ``time_per_iter``:
+``compute`` (forward + backward), ``selection`` (top-k, the trainer's ``compress``),
+``waiting`` (what the step blocks on after backward for the exchange: ``compress`` +
+``communicate``), ``exchange`` (the exchange's own duration: ``exchange`` when the
+trainer records it, else ``communicate``; without overlap the whole exchange runs after
+backward, so it equals ``waiting`` minus ``selection``), ``data`` and ``update``. Under
+DDP (``powersgd``) the exchange runs inside backward and shows in ``compute``.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Emulation", "parse_emulate", "time_to_target", "breakdown", "build_rows", "plot_top1_vs_time"]
+
+_EMULATE = re.compile(r"^(\d+)x(\d+)(?:@(\d+(?:\.\d+)?))?$")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """``nodes`` emulated nodes of ``local_size`` processes, ``mbit`` Mbit/s between nodes."""
+
+    nodes: int
+    local_size: int
+    mbit: float
+
+
+def parse_emulate(text: str, default_mbit: float) -> Emulation:
+    """Parse ``MxN@MBIT`` (``@MBIT`` optional: ``default_mbit``), e.g. ``2x2@10``.
+
+    Raises:
+        ValueError: one line naming ``--emulate`` and the expected form.
+    """
+    m = _EMULATE.match(text.strip())
+    if not m:
+        raise ValueError(f"--emulate {text!r}: expected MxN@MBIT (M nodes x N processes each, MBIT Mbit/s "
+                         "between nodes), e.g. 2x2@10")
+    nodes, local, mbit = int(m[1]), int(m[2]), float(m[3]) if m[3] else default_mbit
+    if not 1 <= nodes <= 250 or local < 1 or nodes * local < 2:
+        raise ValueError(f"--emulate {text!r}: need 1 <= M <= 250 nodes, N >= 1 processes each and at least "
+                         "2 processes in all")
+    if mbit <= 0:
+        raise ValueError(f"--emulate {text!r}: the link rate MBIT must be > 0")
+    return Emulation(nodes, local, mbit)
+
+
+def time_to_target(metrics: Sequence[Mapping], target: float) -> float | None:
+    """Cumulative training seconds at the end of the first epoch with ``val_top1 >= target``
+    (NOTE [time-to-accuracy clock]); None if no epoch reached it."""
+    clock = 0.0
+    for row in metrics:
+        clock += float(row["seconds"])
+        if float(row["val_top1"]) >= target:
+            return clock
+    return None
+
+
+def breakdown(metrics: Sequence[Mapping]) -> dict[str, float]:
+    """Mean milliseconds per iteration of each column of NOTE [breakdown columns] (weighted by steps)."""
+    totals = dict.fromkeys(("compute", "selection", "exchange", "waiting", "data", "update"), 0.0)
+    prev, steps = 0, 0
+    for row in metrics:
+        n = int(row["steps"]) - prev
+        prev = int(row["steps"])
+        steps += n
+        t = row.get("time_per_iter", {})
+        compress, communicate = t.get("compress", 0.0), t.get("communicate", 0.0)
+        part = {"compute": t.get("compute", 0.0), "selection": compress, "exchange": t.get("exchange", communicate),
+                "waiting": compress + communicate, "data": t.get("data", 0.0), "update": t.get("update", 0.0)}
+        for k, v in part.items():
+            totals[k] += 1000.0 * v * n
+    return {f"{k}_ms": v / max(steps, 1) for k, v in totals.items()}
+
+
+def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) -> list[dict]:
+    """One row per algorithm, in ``runs`` order.
+
+    Args:
+        runs: ``comm -> {"metrics": [epoch rows], "inter_node_bytes": int, "job_s": float}``.
+        target_top1: the target; None = the ``dense`` run's final top-1 minus 1 point.
+
+    Returns:
+        Rows with ``comm``, ``final_top1``, ``best_top1``, ``target_top1``,
+        ``seconds_to_target`` (None if never reached), ``seconds``, ``epochs``, ``steps``,
+        ``step_s``, ``inter_node_bytes_per_step``, ``job_s``, the breakdown columns
+        (``*_ms``) and ``speedup_to_target_vs_dense`` when both reached the target.
+
+    Raises:
+        ValueError: no target given and no ``dense`` run, or a run without epochs.
+    """
+    for comm, run in runs.items():
+        if not run["metrics"]:
+            raise ValueError(f"the {comm} run has no finished epoch (metrics.jsonl is empty)")
+    if target_top1 is None:
+        if "dense" not in runs:
+            raise ValueError("the default target is the dense run's final top-1 minus 1 point: include dense in "
+                             "--comm or pass --target-top1")
+        target_top1 = float(runs["dense"]["metrics"][-1]["val_top1"]) - 1.0
+    rows = []
+    for comm, run in runs.items():
+        metrics = run["metrics"]
+        seconds = sum(float(r["seconds"]) for r in metrics)
+        steps = int(metrics[-1]["steps"])
+        rows.append({"comm": comm, "final_top1": float(metrics[-1]["val_top1"]),
+                     "best_top1": max(float(r["val_top1"]) for r in metrics), "target_top1": target_top1,
+                     "seconds_to_target": time_to_target(metrics, target_top1), "seconds": seconds,
+                     "epochs": len(metrics), "steps": steps, "step_s": seconds / max(steps, 1),
+                     "inter_node_bytes_per_step": run["inter_node_bytes"] / max(steps, 1), "job_s": run["job_s"],
+                     **breakdown(metrics)})
+    dense = next((r["seconds_to_target"] for r in rows if r["comm"] == "dense"), None)
+    for r in rows:
+        if dense is not None and r["seconds_to_target"]:
+            r["speedup_to_target_vs_dense"] = dense / r["seconds_to_target"]
+    return rows
+
+
+def plot_top1_vs_time(runs: Mapping[str, Sequence[Mapping]], target_top1: float, path: str | Path,
+                      title: str = "") -> Path:
+    """Validation top-1 against cumulative training wall-clock, one line per algorithm,
+    the target as a dashed line; written to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (comm, metrics) in enumerate(runs.items()):
+        clock, xs, ys = 0.0, [], []
+        for row in metrics:
+            clock += float(row["seconds"])
+            xs.append(clock)
+            ys.append(float(row["val_top1"]))
+        ax.plot(xs, ys, "-", marker="o", ms=3, color=f"C{i % 10}", label=comm)
+    ax.axhline(target_top1, color="gray", ls="--", lw=1, label=f"target {target_top1:.1f}%")
+    ax.set_xlabel("training wall-clock time (s)")
+    ax.set_ylabel("validation top-1 (%)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

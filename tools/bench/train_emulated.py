@@ -1,0 +1,210 @@
+"""``cachepipe bench train --emulate MxN@MBIT --comm dense,hitopk,...``: time to accuracy on
+an emulated slow cluster.
+
+Builds ``M`` network-namespace nodes joined by links limited to ``MBIT`` Mbit/s
+(``tools.cluster``), starts one Redis server per node (``tools.emulated_job.NodeRedis``)
+and warms the two-level cache into them before any clock runs: node ``i`` writes its L2
+partition into the servers, so each sample lives on one node's server and a read from
+another node crosses the limited link, as on a real cluster. Then, per algorithm, real
+``cachepipe train`` ranks run inside the nodes (``N`` per node, torchrun's environment,
+one torch thread each) with the same seed, data and recipe; the bytes each node's link
+sent are read before and after (``link_bytes``). Rows and plot: ``tools.bench.time_to_accuracy``.
+
+NOTE [emulate defaults]: ``--emulate 2x2`` means the configuration recorded in
+docs/BENCHMARKS.md: the ``demo`` recipe (``resnet_small``, 78k parameters) at 32 px on a
+generated 10-class demo dataset, batch 32 per process, 10 Mbit/s between the nodes. A
+dense exchange then costs several times a step's compute (the communication-bound regime
+of the MLSys 2021 paper's 96 px phase), and ``--comm dense,hitopk`` finishes in about
+12 minutes on a 2-core machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tools.bench.table import format_table, machine_description, write_json
+from tools.bench.time_to_accuracy import build_rows, parse_emulate, plot_top1_vs_time
+
+__all__ = ["DEFAULTS", "configure", "main"]
+
+# NOTE [emulate defaults]
+DEFAULTS = {"mbit": 10.0, "recipe": "demo", "size": 32, "cache_size": 32, "batch_size": 32, "epochs": 8,
+            "per_class": 400, "val_per_class": 50, "comm": "dense,hitopk"}
+COLUMNS = ["comm", "final_top1", "target_top1", "seconds_to_target", "speedup_to_target_vs_dense", "seconds",
+           "step_s", "compute_ms", "selection_ms", "exchange_ms", "waiting_ms", "data_ms", "update_ms",
+           "inter_node_bytes_per_step"]
+
+
+def configure(group: argparse._ArgumentGroup) -> None:
+    """Flags of the emulated mode (shared ones such as ``--data``, ``--json``, ``--size``,
+    ``--batch-size``, ``--cache-size``, ``--epochs``, ``--density`` come from ``bench train``)."""
+    group.add_argument("--emulate", default=None, metavar="MxN@MBIT",
+                       help=f"train on M emulated nodes x N processes with MBIT Mbit/s between nodes "
+                            f"(@MBIT optional: {DEFAULTS['mbit']:g}); needs root and iproute2")
+    group.add_argument("--comm", default=DEFAULTS["comm"],
+                       help="comma-separated exchange algorithms: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, powersgd")
+    group.add_argument("--recipe", default=DEFAULTS["recipe"], help="training recipe (name or .yaml)")
+    group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                       help="extra recipe override passed to every cachepipe train (repeatable)")
+    group.add_argument("--powersgd-rank", type=int, default=2, help="matrix approximation rank of powersgd")
+    group.add_argument("--target-top1", type=float, default=None,
+                       help="target validation top-1 in %% (default: the dense run's final top-1 minus 1)")
+    group.add_argument("--per-class", type=int, default=DEFAULTS["per_class"],
+                       help="training images per class of the generated dataset (without --data)")
+    group.add_argument("--out", default="runs/bench-train-emulated",
+                       help="keeps data/, cache/, one run directory per algorithm, rows.json and the plot")
+    group.add_argument("--plot", default=None, help="top-1 vs wall-clock PNG (default: OUT/top1_vs_time.png)")
+    group.add_argument("--reuse", action="store_true",
+                       help="read the finished runs in OUT instead of training (to combine runs made by "
+                            "separate commands into one table and plot)")
+    group.add_argument("--job-timeout", type=float, default=1800.0, help="seconds before one algorithm's job is stopped")
+
+
+def _comms(text: str) -> list[str]:
+    from trainer.config import COMM_NAMES
+
+    comms = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in comms if c not in COMM_NAMES]
+    if not comms or bad:
+        raise ValueError(f"--comm {text!r}: unknown {bad or 'empty list'}; valid: {list(COMM_NAMES)}")
+    return comms
+
+
+def _train_argv(args, comm: str, data: Path, run_dir: Path, cache_dir: Path, urls: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", args.recipe,
+            "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
+            "--comm", comm, "--epochs", str(args.epochs or DEFAULTS["epochs"]),
+            "--size", str(args.size or DEFAULTS["size"]),
+            "--batch-size", str(args.batch_size or DEFAULTS["batch_size"]),
+            "--density", str(args.density), "--powersgd-rank", str(args.powersgd_rank),
+            "--set", f"train.cache_size={_cache_size(args)}", "--set", f"train.eval_size={args.size or DEFAULTS['size']}"]
+    if args.model:
+        argv += ["--model", args.model]
+    for url in urls:
+        argv += ["--redis", url]
+    for item in args.set:
+        argv += ["--set", item]
+    return argv
+
+
+def _cache_size(args) -> int:
+    return args.cache_size or DEFAULTS["cache_size"]
+
+
+def _prepare_data(args, out: Path) -> Path:
+    if args.data:
+        return Path(args.data)
+    data = out / "data"
+    if not (data / "val").is_dir():
+        from cachepipe.demo_data import make_dataset
+
+        make_dataset(data, classes=10, per_class=args.per_class, val_per_class=DEFAULTS["val_per_class"],
+                     size=_cache_size(args), seed=0)
+    return data
+
+
+def _warm(cluster, emu, data: Path, out: Path, urls: list[str], cache_size: int) -> None:
+    """Node ``i`` warms its own L1 and its L2 partition (outside every clock)."""
+    from tools.emulated_job import run_on_node
+
+    for node in range(emu.nodes):
+        for split in ("train", "val"):
+            argv = [sys.executable, "-m", "tools", "warmup", str(data / split), "--cache-dir", str(out / f"cache/node{node}"),
+                    "--cache-size", str(cache_size), "--node-rank", str(node), "--num-nodes", str(emu.nodes),
+                    "--workers", "1", "--quiet"]
+            for url in urls:
+                argv += ["--redis", url]
+            done = run_on_node(cluster, node, argv, timeout=1800)
+            if done.returncode:
+                raise RuntimeError(f"warm-up of {split} on node {node} failed: {(done.stderr or done.stdout).strip()[-400:]}")
+
+
+def _run_one(args, cluster, emu, comm: str, data: Path, out: Path, urls: list[str]) -> dict:
+    from tools.emulated_job import launch, link_bytes
+
+    run_dir = out / comm
+    (run_dir / "bench.json").unlink(missing_ok=True)  # --reuse must never pair old counters with a new run
+    before = link_bytes(cluster)
+    start = time.perf_counter()
+    launch(cluster, lambda rank: _train_argv(args, comm, data, run_dir, out / f"cache/node{rank // emu.local_size}", urls),
+           local_size=emu.local_size, env={"OMP_NUM_THREADS": "1"}, timeout=args.job_timeout, log_dir=run_dir / "logs")
+    job_s = time.perf_counter() - start
+    after = link_bytes(cluster)
+    result = {"inter_node_bytes": sum(a["tx"] - b["tx"] for a, b in zip(after, before)), "job_s": job_s}
+    (run_dir / "bench.json").write_text(json.dumps(result))
+    return result
+
+
+def _train_all(args, emu, comms: list[str], out: Path) -> None:
+    from tools.cluster import EmulatedCluster, netns_unavailable_reason
+    from tools.emulated_job import NodeRedis
+
+    reason = netns_unavailable_reason()
+    if reason:
+        raise ValueError(f"--emulate needs network namespaces: {reason}")
+    data = _prepare_data(args, out)
+    with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}") as cluster:
+        servers = []
+        try:
+            for node in range(emu.nodes):
+                servers.append(NodeRedis(cluster, node, out / f"redis/node{node}", maxmemory="1gb"))
+            urls = [s.url for s in servers]
+            start = time.perf_counter()
+            _warm(cluster, emu, data, out, urls, _cache_size(args))
+            print(f"bench train: warmed {emu.nodes} node(s) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            for comm in comms:
+                print(f"bench train: training {comm} ...", file=sys.stderr)
+                result = _run_one(args, cluster, emu, comm, data, out, urls)
+                print(f"bench train: {comm} done in {result['job_s']:.0f} s", file=sys.stderr)
+        finally:
+            for s in servers:
+                s.stop()
+
+
+def _load(out: Path, comms: list[str]) -> dict[str, dict]:
+    from trainer.metrics import read_metrics
+
+    runs = {}
+    for comm in comms:
+        if not (out / comm / "bench.json").is_file():
+            raise ValueError(f"--reuse: {out / comm} holds no finished run; train it first (without --reuse)")
+        runs[comm] = dict(json.loads((out / comm / "bench.json").read_text()), metrics=read_metrics(out / comm))
+    return runs
+
+
+def main(args: argparse.Namespace) -> int:
+    """Train (unless ``--reuse``), then print the table, write ``--json`` and the plot."""
+    try:
+        emu = parse_emulate(args.emulate, DEFAULTS["mbit"])
+        comms = _comms(args.comm)
+        for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1; got {value}")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not args.reuse:
+            _train_all(args, emu, comms, out)
+        runs = _load(out, comms)
+        rows = build_rows(runs, args.target_top1)
+    except (ValueError, RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"cachepipe bench train: error: {exc}", file=sys.stderr)
+        return 2
+    target = rows[0]["target_top1"]
+    title = (f"{emu.nodes}x{emu.local_size} @ {emu.mbit:g} Mbit/s, {args.recipe} recipe, "
+             f"{args.size or DEFAULTS['size']} px")
+    plot = plot_top1_vs_time({c: r["metrics"] for c, r in runs.items()}, target, args.plot or out / "top1_vs_time.png",
+                             title)
+    print(f"\n{machine_description()}; {title}, batch {args.batch_size or DEFAULTS['batch_size']}/process, "
+          f"density {args.density} (sparse), powersgd rank {args.powersgd_rank}; one Redis per node")
+    print(format_table(rows, COLUMNS))
+    print(f"plot: {plot}")
+    write_json(out / "rows.json", rows)
+    if args.json:
+        write_json(args.json, rows)
+    return 0
+
