@@ -4,9 +4,11 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import lmdb
+
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import L2UnavailableError
-from cachepipe.l1_mirror import L1Mirror
+from cachepipe.l1_guard import inspect_l1
 from cachepipe.l2_store import open_store
 
 __all__ = ["coverage"]
@@ -15,7 +17,7 @@ __all__ = ["coverage"]
 def coverage(cache) -> dict:
     """Coverage of ``cache`` (a :class:`~cachepipe.TwoLevelCache`) per level.
 
-    Never starts the embedded server nor creates an L1 environment.
+    Never starts the embedded server nor writes to the cache dir.
 
     Returns:
         ``source`` (root, samples, classes, bytes, fingerprint), ``l1`` (entries, percent,
@@ -27,14 +29,19 @@ def coverage(cache) -> dict:
     cfg = cache.config
     out = {"source": {"root": m.root, "samples": n, "classes": len(m.classes),
                       "bytes": m.total_bytes, "fingerprint": m.fingerprint}}
-    l1 = {"path": str(cache.l1_path), "entries": 0, "percent": 0.0, "disk_bytes": 0}
+    l1 = {"path": str(cache.l1_path), "entries": 0, "percent": 0.0, "disk_bytes": 0, "error": ""}
     if cfg.use_l1 and (cache.l1_path / "data.mdb").exists():
-        mirror = L1Mirror.shared(cache.l1_path, 1 << 20)  # LMDB keeps the file's larger map
-        try:
-            present = mirror.present()
-            l1.update(entries=sum(1 for i in present if i < n), disk_bytes=mirror.disk_bytes())
-        finally:
-            mirror.close()
+        mirror, problem = inspect_l1(cache.l1_path)  # read-only, writes nothing (NOTE [L1 guard])
+        if mirror is None:
+            l1["error"] = f"unusable: {problem} (reads bypass it; the next warm-up moves it aside)"
+        else:
+            try:
+                present = mirror.present()
+                l1.update(entries=sum(1 for i in present if i < n), disk_bytes=mirror.disk_bytes())
+            except lmdb.Error as exc:
+                l1["error"] = f"unreadable: {type(exc).__name__}: {exc}"
+            finally:
+                mirror.close()
     l1["percent"] = 100.0 * l1["entries"] / n if n else 0.0
     out["l1"] = l1
     l2 = {"kind": "none", "present": 0, "percent": 0.0, "shards": [], "error": "",

@@ -1,7 +1,7 @@
 """L2 store protocol and the registry that picks an implementation from the Redis URLs.
 
 A store maps sample indices to encoded values (see NOTE [L2 value format]) under one key
-namespace ``<prefix>:<fingerprint>:<cache_size>:``. Implementations never raise on a
+namespace ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:``. Implementations never raise on a
 failed read or write: they count it in ``counters`` (a ``collections.Counter``), warn,
 and report a miss. Only the explicit checks (``missing``, ``shard_info``) raise
 :class:`~cachepipe.errors.L2UnavailableError`.
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from cachepipe.errors import CacheWarning
+from cachepipe.redis_url import redact
 
 __all__ = ["STORES", "SampleStore", "is_oom", "open_store", "store_kind", "warn_once"]
 
@@ -83,11 +84,11 @@ def store_kind(urls: Sequence[str]) -> str:
     for url in urls:
         scheme = url.split("://", 1)[0] if "://" in url else ""
         if scheme not in STORES:
-            raise ValueError(f"unknown Redis URL scheme in {url!r}; valid schemes: "
+            raise ValueError(f"unknown Redis URL scheme in {redact(url)!r}; valid schemes: "
                              + ", ".join(f"{s}://" for s in STORES))
         schemes.add("redis-cluster" if scheme == "redis-cluster" else "redis")
     if len(schemes) > 1:
-        raise ValueError(f"cannot mix redis-cluster:// and plain shard URLs: {list(urls)}")
+        raise ValueError(f"cannot mix redis-cluster:// and plain shard URLs: {[redact(u) for u in urls]}")
     return schemes.pop()
 
 

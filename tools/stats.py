@@ -27,7 +27,7 @@ def format_coverage(c: dict) -> str:
     lines = [f"source  {s['root']}: {s['samples']} samples, {s['classes']} classes, "
              f"{_mib(s['bytes'])}, fingerprint {s['fingerprint']}",
              f"L1      {l1['entries']}/{s['samples']} ({l1['percent']:.1f} %), {_mib(l1['disk_bytes'])} "
-             f"on disk at {l1['path']}",
+             f"on disk at {l1['path']}" + (f"; {l1['error']}" if l1.get("error") else ""),
              f"L2      {l2['kind']}: {l2['present']}/{s['samples']} ({l2['percent']:.1f} %) under "
              f"{l2['namespace']}*"]
     for sh in l2["shards"]:
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"cachepipe stats: error: {exc}", file=sys.stderr)
         return 2
     try:
-        cache = cache_from_args(args)
+        cache = cache_from_args(args, save_manifest=False)  # stats never writes
     except (FileNotFoundError, ValueError) as exc:
         print(f"cachepipe stats: error: {exc}", file=sys.stderr)
         return 3

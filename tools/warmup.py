@@ -1,8 +1,10 @@
 """``cachepipe warmup SRC --cache-dir DIR``: fill L1 (LMDB mirror) and L2 (Redis) before training.
 
-Exit status: 0 done (corrupt files are listed), 1 corrupt files with ``--strict`` or L2
-writes that failed, 2 bad usage (flag values, URL schemes), 3 missing or invalid source, 4 unreachable Redis,
-5 L2 too small (the message says how much memory it needs), 6 L1 disk or map full.
+Exit status: 0 done (corrupt files are listed), 1 corrupt files with ``--strict``, L2
+writes that failed, or files that could not be read (after retries; the next run tries
+them again), 2 bad usage (flag values, URL schemes), 3 missing or invalid source, 4 unreachable Redis,
+5 L2 too small (the message says how much memory it needs), 6 L1 disk or map full, or the
+cache dir cannot be written.
 """
 from __future__ import annotations
 
@@ -39,12 +41,12 @@ def fail(message: str, code: int) -> int:
 
 
 def _summary(r: dict, node: str) -> str:
-    if r["nothing_to_do"]:
+    if r["nothing_to_do"] and not (r["recovered"] or r["unreadable"] or r["changed"]):
         line = (f"warmup: nothing to do: L1 and L2 already hold all {r['partition']} samples of "
                 f"{node} ({r['samples']} in total, fingerprint {r['fingerprint']}); "
                 f"checked in {r['seconds']:.2f} s")
         if r["known_corrupt"]:
-            line += f"; {len(r['known_corrupt'])} known corrupt file(s) skipped"
+            line += f"; {len(r['known_corrupt'])} known corrupt file(s) re-checked, still corrupt"
         return line
     lines = [f"warmup: {r['samples']} samples, {r['partition']} in {node} "
              f"(fingerprint {r['fingerprint']})",
@@ -53,10 +55,15 @@ def _summary(r: dict, node: str) -> str:
              f"({r['mb_per_s']:.2f} MB/s)"]
     if r["l2_write_errors"]:
         lines.append(f"  L2 write errors: {r['l2_write_errors']} (see warnings above)")
-    lines.append(f"  corrupt files: {len(r['corrupt'])}")
-    lines += [f"    {p}" for p in r["corrupt"][:20]]
-    if len(r["corrupt"]) > 20:
-        lines.append(f"    ... and {len(r['corrupt']) - 20} more (see --json)")
+    for key, title in (("corrupt", "corrupt files"),
+                       ("recovered", "formerly corrupt files that now decode (cached)"),
+                       ("unreadable", "unreadable files (not cached; retried next run)"),
+                       ("changed", "files changed since the scan (not cached; rescan)")):
+        if key == "corrupt" or r[key]:
+            lines.append(f"  {title}: {len(r[key])}")
+            lines += [f"    {p!r}" if not p.isprintable() else f"    {p}" for p in r[key][:20]]
+            if len(r[key]) > 20:
+                lines.append(f"    ... and {len(r[key]) - 20} more (see --json)")
     return "\n".join(lines)
 
 
@@ -76,6 +83,8 @@ def main(args: argparse.Namespace) -> int:
         cache = cache_from_args(args)
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         return fail(str(exc), EXIT_SOURCE)
+    except OSError as exc:  # read-only or full cache dir
+        return fail(f"cannot write the cache dir {args.cache_dir}: {exc}", EXIT_L1_FULL)
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
     try:
         with cache:
@@ -108,6 +117,9 @@ def main(args: argparse.Namespace) -> int:
     if report["l2_write_errors"]:
         return fail(f"{report['l2_write_errors']} L2 writes failed (out of memory or shard down)",
                     EXIT_CORRUPT)
+    if report["unreadable"]:
+        return fail(f"{len(report['unreadable'])} file(s) could not be read, e.g. "
+                    f"{report['unreadable'][0]!r}; run the warm-up again", EXIT_CORRUPT)
     if args.strict and report["corrupt"] + report.get("known_corrupt", []):
         return fail(f"{len(set(report['corrupt']) | set(report['known_corrupt']))} corrupt file(s) "
                     f"(--strict)", EXIT_CORRUPT)
