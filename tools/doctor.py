@@ -172,6 +172,8 @@ def _gpu_steps(tmp: Path, timeout: float) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.step_timeout <= 0:
+        raise SystemExit(f"cachepipe doctor: --step-timeout must be > 0, got {args.step_timeout:g}")
     results = checks()
     width = max(len(c["name"]) for c in results)
     for c in results:

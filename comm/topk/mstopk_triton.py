@@ -30,7 +30,8 @@ bits are a log-spaced histogram key that needs no range (no mean or max) beforeh
    operations, no FMA contraction, the same float32 rounding), and the band counts are
    summed. Host sync 2 reads the compaction counter, the thresholds and the counts (one
    transfer); ``select_from_candidates`` finishes with those counts without another
-   sync (the window offset is drawn on the generator's device, as in the torch path).
+   sync (NOTE [selection without syncs]; the window offset is drawn on the generator's
+   device, as in the torch path, so the indices are the torch path's).
 
 So a call reads ``x`` three times and waits for the device twice (``tests/comm/
 test_topk_gpu.py`` counts the reads). Only when every entry is a candidate (the band

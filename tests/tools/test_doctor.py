@@ -38,3 +38,8 @@ def test_doctor_gpu_without_a_gpu_says_so(tmp_path, capsys):
     assert cli_main(["doctor", "--gpu", "--json", str(tmp_path / "gpu.json")]) == 3
     assert "no CUDA device here" in capsys.readouterr().err
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_doctor_rejects_a_bad_step_timeout():
+    with pytest.raises(SystemExit, match="--step-timeout must be > 0"):
+        cli_main(["doctor", "--step-timeout", "0"])
