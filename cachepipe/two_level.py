@@ -27,6 +27,7 @@ from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
 from cachepipe.l2_store import SampleStore, open_store, warn_once
 from cachepipe.manifest import Manifest
+from cachepipe.private_files import private_dir
 from cachepipe.raw_levels import RawLevels
 from cachepipe.redis_url import redact_all
 from cachepipe.source import STAT_KEYS
@@ -86,8 +87,8 @@ class TwoLevelCache:
         root = source.root if isinstance(source, Manifest) else source
         self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
                                   l2_memory, timeout, use_l1, l1_map_size, follow_external_links)
-        if save_manifest and not os.path.isdir(self.config.cache_dir):
-            os.makedirs(self.config.cache_dir, mode=0o700)  # NOTE [private cache files]
+        if save_manifest:  # ranks race to create it: private_dir tolerates that
+            private_dir(self.config.cache_dir)  # NOTE [private cache files]
         if isinstance(source, Manifest):
             if save_manifest:
                 source.save(self.config.cache_dir)
