@@ -91,14 +91,25 @@ def test_unreachable_redis(src, cache_dir, redis_server, capsys):
     assert "unknown Redis URL scheme" in _err_line(capsys)
 
 
-def test_l2_too_small_says_how_much_it_needs(src, cache_dir, redis_servers, capsys):
+def test_l2_too_small_caches_a_fixed_subset_or_exits_5_with_require_full(src, cache_dir, redis_servers,
+                                                                          tmp_path, capsys):
     server = redis_servers(1, maxmemory="3mb")[0]
-    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", server.url,
-                 "--workers", "1", "--quiet"]) == 5
+    args = ["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", server.url, "--workers", "1", "--quiet"]
+    assert main(args + ["--require-full"]) == 5
     line = _err_line(capsys)
     assert f"L2 shard {server.url} is too small: 24 samples need ~" in line
-    assert "needs maxmemory >=" in line
+    assert "needs maxmemory >=" in line and line.endswith("(--require-full)")
     assert server.client().dbsize() == 0  # refused before writing anything
+    assert main(args + ["--json", str(tmp_path / "w.json")]) == 0
+    report = json.loads((tmp_path / "w.json").read_text())
+    cached = report["l2_cached"]
+    assert 0 < cached < 24 and report["l2_uncached"] == 24 - cached and report["l2_write_errors"] == 0
+    out = capsys.readouterr().out
+    assert f"L2 holds {cached}/24 samples of this node at 256 px" in out and "did not fit" in out
+    assert main(args) == 0  # the subset stays: nothing more fits
+    assert f"L2 holds {cached}/24 samples" in capsys.readouterr().out
+    assert main(args + ["--require-full"]) == 5
+    assert "(--require-full)" in _err_line(capsys)
 
 
 def test_strict_makes_corrupt_files_an_error(src, cache_dir, redis_server, capsys):
