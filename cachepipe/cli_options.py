@@ -13,7 +13,7 @@ __all__ = ["add_cache_arguments", "cache_from_args", "cache_sizes_from_args", "c
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``SRC --cache-dir --redis --redis-cluster --no-l2 --cache-size --replicas
-    --prefix --l2-memory --timeout --rescan --verify-files``."""
+    --prefix --l2-memory --timeout --rescan --follow-external-links --verify-files``."""
     parser.add_argument("source", metavar="SRC", help="ImageFolder root: SRC/<class>/<image file>")
     parser.add_argument("--cache-dir", required=True,
                         help="local directory for the manifest, the L1 LMDB mirror and the embedded Redis")
@@ -39,6 +39,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
     parser.add_argument("--rescan", action="store_true",
                         help="rescan the source instead of reusing the saved manifest")
+    parser.add_argument("--follow-external-links", action="store_true",
+                        help="follow symlinks in SRC that point outside it (default: skip them "
+                             "with a warning); pass it to warmup and train alike")
     parser.add_argument("--verify-files", action="store_true",
                         help="stat every file to decide whether the saved manifest is current "
                              "(catches files edited in place; otherwise directories only)")
@@ -95,9 +98,10 @@ def check_args(args: argparse.Namespace) -> None:
                 args.replicas, args.l2_memory, args.timeout)
 
 
-def cache_from_args(args: argparse.Namespace, cache_size: int | None = None) -> TwoLevelCache:
+def cache_from_args(args: argparse.Namespace, cache_size: int | None = None, *,
+                    save_manifest: bool = True) -> TwoLevelCache:
     """Open the :class:`TwoLevelCache` the flags describe, at ``cache_size`` (default: the
-    one size of ``--cache-size``, or 256).
+    one size of ``--cache-size``, or 256; ``save_manifest`` as there).
 
     Raises:
         FileNotFoundError, ValueError: as :class:`TwoLevelCache`; several ``--cache-size``
@@ -111,4 +115,5 @@ def cache_from_args(args: argparse.Namespace, cache_size: int | None = None) -> 
     return TwoLevelCache(args.source, args.cache_dir, redis_from_args(args), cache_size,
                          prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
                          timeout=args.timeout, verify="files" if args.verify_files else "dirs",
-                         rescan=args.rescan)
+                         rescan=args.rescan, save_manifest=save_manifest,
+                         follow_external_links=args.follow_external_links)

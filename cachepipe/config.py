@@ -1,11 +1,14 @@
 """Validated configuration of a :class:`~cachepipe.TwoLevelCache` (all that gets pickled)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 from cachepipe.embedded import parse_memory
 from cachepipe.l2_store import store_kind
+from cachepipe.netfs import check_cache_dir
+from cachepipe.redis_url import canonical, redact
 
 __all__ = ["CacheConfig", "normalize_redis"]
 
@@ -22,8 +25,10 @@ def normalize_redis(redis) -> tuple[str, ...] | None | bool:
         redis = [redis]
     if not isinstance(redis, (list, tuple)) or not all(isinstance(u, str) for u in redis):
         raise ValueError(f"redis must be None (embedded), False (no L2), a URL or a list of URLs; "
-                         f"got {redis!r}")
+                         f"got a {type(redis).__name__}")
     store_kind(redis)  # validates schemes
+    for url in redis:
+        canonical(url)  # validates port and db
     return tuple(redis)
 
 
@@ -42,6 +47,8 @@ class CacheConfig:
         timeout: Redis socket timeout in seconds.
         use_l1: keep the L1 mirror (``False``: L2 + source only).
         l1_map_size: LMDB map size in bytes (``None`` = from the manifest).
+        follow_external_links: the scan follows links leaving the source root (NOTE
+            [symlinks in the source]).
     """
 
     source: str
@@ -54,6 +61,12 @@ class CacheConfig:
     timeout: float = 1.0
     use_l1: bool = True
     l1_map_size: int | None = None
+    follow_external_links: bool = False
+
+    def __repr__(self) -> str:
+        redis = self.redis if self.redis in (None, False) else tuple(redact(u) for u in self.redis)
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "redis")
+        return f"CacheConfig(redis={redis!r}, {fields})"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", os.path.abspath(os.fspath(self.source)))
@@ -71,7 +84,8 @@ class CacheConfig:
             raise ValueError("replicas applies to plain shards; a Redis Cluster replicates by itself")
         if not 1 <= self.replicas <= n:
             raise ValueError(f"replicas must be in 1..{n} (the number of shards), got {self.replicas}")
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
+            raise ValueError(f"timeout (--timeout) must be a finite number of seconds > 0, got {self.timeout!r}")
         if self.l1_map_size is not None and self.l1_map_size < 1 << 16:
             raise ValueError(f"l1_map_size must be >= 64 KiB, got {self.l1_map_size}")
+        check_cache_dir(self.cache_dir)  # NOTE [cache dir on a network file system]

@@ -5,11 +5,13 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+import lmdb
 import numpy as np
 
+from cachepipe.decode import DECODER_TAG
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import L2UnavailableError
-from cachepipe.l1_mirror import L1Mirror
+from cachepipe.l1_guard import inspect_l1
 from cachepipe.l2_store import namespace, open_store
 
 __all__ = ["coverage"]
@@ -18,7 +20,7 @@ __all__ = ["coverage"]
 def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
     """Coverage of ``cache`` (a :class:`~cachepipe.TwoLevelCache`) per level.
 
-    Never starts the embedded server nor creates an L1 environment. L2 is scanned once
+    Never starts the embedded server nor writes to the cache dir. L2 is scanned once
     (``SCAN MATCH <prefix>:<fingerprint>:*`` on every shard), which finds every cached size.
 
     Args:
@@ -38,14 +40,19 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
     cfg = cache.config
     out = {"source": {"root": m.root, "samples": n, "classes": len(m.classes),
                       "bytes": m.total_bytes, "fingerprint": m.fingerprint}}
-    l1 = {"path": str(cache.l1_path), "entries": 0, "percent": 0.0, "disk_bytes": 0}
+    l1 = {"path": str(cache.l1_path), "entries": 0, "percent": 0.0, "disk_bytes": 0, "error": ""}
     if cfg.use_l1 and (cache.l1_path / "data.mdb").exists():
-        mirror = L1Mirror.shared(cache.l1_path, 1 << 20)  # LMDB keeps the file's larger map
-        try:
-            present = mirror.present()
-            l1.update(entries=sum(1 for i in present if i < n), disk_bytes=mirror.disk_bytes())
-        finally:
-            mirror.close()
+        mirror, problem = inspect_l1(cache.l1_path)  # read-only, writes nothing (NOTE [L1 guard])
+        if mirror is None:
+            l1["error"] = f"unusable: {problem} (reads bypass it; the next warm-up moves it aside)"
+        else:
+            try:
+                present = mirror.present()
+                l1.update(entries=sum(1 for i in present if i < n), disk_bytes=mirror.disk_bytes())
+            except lmdb.Error as exc:
+                l1["error"] = f"unreadable: {type(exc).__name__}: {exc}"
+            finally:
+                mirror.close()
     l1["percent"] = 100.0 * l1["entries"] / n if n else 0.0
     out["l1"] = l1
     l2 = {"kind": "none", "shards": [], "error": "", "sizes": []}
@@ -90,11 +97,13 @@ def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[d
     """One row per cached size, from one scan of this source's keys on every shard."""
     n = len(cache.manifest)
     base = f"{cache.config.prefix}:{cache.fingerprint}:".encode()
+    tag = DECODER_TAG.encode()  # keys of another decoder are never read (NOTE [decoder tag])
     present: dict[int, np.ndarray] = {}
     for key in store.scan(base.decode() + "*"):
-        size, _, index = key[len(base):].partition(b":")
-        if size.isdigit() and index.isdigit() and int(index) < n:
-            present.setdefault(int(size), np.zeros(n, dtype=bool))[int(index)] = True
+        parts = key[len(base):].split(b":")  # <size>:<decoder tag>:<index>
+        if len(parts) == 3 and parts[1] == tag and parts[0].isdigit() and parts[2].isdigit() \
+                and int(parts[2]) < n:
+            present.setdefault(int(parts[0]), np.zeros(n, dtype=bool))[int(parts[2])] = True
     rows = []
     for size in (sorted(present) if sizes is None else sizes):
         ns = open_store(urls, namespace(cache.config.prefix, cache.fingerprint, size), Counter(),

@@ -15,6 +15,14 @@ a cached sample equals what a torchvision validation pipeline would produce:
 - an image already at the target size is returned unchanged.
 No EXIF rotation is applied (torchvision's ``pil_loader`` does not either). JPEG ``draft``
 mode is not used: it changes pixels.
+
+NOTE [decoder tag]
+``DECODER_TAG`` names the pixels this module makes: the policy version above and the
+Pillow release (its decoders and resampling may change between releases). It is part
+of the L2 key namespace, so samples decoded by another policy or Pillow are never read
+as ours; bump ``_POLICY`` with any change that alters pixels. A value read back must
+also have a shape the policy can produce (:func:`possible_shape`): a checksummed
+``(0, 0, 3)`` or ``(7, 9, 3)`` at ``cache_size`` 256 is a foreign value, not a sample.
 """
 from __future__ import annotations
 
@@ -22,13 +30,34 @@ import io
 import warnings
 
 import numpy as np
+import PIL
 from PIL import Image, UnidentifiedImageError
 
 from cachepipe.errors import CorruptSampleError
 
-__all__ = ["MAX_ASPECT", "decode_and_resize", "resized_shape"]
+__all__ = ["DECODER_TAG", "MAX_ASPECT", "decode_and_resize", "possible_shape", "resized_shape"]
 
 MAX_ASPECT = 8
+_POLICY = 1
+DECODER_TAG = f"r{_POLICY}-pil{PIL.__version__}"
+
+
+def possible_shape(shape: tuple[int, ...], cache_size: int) -> bool:
+    """Whether the resize policy can produce an array of ``shape`` at ``cache_size``.
+
+    The shorter side is ``cache_size`` and the longer at most ``MAX_ASPECT`` times it,
+    or (capped panoramas) the longer side is exactly ``MAX_ASPECT * cache_size`` and the
+    shorter one between 1 and ``cache_size - 1``; always 3 channels.
+
+    Example:
+        >>> possible_shape((256, 341, 3), 256), possible_shape((0, 0, 3), 256)
+        (True, False)
+    """
+    if len(shape) != 3 or shape[2] != 3:
+        return False
+    short, long = sorted(shape[:2])
+    cap = MAX_ASPECT * cache_size
+    return (short == cache_size and long <= cap) or (long == cap and 1 <= short < cache_size)
 
 
 def resized_shape(height: int, width: int, cache_size: int) -> tuple[int, int]:

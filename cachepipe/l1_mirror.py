@@ -26,6 +26,8 @@ import lmdb
 
 from cachepipe.checksum import checksum64
 from cachepipe.errors import L1FullError
+from cachepipe.lmdb_check import lock_file_backed, reserve_lock_file
+from cachepipe.private_files import private_dir
 
 __all__ = ["L1Mirror"]
 
@@ -41,7 +43,8 @@ class L1Mirror:
     Args:
         path: environment directory (created).
         map_size: LMDB map size in bytes.
-        readonly: open without write access (for ``cachepipe stats``).
+        readonly: open without write access and without creating anything (for
+            ``cachepipe stats``; see NOTE [L1 guard] in ``l1_guard.py``).
 
     Example:
         >>> l1 = L1Mirror("/cache/0123abcd/l1", map_size=2**30)  # doctest: +SKIP
@@ -73,9 +76,14 @@ class L1Mirror:
         self.map_size = int(map_size)
         self.readonly = readonly
         if not readonly:
-            self.path.mkdir(parents=True, exist_ok=True)
+            private_dir(self.path)  # NOTE [private cache files]
+            reserve_lock_file(self.path)
+        # read-only: register as a reader only in an existing, writable, fully allocated
+        # lock file (so a concurrent writer keeps our pages); create or write nothing else
+        lock = not readonly or lock_file_backed(self.path)
         self.env = lmdb.open(str(self.path), map_size=self.map_size, max_dbs=2, readonly=readonly,
-                             metasync=False, readahead=False, lock=True, create=not readonly)
+                             metasync=False, readahead=False, lock=lock, create=not readonly,
+                             mode=0o600)
         self.empty = False
         if readonly:
             try:

@@ -13,6 +13,7 @@ from redis.retry import Retry
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.l2_store import PARTIAL_KEY, is_oom, warn_once
+from cachepipe.redis_url import redact
 
 __all__ = ["ClusterStore"]
 
@@ -25,7 +26,7 @@ def _node(url: str) -> ClusterNode:
     hostport = url.split("://", 1)[1].split("/", 1)[0]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"a cluster URL looks like redis-cluster://host:port, got {url!r}")
+        raise ValueError(f"a cluster URL looks like redis-cluster://host:port, got {redact(url)!r}")
     return ClusterNode(host, int(port))
 
 
@@ -43,7 +44,8 @@ class ClusterStore:
                  replicas: int = 1, timeout: float = 1.0) -> None:
         if replicas != 1:
             raise ValueError("replicas must be 1 for a Redis Cluster (it replicates by itself)")
-        self.urls = list(urls)
+        self.urls = [redact(u) for u in urls]  # messages only; _node() reads host and port
+        self._seeds = list(urls)
         self.namespace = namespace
         self.counters = counters
         self.timeout = timeout
@@ -54,7 +56,7 @@ class ClusterStore:
     @property
     def client(self) -> RedisCluster:
         if self._client is None:
-            self._client = RedisCluster(startup_nodes=[_node(u) for u in self.urls],
+            self._client = RedisCluster(startup_nodes=[_node(u) for u in self._seeds],
                                         socket_timeout=self.timeout,
                                         socket_connect_timeout=self.timeout,
                                         retry=Retry(NoBackoff(), 0))
@@ -142,7 +144,7 @@ class ClusterStore:
         except _ERRORS:
             self._client = None
             return {}
-        return {k.decode(): int(v) for k, v in fields.items()}
+        return {k.decode(errors="replace"): int(v) for k, v in fields.items() if v.isdigit()}
 
     def scan(self, match: str) -> Iterator[bytes]:
         try:  # redis-py scans every primary in turn

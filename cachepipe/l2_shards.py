@@ -13,6 +13,7 @@ from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.hashing import rendezvous_owners, shard_seed
 from cachepipe.l2_store import PARTIAL_KEY, is_oom, warn_once
+from cachepipe.redis_url import canonical, redact
 from cachepipe.resp_mget import MGetConnection
 
 __all__ = ["ShardedRedisStore", "make_client"]
@@ -27,6 +28,14 @@ def make_client(url: str, timeout: float) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
                                 health_check_interval=0, socket_read_size=_READ_SIZE)
+
+
+def _why(exc: BaseException) -> str:
+    """An error as one line; a reply that is not RESP says the server is not Redis."""
+    if isinstance(exc, redis.exceptions.InvalidResponse) or (
+            isinstance(exc, redis.ConnectionError) and "unexpected" in str(exc)):
+        return f"not a Redis server ({type(exc).__name__}: {exc})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 class ShardedRedisStore:
@@ -46,15 +55,17 @@ class ShardedRedisStore:
 
     def __init__(self, urls: Sequence[str], *, namespace: str, counters: Counter,
                  replicas: int = 1, timeout: float = 1.0) -> None:
-        if len(set(urls)) != len(urls):
-            raise ValueError(f"duplicate shard URLs: {list(urls)}")
+        names = [canonical(u) for u in urls]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate shard URLs: {[redact(u) for u in urls]}")
         if not 1 <= replicas <= len(urls):
             raise ValueError(f"replicas must be in 1..{len(urls)} (the number of shards), got {replicas}")
         self.urls = list(urls)
+        self.names = [redact(u) for u in urls]  # for messages (NOTE [Redis URL names])
         self.namespace = namespace
         self.counters = counters
         self.replicas = replicas
-        self.seeds = [shard_seed(u) for u in self.urls]
+        self.seeds = [shard_seed(n) for n in names]
         self.clients = [make_client(u, timeout) for u in self.urls]
         # NOTE [zero-copy MGET] (resp_mget.py): reads skip redis-py's copies, except over TLS
         self.readers = [None if u.startswith("rediss:") else MGetConnection(u, timeout) for u in self.urls]
@@ -71,7 +82,7 @@ class ShardedRedisStore:
     def _failed(self, s: int, exc: BaseException, what: str) -> None:
         self.health[s].failed(exc)
         self.counters["l2_errors"] += 1
-        warn_once(self._warned, f"down{s}", f"L2 shard {self.urls[s]} failed on {what} "
+        warn_once(self._warned, f"down{s}", f"L2 shard {self.names[s]} failed on {what} "
                   f"({type(exc).__name__}: {exc}); reading from replicas/L1/source and retrying "
                   f"it with backoff")
 
@@ -102,9 +113,9 @@ class ShardedRedisStore:
                     self._failed(int(s), exc, "read")
                     still.append(pos)
                     continue
-                except redis.ResponseError as exc:
+                except redis.RedisError as exc:  # a reply that is not Redis' (NOTE [Redis URL names])
                     self.counters["l2_errors"] += 1
-                    warn_once(self._warned, f"resp{s}", f"L2 shard {self.urls[s]} refused a read: {exc}")
+                    warn_once(self._warned, f"resp{s}", f"L2 shard {self.names[s]} refused a read: {exc}")
                     still.append(pos)
                     continue
                 self.health[s].succeeded()
@@ -136,7 +147,7 @@ class ShardedRedisStore:
                 pipe.set(self.key(items[p][0]), items[p][1])
             try:
                 results = pipe.execute(raise_on_error=False)
-            except _NET_ERRORS as exc:
+            except (*_NET_ERRORS, redis.RedisError) as exc:
                 self._failed(int(s), exc, "write")
                 self.counters["l2_write_errors"] += len(pos)
                 continue
@@ -146,11 +157,11 @@ class ShardedRedisStore:
                     self.counters["l2_write_errors"] += 1
                     if is_oom(r):
                         self.counters["l2_oom"] += 1
-                        warn_once(self._warned, f"oom{s}", f"L2 shard {self.urls[s]} is out of memory "
+                        warn_once(self._warned, f"oom{s}", f"L2 shard {self.names[s]} is out of memory "
                                   f"(maxmemory reached): samples it cannot hold are served from "
                                   f"L1/source; raise --l2-memory or add shards")
                     else:
-                        warn_once(self._warned, f"werr{s}", f"L2 shard {self.urls[s]} refused a write: {r}")
+                        warn_once(self._warned, f"werr{s}", f"L2 shard {self.names[s]} refused a write: {r}")
                 else:
                     stored[p] = True
         return int(stored.sum())
@@ -170,14 +181,14 @@ class ShardedRedisStore:
                     pipe.exists(self.key(int(idx[p])))
                 try:
                     found = pipe.execute()
-                except (*_NET_ERRORS, redis.ResponseError) as exc:
-                    raise L2UnavailableError(f"cannot reach L2 shard {self.urls[s]}: {exc}") from None
+                except (*_NET_ERRORS, redis.RedisError) as exc:
+                    raise L2UnavailableError(f"cannot reach L2 shard {self.names[s]}: {_why(exc)}") from None
                 lacking[chunk[~np.asarray(found, dtype=bool)]] = True
         return idx[lacking].tolist()
 
     def shard_info(self) -> list[dict]:
         info = []
-        for url, client in zip(self.urls, self.clients):
+        for url, client in zip(self.names, self.clients):
             row = {"url": url, "reachable": False, "used_memory": 0, "maxmemory": 0, "keys": 0,
                    "policy": "", "error": ""}
             try:
@@ -186,20 +197,20 @@ class ShardedRedisStore:
                            maxmemory=int(mem.get("maxmemory", 0)), keys=int(client.dbsize()),
                            policy=str(mem.get("maxmemory_policy", "")),
                            system_memory=int(mem.get("total_system_memory", 0)))
-            except (*_NET_ERRORS, redis.ResponseError) as exc:
-                row["error"] = f"{type(exc).__name__}: {exc}"
+            except (*_NET_ERRORS, redis.RedisError) as exc:
+                row["error"] = _why(exc)
             info.append(row)
         return info
 
     def mark_partial(self, node: str, uncached: int) -> None:
-        for url, client in zip(self.urls, self.clients):  # on every shard: any one answers readers
+        for name, client in zip(self.names, self.clients):  # on every shard: any one answers readers
             try:
                 if uncached > 0:
                     client.hset(self.namespace + PARTIAL_KEY, node, uncached)
                 else:
                     client.hdel(self.namespace + PARTIAL_KEY, node)
-            except (*_NET_ERRORS, redis.ResponseError) as exc:
-                raise L2UnavailableError(f"cannot reach L2 shard {url}: {exc}") from None
+            except (*_NET_ERRORS, redis.RedisError) as exc:
+                raise L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}") from None
 
     def partial(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -208,17 +219,17 @@ class ShardedRedisStore:
                 continue
             try:
                 fields = client.hgetall(self.namespace + PARTIAL_KEY)
-            except (*_NET_ERRORS, redis.ResponseError):
+            except (*_NET_ERRORS, redis.RedisError):
                 continue
-            out.update({k.decode(): int(v) for k, v in fields.items()})
+            out.update({k.decode(errors="replace"): int(v) for k, v in fields.items() if v.isdigit()})
         return out
 
     def scan(self, match: str) -> Iterator[bytes]:
-        for url, client in zip(self.urls, self.clients):
+        for name, client in zip(self.names, self.clients):
             try:
                 yield from client.scan_iter(match=match, count=_CHUNK * 4)
-            except (*_NET_ERRORS, redis.ResponseError) as exc:
-                raise L2UnavailableError(f"cannot reach L2 shard {url}: {exc}") from None
+            except (*_NET_ERRORS, redis.RedisError) as exc:
+                raise L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}") from None
 
     def close(self) -> None:
         for c in [*self.clients, *filter(None, self.readers)]:

@@ -1,9 +1,10 @@
 """L2 store protocol and the registry that picks an implementation from the Redis URLs.
 
 A store maps sample indices to encoded values (see NOTE [L2 value format]) under one key
-namespace ``<prefix>:<fingerprint>:<cache_size>:`` (:func:`namespace`); each cached size
-has its own, so several sizes coexist in one Redis. Besides the values, a namespace holds
-one hash ``<namespace>partial`` (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``). Implementations never raise on a
+namespace ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` (:func:`namespace`);
+each cached size has its own, so several sizes coexist in one Redis. Besides the values,
+a namespace holds one hash ``<namespace>partial`` (NOTE [fixed L2 subset] in
+``cachepipe/warmup.py``). Implementations never raise on a
 failed read or write: they count it in ``counters`` (a ``collections.Counter``), warn,
 and report a miss. Only the explicit checks (``missing``, ``shard_info``) raise
 :class:`~cachepipe.errors.L2UnavailableError`.
@@ -15,7 +16,9 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
+from cachepipe.decode import DECODER_TAG
 from cachepipe.errors import CacheWarning
+from cachepipe.redis_url import redact
 
 __all__ = ["PARTIAL_KEY", "STORES", "SampleStore", "is_oom", "namespace", "open_store", "store_kind", "warn_once"]
 
@@ -23,8 +26,9 @@ PARTIAL_KEY = "partial"  # <namespace>partial: NOTE [fixed L2 subset]
 
 
 def namespace(prefix: str, fingerprint: str, cache_size: int) -> str:
-    """The key prefix ``<prefix>:<fingerprint>:<cache_size>:`` of one cached size of a source."""
-    return f"{prefix}:{fingerprint}:{cache_size}:"
+    """The key prefix ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` of one cached
+    size of a source (NOTE [decoder tag] in ``cachepipe/decode.py``)."""
+    return f"{prefix}:{fingerprint}:{cache_size}:{DECODER_TAG}:"
 
 
 @runtime_checkable
@@ -103,11 +107,11 @@ def store_kind(urls: Sequence[str]) -> str:
     for url in urls:
         scheme = url.split("://", 1)[0] if "://" in url else ""
         if scheme not in STORES:
-            raise ValueError(f"unknown Redis URL scheme in {url!r}; valid schemes: "
+            raise ValueError(f"unknown Redis URL scheme in {redact(url)!r}; valid schemes: "
                              + ", ".join(f"{s}://" for s in STORES))
         schemes.add("redis-cluster" if scheme == "redis-cluster" else "redis")
     if len(schemes) > 1:
-        raise ValueError(f"cannot mix redis-cluster:// and plain shard URLs: {list(urls)}")
+        raise ValueError(f"cannot mix redis-cluster:// and plain shard URLs: {[redact(u) for u in urls]}")
     return schemes.pop()
 
 

@@ -30,6 +30,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cachepipe.private_files import private_dir, write_private
+from cachepipe.scan import Walker
+
 __all__ = ["IMG_EXTENSIONS", "Manifest"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -38,15 +41,13 @@ _RACY_SECONDS = 2.0
 
 
 def _atomic_write_json(path: Path, obj: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    private_dir(path.parent)  # NOTE [private cache files]
+    # ensure_ascii keeps non-UTF-8 names (surrogate escapes) as \udcXX escapes
+    write_private(path, json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode())
 
 
 def _source_key(root: str) -> str:
-    return hashlib.sha256(root.encode()).hexdigest()[:16]
+    return hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
 
 
 def _readable(path: Path) -> bool:
@@ -62,8 +63,10 @@ class Manifest:
     """An ImageFolder tree (``<root>/<class>/**/<file>``) frozen into a sample list.
 
     Same classes, ``class_to_idx``, sample order and extensions as torchvision's
-    ``ImageFolder``: class folders sorted by name, files found by ``os.walk`` (symlinks
-    followed) in sorted order, extensions in :data:`IMG_EXTENSIONS`, case-insensitive.
+    ``ImageFolder``: class folders sorted by name, files found by walking each class
+    folder in sorted order, extensions in :data:`IMG_EXTENSIONS`, case-insensitive;
+    symlinks are followed only inside the root and each real directory is walked once
+    (NOTE [symlinks in the source]).
 
     Attributes:
         root: absolute source root (str).
@@ -96,12 +99,13 @@ class Manifest:
         self.samples = list(zip(self.relpaths, self.targets))
         self.dir_mtimes = dict(dir_mtimes or {})
         self.scanned_at = scanned_at
+        self.follow_external_links = False  # how the scan treated links (pointer reuse)
         h = hashlib.sha256(f"cachepipe-manifest-v{_FORMAT}\0".encode())
         for c in self.classes:
-            h.update(c.encode() + b"\0")
+            h.update(os.fsencode(c) + b"\0")
         h.update(b"\1")
         for rel, lab, size, mt in zip(self.relpaths, self.targets, self.sizes, self.mtimes):
-            h.update(f"{rel}\0{lab}\0{size}\0{mt}\n".encode())
+            h.update(os.fsencode(rel) + f"\0{lab}\0{size}\0{mt}\n".encode())
         self.fingerprint = h.hexdigest()[:16]
 
     def __len__(self) -> int:
@@ -121,8 +125,9 @@ class Manifest:
 
     # -- scanning ---------------------------------------------------------------------
     @classmethod
-    def scan(cls, root: str | os.PathLike) -> Manifest:
-        """Walk ``root`` with torchvision ``ImageFolder`` rules.
+    def scan(cls, root: str | os.PathLike, *, follow_external_links: bool = False) -> Manifest:
+        """Walk ``root`` with torchvision ``ImageFolder`` rules, links as NOTE [symlinks in
+        the source] says (``follow_external_links`` also follows links leaving the root).
 
         Raises:
             FileNotFoundError: ``root`` does not exist or is not a directory.
@@ -135,7 +140,8 @@ class Manifest:
         started = time.time()
         with os.scandir(root) as it:
             entries = list(it)
-        classes = sorted(e.name for e in entries if e.is_dir())
+        walker = Walker(root, follow_external_links)
+        classes = walker.classes(root)
         if not classes:
             files = sorted(e.name for e in entries)
             shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
@@ -144,11 +150,12 @@ class Manifest:
                              + (f": {shown}" if files else ""))
         dir_mtimes = {".": os.stat(root).st_mtime_ns}
         relpaths, labels, sizes, mtimes, empty = [], [], [], [], []
+        class_dirs = [os.path.join(root, name) for name in classes]
         for label, name in enumerate(classes):
             before = len(relpaths)
-            for dirpath, _, fnames in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            for dirpath, fnames in walker.walk(class_dirs[label]):
                 dir_mtimes[os.path.relpath(dirpath, root)] = os.stat(dirpath).st_mtime_ns
-                for fname in sorted(fnames):
+                for fname in fnames:
                     if not fname.lower().endswith(IMG_EXTENSIONS):
                         continue
                     full = os.path.join(dirpath, fname)
@@ -162,11 +169,14 @@ class Manifest:
                     mtimes.append(st.st_mtime_ns)
             if len(relpaths) == before:
                 empty.append(name)
+        walker.warn()
         if empty:
-            shown = ", ".join(empty[:5]) + (", ..." if len(empty) > 5 else "")
+            shown = ", ".join(repr(e) for e in empty[:5]) + (", ..." if len(empty) > 5 else "")
             raise ValueError(f"{len(empty)} of {len(classes)} class folders in {root!r} hold no image "
                              f"file ({'/'.join(IMG_EXTENSIONS)}): {shown}")
-        return cls(root, classes, relpaths, labels, sizes, mtimes, dir_mtimes, started)
+        m = cls(root, classes, relpaths, labels, sizes, mtimes, dir_mtimes, started)
+        m.follow_external_links = follow_external_links
+        return m
 
     # -- persistence --------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -193,7 +203,8 @@ class Manifest:
             _atomic_write_json(path, self.to_json())
         _atomic_write_json(cache_dir / "sources" / f"{_source_key(self.root)}.json",
                            {"root": self.root, "fingerprint": self.fingerprint,
-                            "dir_mtimes": self.dir_mtimes, "scanned_at": self.scanned_at})
+                            "dir_mtimes": self.dir_mtimes, "scanned_at": self.scanned_at,
+                            "follow_external_links": self.follow_external_links})
         return path
 
     @classmethod
@@ -229,7 +240,8 @@ class Manifest:
 
     @classmethod
     def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *,
-                     verify: str = "dirs", rescan: bool = False) -> Manifest:
+                     verify: str = "dirs", rescan: bool = False, save: bool = True,
+                     follow_external_links: bool = False) -> Manifest:
         """Reuse the saved manifest of ``root`` if unchanged, else scan and save.
 
         Args:
@@ -239,6 +251,9 @@ class Manifest:
                 files) or ``"files"`` (also stat every file: catches in-place edits).
                 See NOTE [manifest reuse].
             rescan: always scan.
+            save: write a new scan to ``cache_dir`` (``False``: change nothing there).
+            follow_external_links: as :meth:`scan`; a saved scan made with the other
+                setting is not reused.
 
         Raises:
             FileNotFoundError, ValueError: as :meth:`scan`; ValueError for a bad ``verify``.
@@ -257,15 +272,19 @@ class Manifest:
                 fingerprint = ptr["fingerprint"]
                 m = cls.load(cache_dir, fingerprint)
                 m.dir_mtimes, m.scanned_at = ptr["dir_mtimes"], ptr["scanned_at"]
-                if m.root == root and m._unchanged(verify):
+                m.follow_external_links = bool(ptr.get("follow_external_links", False))
+                if m.root == root and m.follow_external_links == follow_external_links and m._unchanged(verify):
                     return m
             except (OSError, ValueError, KeyError, TypeError):
                 # unreadable pointer or manifest: drop them so the rescan rewrites them
+                if not save:
+                    return cls.scan(root, follow_external_links=follow_external_links)
                 pointer.unlink(missing_ok=True)
                 if isinstance(fingerprint, str):
                     bad = Path(cache_dir) / fingerprint / "manifest.json"
                     if not _readable(bad):
                         bad.unlink(missing_ok=True)
-        m = cls.scan(root)
-        m.save(cache_dir)
+        m = cls.scan(root, follow_external_links=follow_external_links)
+        if save:
+            m.save(cache_dir)
         return m

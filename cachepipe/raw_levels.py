@@ -5,8 +5,11 @@ The lower half of the two-level cache: the decoded L2 sits above it in
 """
 from __future__ import annotations
 
+import errno
 import warnings
 from collections import Counter
+
+import lmdb
 
 from cachepipe.errors import CacheWarning, L1FullError
 from cachepipe.l1_mirror import L1Mirror
@@ -34,10 +37,15 @@ class RawLevels:
         self.counters = counters
         self.reader = SourceReader(threads)
         self.l1_writable = True
+        self.changed: set[int] = set()  # of the last read: bytes that do not match the manifest
         self._warned: set = set()
 
     def read(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
         """Raw bytes of ``need``; an unreadable file maps to its ``OSError``.
+
+        Bytes whose file no longer has the manifest's size and mtime are returned (they
+        are the file as it is now) but never stored: their indices are in ``self.changed``
+        after the call, so the caller keeps them out of L2 too (NOTE [changed files]).
 
         Args:
             need: sample indices.
@@ -47,7 +55,11 @@ class RawLevels:
         c, m = self.counters, self.manifest
         raw: dict[int, bytes | OSError] = {}
         if self.l1 is not None:
-            values, corrupt = self.l1.get_many(need)
+            try:
+                values, corrupt = self.l1.get_many(need)
+            except lmdb.Error as exc:  # NOTE [L1 guard]: bypass it, never fail the read
+                values, corrupt = [None] * len(need), []
+                self._bypass_l1(exc)
             if corrupt:
                 c["l1_corrupt"] += len(corrupt)
                 warn_once(self._warned, "l1corrupt", f"L1 entries failed verification (e.g. sample "
@@ -55,34 +67,50 @@ class RawLevels:
             raw = {i: v for i, v in zip(need, values) if v is not None}
             c["l1_hits"] += len(raw)
             c["l1_misses"] += len(need) - len(raw)
+        self.changed = set()
         todo = [i for i in need if i not in raw]
         if not todo:
             return raw
         fresh = []
-        for i, data in zip(todo, self.reader.read([m.path(i) for i in todo])):
-            raw[i] = data
-            if isinstance(data, OSError):
-                warnings.warn(f"cannot read {m.path(i)}: {data}", CacheWarning, stacklevel=3)
+        expect = [(m.sizes[i], m.mtimes[i]) for i in todo]
+        for i, got in zip(todo, self.reader.read([m.path(i) for i in todo], expect)):
+            if isinstance(got, OSError):
+                raw[i] = got
+                warnings.warn(f"cannot read {m.path(i)!r}: {got}", CacheWarning, stacklevel=3)
                 c["source_errors"] += 1
                 continue
+            raw[i] = got.data
             c["source_reads"] += 1
-            c["source_bytes"] += len(data)
-            if len(data) != m.sizes[i]:
+            c["source_bytes"] += got.size
+            if (got.size, got.mtime_ns) != (m.sizes[i], m.mtimes[i]):
                 c["source_changed"] += 1
-                warn_once(self._warned, "changed", f"{m.relpaths[i]} has {len(data)} bytes, the "
-                          f"manifest says {m.sizes[i]}: the source changed since it was scanned "
-                          f"(rescan to refresh the cache)")
-            fresh.append((i, data))
+                self.changed.add(i)
+                warn_once(self._warned, "changed", f"{m.relpaths[i]!r} has {got.size} bytes and mtime "
+                          f"{got.mtime_ns}, the manifest says {m.sizes[i]} and {m.mtimes[i]}: the "
+                          f"source changed since it was scanned; served but not cached (rescan to "
+                          f"refresh the cache)")
+                continue
+            fresh.append((i, got.data))
         if self.l1 is not None and fresh and (self.l1_writable or strict_l1):
             try:
                 c["l1_writes"] += self.l1.put_many(fresh)
-            except L1FullError as exc:
+            except (L1FullError, lmdb.Error) as exc:
                 if strict_l1:
-                    raise
+                    raise L1FullError(errno.ENOSPC, f"cannot write L1 mirror {self.l1.path}: {exc}") from None
                 self.l1_writable = False
                 c["l1_write_errors"] += len(fresh)
                 warnings.warn(f"{exc}; L1 writes are off in this process", CacheWarning, stacklevel=3)
+        elif self.l1 is not None and fresh and strict_l1:
+            raise L1FullError(errno.EROFS, f"L1 mirror {self.l1.path} cannot be written here "
+                              f"(read-only); warm-up needs a writable cache dir")
         return raw
+
+    def _bypass_l1(self, exc: BaseException) -> None:
+        self.counters["l1_errors"] += 1
+        warnings.warn(f"L1 mirror {self.l1.path} failed a read ({type(exc).__name__}: {exc}); L1 is "
+                      f"bypassed in this process: reads come from L2 and the source", CacheWarning,
+                      stacklevel=4)
+        self.l1 = None
 
     def close(self) -> None:
         self.reader.close()

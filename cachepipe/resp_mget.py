@@ -21,6 +21,8 @@ import numpy as np
 import redis
 from redis.connection import parse_url
 
+from cachepipe.redis_url import redact
+
 __all__ = ["MGetConnection"]
 
 _MAX_LINE = 512  # longest RESP framing line accepted (a length or an error message)
@@ -50,7 +52,7 @@ class MGetConnection:
         kw = parse_url(url)
         if kw.get("connection_class") not in (None, redis.UnixDomainSocketConnection):
             raise ValueError(f"MGetConnection speaks plain TCP and Unix sockets, not {url.split(':', 1)[0]}://")
-        self.url = url
+        self.url = redact(url)  # only used in messages
         self.timeout = timeout
         self._path = kw.get("path")
         self._address = (kw.get("host", "localhost"), int(kw.get("port", 6379)))

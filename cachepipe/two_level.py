@@ -19,20 +19,27 @@ from pathlib import Path
 import numpy as np
 
 from cachepipe.config import CacheConfig
-from cachepipe.decode import decode_and_resize
+from cachepipe.decode import DECODER_TAG, decode_and_resize, possible_shape
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CorruptSampleError
+from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
 from cachepipe.l2_store import SampleStore, namespace, open_store, warn_once
 from cachepipe.manifest import Manifest
 from cachepipe.raw_levels import RawLevels
+from cachepipe.redis_url import redact
 from cachepipe.source import STAT_KEYS
 
 __all__ = ["TwoLevelCache"]
 
-_INHERITED: list = []  # handles from a parent process; see NOTE [per-process handles]
+_INHERITED: list = []
+  # handles from a parent process; see NOTE [per-process handles]
 _SOURCE_THREADS = 8
+
+
+def _printable(redis):
+    return redis if redis in (None, False) else tuple(redact(u) for u in redis)
 
 
 class TwoLevelCache:
@@ -52,7 +59,7 @@ class TwoLevelCache:
             shards (rendezvous hashing of the index); ``"redis-cluster://host:port"``: a
             Redis Cluster; ``False``: no L2.
         cache_size: shorter side of cached samples (see NOTE [resize policy]).
-        prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<index>``.
+        prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:<index>``.
         replicas: copies of each L2 value on distinct shards.
         l2_memory: embedded server's maxmemory (``"4gb"``, ``"25%"``, bytes); ``None`` keeps
             a running server's setting and starts a new one at 25 % of RAM.
@@ -61,6 +68,10 @@ class TwoLevelCache:
         l1_map_size: LMDB map size in bytes (default: 2x the source bytes + 64 MiB).
         verify: manifest reuse check, ``"dirs"`` or ``"files"`` (see NOTE [manifest reuse]).
         rescan: always rescan the source.
+        follow_external_links: follow symlinks that leave the source root (default: skip
+            them with a warning; NOTE [symlinks in the source]).
+        save_manifest: write a new scan to ``cache_dir`` (``False`` for inspection only,
+            as ``cachepipe stats``: with it and without using L1/L2, nothing is written).
 
     Raises:
         FileNotFoundError: the source does not exist.
@@ -76,15 +87,21 @@ class TwoLevelCache:
                  redis: None | bool | str | list[str] = None, cache_size: int = 256, *,
                  prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
                  timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
-                 verify: str = "dirs", rescan: bool = False) -> None:
+                 verify: str = "dirs", rescan: bool = False, save_manifest: bool = True,
+                 follow_external_links: bool = False) -> None:
         root = source.root if isinstance(source, Manifest) else source
         self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
-                                  l2_memory, timeout, use_l1, l1_map_size)
+                                  l2_memory, timeout, use_l1, l1_map_size, follow_external_links)
+        if save_manifest and not os.path.isdir(self.config.cache_dir):
+            os.makedirs(self.config.cache_dir, mode=0o700)  # NOTE [private cache files]
         if isinstance(source, Manifest):
-            source.save(self.config.cache_dir)
+            if save_manifest:
+                source.save(self.config.cache_dir)
             self._manifest = source
         else:
-            self._manifest = Manifest.load_or_scan(root, self.config.cache_dir, verify=verify, rescan=rescan)
+            self._manifest = Manifest.load_or_scan(root, self.config.cache_dir, verify=verify,
+                                                   rescan=rescan, save=save_manifest,
+                                                   follow_external_links=follow_external_links)
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
 
@@ -116,8 +133,9 @@ class TwoLevelCache:
         cfg = self.config
         if cfg.use_l1:
             map_size = cfg.l1_map_size or 2 * self.manifest.total_bytes + (64 << 20)
-            self._l1 = L1Mirror.shared(self.l1_path, map_size)
+            self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS)
+        self._raw.l1_writable = self._l1 is not None and writable
         if cfg.redis is not False:
             urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
             self._store = open_store(urls, self.namespace, self.counters,
@@ -138,7 +156,7 @@ class TwoLevelCache:
 
     @property
     def namespace(self) -> str:
-        """L2 key prefix ``<prefix>:<fingerprint>:<cache_size>:``."""
+        """L2 key prefix ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` (NOTE [decoder tag])."""
         return namespace(self.config.prefix, self._fingerprint, self.config.cache_size)
 
     @property
@@ -213,8 +231,9 @@ class TwoLevelCache:
                     continue
                 try:
                     arr = decode_sample(value, i, copy=copy)
-                    if arr.shape[2] != 3:
-                        raise ValueError(f"{arr.shape[2]} channels, not 3")
+                    if not possible_shape(arr.shape, self.config.cache_size):  # NOTE [decoder tag]
+                        raise ValueError(f"shape {arr.shape} is impossible at cache size "
+                                         f"{self.config.cache_size}")
                     result[i] = arr
                     c["l2_bytes"] += len(value)
                 except ValueError as exc:
@@ -240,7 +259,7 @@ class TwoLevelCache:
                     errors_seen.append(exc)
                     continue
                 result[i] = arr
-                if self._store is not None:
+                if self._store is not None and i not in self._raw.changed:
                     encoded.append((i, encode_sample(i, arr)))
             if encoded and self._writes_back():
                 c["l2_writes"] += self._store.put_many(encoded)
@@ -265,6 +284,8 @@ class TwoLevelCache:
         (it starts empty and refills from L1 as samples are read)."""
         health = getattr(self._store, "health", None)
         if self.config.redis is None and health and health[0].failures and health[0].available():
+            if self.embedded_server().identity() is not None:
+                return  # ours and alive, only busy: never restarted under a reader (NOTE [server identity])
             try:
                 if self.embedded_server(start=True):
                     self.counters["l2_restarts"] += 1
@@ -285,6 +306,8 @@ class TwoLevelCache:
         backoff), ``l2_fallbacks`` (served by a replica), ``l2_oom``, ``l2_write_errors``,
         ``l2_restarts`` (embedded server restarted after it died),
         ``l1_hits``, ``l1_misses``, ``l1_writes``, ``l1_corrupt``, ``l1_write_errors``,
+        ``l1_errors`` (L1 bypassed: cannot be opened or read), ``l1_quarantined`` (a broken
+        L1 moved aside, NOTE [L1 guard]),
         ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
         ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.
         """
@@ -315,5 +338,5 @@ class TwoLevelCache:
 
     def __repr__(self) -> str:
         return (f"TwoLevelCache(source={self.config.source!r}, cache_dir={self.config.cache_dir!r}, "
-                f"redis={self.config.redis!r}, cache_size={self.config.cache_size}, "
+                f"redis={_printable(self.config.redis)!r}, cache_size={self.config.cache_size}, "
                 f"fingerprint={self._fingerprint!r})")

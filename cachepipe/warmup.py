@@ -8,6 +8,15 @@ parallel without overlap. L1 is a per-node local disk mirror: by default (``l1_s
 Work is found by asking each level what it lacks (LMDB keys, pipelined EXISTS), so a
 killed run resumes where it stopped and a finished one has nothing to do.
 
+NOTE [corrupt files]
+A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NOTE
+[stable reads] in ``source.py``) of bytes that match the manifest's size and mtime does
+not decode. A file that cannot be read (after retries), or that changed since the scan,
+is reported as such and simply stays missing from the levels: the next warm-up tries it
+again. Recorded files are re-checked by every warm-up: their L1 entries are dropped,
+they are read from the source again, and a file that now decodes is cleared from the
+record and cached. So a restored file never stays "corrupt".
+
 NOTE [fixed L2 subset]
 A source larger than L2 (ImageNet decoded at 256 px is ~300 GB) is cached in part: the
 warm-up writes as many samples of this node's partition as the shards have room for,
@@ -16,20 +25,19 @@ Training reads every sample once per epoch in a new order, so a policy that repl
 cached samples (LRU, or loaders writing their misses back) moves data in and out of L2
 every epoch without raising the hit rate above the fraction that fits; a fixed subset
 gives that fraction with no churn (CoorDL's MinIO policy, Mohan et al., VLDB 2021). The
-warm-up records how many samples of its partition it left out in the hash
-``<namespace>partial`` (field ``"<node_rank>/<num_nodes>"``) on every shard, and clears
-its field once a later run covers the partition. A ``TwoLevelCache`` that finds the
-hash non-empty never writes its misses to L2: they are read from L1 and decoded, with no
-warning. Writes refused for ``maxmemory`` during the warm-up (the size estimate was low,
-or another node filled the room first) leave those samples out like the rest; they are
-not errors. ``require_full`` (``--require-full``) refuses to start when the partition
-does not fit, as before, and the CLI then exits 5.
+warm-up records how many samples of its partition it left out for lack of room in the
+hash ``<namespace>partial`` (field ``"<node_rank>/<num_nodes>"``) on every shard, and
+clears its field once a later run covers the partition. A ``TwoLevelCache`` that finds
+the hash non-empty never writes its misses to L2: they are read from L1 and decoded,
+with no warning. Writes refused for ``maxmemory`` during the warm-up (the size estimate
+was low, or another node filled the room first) leave those samples out like the rest;
+they are not errors. ``require_full`` (``--require-full``) refuses to start when the
+partition does not fit, as before, and the CLI then exits 5.
 """
 from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import sys
 import time
 import warnings
@@ -40,8 +48,11 @@ from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting
 from cachepipe.decode import decode_and_resize
 from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
 from cachepipe.l2_codec import encode_sample
+from cachepipe.private_files import write_private
 
 __all__ = ["L2TooSmallError", "known_corrupt", "plan_warmup", "warm_chunk", "warmup"]
+
+_SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors")
 
 
 class L2TooSmallError(MemoryError):
@@ -61,18 +72,15 @@ def known_corrupt(cache) -> set[int]:
         return set()
 
 
-def _record_corrupt(cache, indices: set[int]) -> None:
-    path = _corrupt_path(cache)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".corrupt.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(sorted(known_corrupt(cache) | indices)))
-    os.replace(tmp, path)
+def _save_corrupt(cache, indices: set[int]) -> None:
+    write_private(_corrupt_path(cache), json.dumps(sorted(indices)).encode())
 
 
 def plan_warmup(cache, *, node_rank: int = 0, num_nodes: int = 1, l1_scope: str = "all",
                 limit: int | None = None):
     """Return ``(l1_todo, l2_todo)``: sorted indices missing from L1 and from L2
-    (among the first ``limit`` samples when given).
+    (among the first ``limit`` samples when given), plus, in both, this node's known
+    corrupt files, which every warm-up re-checks (NOTE [corrupt files]).
 
     Raises:
         ValueError: bad partition arguments or ``l1_scope``.
@@ -84,17 +92,24 @@ def plan_warmup(cache, *, node_rank: int = 0, num_nodes: int = 1, l1_scope: str 
         raise ValueError(f"l1_scope must be one of 'all', 'partition'; got {l1_scope!r}")
     n = len(cache) if limit is None else min(limit, len(cache))
     part = list(range(node_rank, n, num_nodes))
+    bad = {i for i in known_corrupt(cache) if i < n and i % num_nodes == node_rank}
     l1_todo: list[int] = []
     if cache.l1 is not None:
-        present = cache.l1.present()
+        present = cache.l1.present() - bad
         l1_todo = [i for i in (range(n) if l1_scope == "all" else part) if i not in present]
     l2_todo = cache.store.missing(part) if cache.store is not None else []
-    bad = known_corrupt(cache)  # the fingerprint pins their bytes: decoding again cannot help
-    return l1_todo, sorted(i for i in l2_todo if i not in bad)
+    return l1_todo, sorted(set(l2_todo) | bad)
 
 
 def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
     """Mirror ``indices`` into L1 and decode ``l2_indices`` into L2 (one batch each).
+
+    Returns:
+        Counts (``done``, ``l1_written``, ``l2_written``, ``l2_full`` (refused for
+        maxmemory: NOTE [fixed L2 subset]), ``bytes_read``, ``l2_write_errors`` (other
+        failures)) and index lists: ``corrupt`` (stable, unchanged bytes that do
+        not decode), ``unreadable`` (read errors after retries), ``changed`` (the file
+        differs from the manifest), ``decoded``.
 
     Raises:
         L1FullError: the L1 map or disk is full.
@@ -102,12 +117,16 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
     before = Counter(cache.counters)
     cache._open()
     raw = cache._read_raw(indices, strict_l1=True)
-    corrupt, encoded = [], []
+    changed = set(cache._raw.changed)
+    corrupt, unreadable, encoded = [], [], []
     for i in l2_indices:
+        data = raw[i]
+        if isinstance(data, OSError):
+            unreadable.append(i)
+            continue
+        if i in changed:
+            continue
         try:
-            data = raw[i]
-            if isinstance(data, Exception):
-                raise CorruptSampleError(f"cannot read the file ({data})", index=i)
             encoded.append((i, encode_sample(i, decode_and_resize(data, cache.config.cache_size, index=i))))
         except CorruptSampleError:
             corrupt.append(i)
@@ -119,7 +138,12 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
     return {"done": len(indices), "l1_written": after["l1_writes"] - before["l1_writes"],
             "l2_written": l2_written, "bytes_read": after["source_bytes"] - before["source_bytes"],
             "l2_write_errors": after["l2_write_errors"] - before["l2_write_errors"] - oom,
-            "l2_full": oom, "corrupt": corrupt}
+            "l2_full": oom, "corrupt": corrupt, "unreadable": unreadable, "changed": sorted(changed),
+            "decoded": [i for i, _ in encoded]}
+
+
+def _names(manifest, indices: set[int]) -> list[str]:
+    return [manifest.relpaths[i] for i in sorted(indices)]
 
 
 _WORKER_CACHE = None
@@ -154,12 +178,15 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
 
     Returns:
         Summary dict: ``samples``, ``partition``, ``cache_size``, ``l1_todo``, ``l2_todo``,
-        ``l1_written``, ``l2_written``, ``l2_cached`` / ``l2_uncached`` (decodable samples
-        of the partition in L2 / left out), ``l2_coverage`` (their fraction in L2),
-        ``l2_full`` (writes refused for maxmemory), ``l2_bytes_per_sample`` (growth of the
-        shards' used memory per sample written, 0 when none), ``bytes_read``,
-        ``l2_write_errors`` (other failed writes), ``corrupt`` (relpaths), ``seconds``,
-        ``mb_per_s``, ``nothing_to_do``.
+        ``l1_written``, ``l2_written``, ``l2_cached`` / ``l2_uncached`` (samples of the
+        partition in L2 / left out for lack of room), ``l2_coverage`` (their fraction in
+        L2), ``l2_full`` (writes refused for maxmemory), ``l2_bytes_per_sample`` (growth of
+        the shards' used memory per sample written, 0 when none), ``bytes_read``,
+        ``l2_write_errors`` (other failed writes), ``corrupt`` (relpaths found
+        corrupt for the first time), ``known_corrupt`` (relpaths still recorded after the
+        re-check), ``recovered`` (recorded ones that now decode), ``unreadable`` and
+        ``changed`` (relpaths not cached this time; see NOTE [corrupt files]),
+        ``seconds``, ``mb_per_s``, ``nothing_to_do`` (no work but the re-checks).
 
     Raises:
         L2UnavailableError, L2TooSmallError, L1FullError, ValueError.
@@ -172,9 +199,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
                          "partitions would never reach it")
     t0 = time.perf_counter()
     m = cache.manifest
-    bad_before = known_corrupt(cache)
     l1_todo, l2_missing = plan_warmup(cache, node_rank=node_rank, num_nodes=num_nodes,
                                       l1_scope=l1_scope, limit=limit)
+    known = known_corrupt(cache)
+    recheck = {i for i in known if i % num_nodes == node_rank} & set(l2_missing)
     if check_capacity and l1_todo:
         problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo))
         if problem:
@@ -191,13 +219,15 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
               "cache_size": cache.config.cache_size, "fingerprint": m.fingerprint,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
-              "nothing_to_do": not (l1_todo or l2_todo)}
+              "nothing_to_do": set(l1_todo) | set(l2_todo) <= recheck}
     used_before = _l2_used(cache) if l2_todo else 0
+    if recheck and cache.l1 is not None and cache._raw.l1_writable:
+        cache.l1.delete(sorted(recheck))  # read them from the source again
     l2_set = set(l2_todo)
     work = sorted(set(l1_todo) | l2_set)
     chunks = [(c, [i for i in c if i in l2_set])
               for c in (work[s:s + batch_size] for s in range(0, len(work), batch_size))]
-    corrupt: set[int] = set()
+    found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}
     if chunks:
         from tqdm import tqdm
 
@@ -212,9 +242,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             results = pool.imap_unordered(_run_chunk, chunks)
         try:
             for r in results:
-                for k in ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors"):
+                for k in _SUMMED:
                     report[k] += r[k]
-                corrupt.update(r["corrupt"])
+                for k, v in found.items():
+                    v.update(r[k])
                 bar.update(r["done"])
                 if on_progress:
                     on_progress(r["done"])
@@ -223,14 +254,17 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             if pool is not None:
                 pool.terminate()
                 pool.join()
-    if corrupt:
-        _record_corrupt(cache, corrupt)
-    known = known_corrupt(cache)
-    report["corrupt"] = [m.relpaths[i] for i in sorted(corrupt)]
-    report["known_corrupt"] = [m.relpaths[i] for i in sorted(known)
-                               if i % num_nodes == node_rank]
-    report.update(_l2_coverage(cache, report, l2_missing, corrupt, bad_before,
-                               range(node_rank, len(m) if limit is None else min(limit, len(m)), num_nodes)))
+    recovered = recheck & (found["decoded"] | found["changed"])
+    now_known = (known - recovered) | found["corrupt"]
+    if now_known != known:
+        _save_corrupt(cache, now_known)
+    report["corrupt"] = _names(m, found["corrupt"] - known)
+    report["known_corrupt"] = _names(m, {i for i in now_known if i % num_nodes == node_rank})
+    report["recovered"] = _names(m, recovered)
+    report["unreadable"] = _names(m, found["unreadable"])
+    report["changed"] = _names(m, found["changed"])
+    part = range(node_rank, len(m) if limit is None else min(limit, len(m)), num_nodes)
+    report.update(_l2_coverage(cache, report, len(part), len(l2_missing), len(l2_missing) - len(l2_todo)))
     report["l2_bytes_per_sample"] = ((_l2_used(cache) - used_before) / report["l2_written"]
                                      if report["l2_written"] else 0.0)
     if cache.store is not None:
@@ -247,14 +281,14 @@ def _l2_used(cache) -> int:
     return sum(row["used_memory"] for row in cache.store.shard_info() if row["reachable"])
 
 
-def _l2_coverage(cache, report: dict, missing: list[int], corrupt: set[int], bad_before: set[int],
-                 part: range) -> dict:
-    """``l2_cached``, ``l2_uncached`` and ``l2_coverage`` of the partition after this run:
-    what was missing and decodable, less what this run wrote (NOTE [fixed L2 subset])."""
+def _l2_coverage(cache, report: dict, part: int, missing: int, left_out: int) -> dict:
+    """``l2_cached``, ``l2_uncached`` and ``l2_coverage`` of the partition after this run
+    (NOTE [fixed L2 subset]): uncached are the samples left out for lack of room, before
+    writing or refused while writing; corrupt, unreadable or changed files count in
+    neither (they are reported as such)."""
     if cache.store is None:
         return {"l2_cached": 0, "l2_uncached": 0, "l2_coverage": 0.0}
-    bad = sum(1 for i in bad_before if i in part)
-    uncached = len(missing) - report["l2_written"] - len(corrupt)
-    cached = len(part) - bad - len(missing) + report["l2_written"]
+    cached = part - missing + report["l2_written"]
+    uncached = left_out + report["l2_full"]
     return {"l2_cached": cached, "l2_uncached": uncached,
             "l2_coverage": cached / (cached + uncached) if cached + uncached else 1.0}

@@ -5,12 +5,16 @@ TCP loopback, which costs several copies through the kernel and a lot of CPU. He
 workers of a node map one segment of ``/dev/shm``; a collective is a copy into the
 segment, a barrier, and reads (or sums) straight out of it.
 
-NOTE [shm segment lifetime]: local rank 0 creates the segment file, the others open and
-map it, and local rank 0 unlinks it as soon as everyone has it (after a collective that
-every member joins only once mapped; in a ``finally``, so also when a member fails).
-The mapping lives on in the processes, the name does not: nothing is left in
-``/dev/shm`` after the group is dropped or a worker dies, except when local rank 0 is
-killed inside the few milliseconds between create and unlink. The segment grows on
+NOTE [shm segment lifetime]: the members meet in a barrier first, so nobody is still busy
+elsewhere; then local rank 0 creates the segment file, the others open and map it, and
+local rank 0 unlinks it as soon as everyone has it (after a collective that every member
+joins only once mapped; in a ``finally``, so also when a member fails). The mapping lives
+on in the processes, the name does not: nothing is left in ``/dev/shm`` after the group
+is dropped or a worker dies, except when local rank 0 is killed inside the milliseconds
+between create and unlink (before the barrier, a member that waited for a slow peer
+with the file created was a window of seconds). Such a leftover is removed by the next
+group that starts on the machine once its maker is proven dead (NOTE [shm segment names]
+in ``comm.shm_names``). The segment grows on
 demand; every member grows it at the same call because collective sizes agree. Its pages
 are allocated when it is created (``posix_fallocate``), so a full ``/dev/shm`` (Docker's
 default is 64 MiB) is a clean failure, not a SIGBUS later: every member then learns it
@@ -30,16 +34,15 @@ from __future__ import annotations
 
 import mmap
 import os
-import uuid
 
 import torch
 import torch.distributed as dist
 
+from comm.shm_names import SHM_DIR, new_base, remove_orphans
+
 __all__ = ["SharedMemoryGroup"]
 
-SHM_DIR = "/dev/shm"
-PREFIX = "cachepipe-comm-"
-_NAME_BYTES = 48  # a flag byte, then the file name, zero-padded
+_NAME_BYTES = 96  # a flag byte, then the file name, zero-padded
 _ALIGN = 2**20
 
 
@@ -70,14 +73,18 @@ class SharedMemoryGroup:
 
     def __init__(self, group, rank: int, size: int):
         self.group, self.rank, self.size = group, rank, size
-        self.name = PREFIX + uuid.uuid4().hex[:16]  # replaced by local rank 0's when mapping
+        self.name = new_base()  # replaced by local rank 0's when mapping (NOTE [shm segment names])
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._generation = 0
         self._too_big = None  # the smallest segment size that failed to map
 
     @classmethod
     def create(cls, group, rank: int, size: int) -> "SharedMemoryGroup | None":
-        """Map a first segment on every member (collective); ``None`` if they cannot share one."""
+        """Map a first segment on every member (collective); ``None`` if they cannot share one.
+
+        Local rank 0 first removes segments left by dead processes (NOTE [shm segment names])."""
+        if rank == 0:
+            remove_orphans()
         shm = cls(group, rank, size)
         return shm if shm._map(_ALIGN) else None
 
@@ -189,6 +196,7 @@ class SharedMemoryGroup:
         self._generation += 1
         path = None
         msg = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+        self._barrier()  # nobody is busy elsewhere while the file exists (NOTE [shm segment lifetime])
         try:
             if self.rank == 0:
                 name = f"{self.name}-{self._generation}"

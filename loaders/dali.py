@@ -115,7 +115,7 @@ class DALILoader(SamplerControls):
 
     @property
     def skipped(self) -> list[int]:
-        """Indices of corrupt samples skipped so far (``on_error="skip"``)."""
+        """Indices of bad samples skipped and replaced so far (``on_error="skip"``)."""
         return self._counted.skipped
 
     @property
@@ -181,7 +181,8 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
                       seed: int = 0, cache_dir=None, redis=None, workers: int = 2, cache=None,
                       on_error: str = "raise", cache_size: int = 256, drop_last: bool | None = None,
                       dtype: str = "float32", device_id: int | None = None,
-                      prefetch_queue_depth: int = 2, dali_resize: bool | None = None) -> DALILoader:
+                      prefetch_queue_depth: int = 2, dali_resize: bool | None = None,
+                      follow_external_links: bool = False) -> DALILoader:
     """A DALI loader over the two-level cache yielding ``(images NCHW, labels int64)``, like ``cached_dataloader``.
 
     Each batch is fetched with ``get_many`` (one MGET per Redis shard) inside
@@ -234,7 +235,7 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     else:
         device_id = None
     folder = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
-                               on_error=on_error)
+                               on_error=on_error, follow_external_links=follow_external_links)
     drop_last = train if drop_last is None else bool(drop_last)
     sampler = ShardedBatchSampler(len(folder), batch_size, shuffle=train, seed=seed, rank=rank, world_size=world,
                                   drop_last=drop_last, size=size)

@@ -98,16 +98,13 @@ class CacheSource:
             self._ahead = self._read_next()
         if self.abort:
             raise StopIteration
-        while True:
-            if self._ahead is None:
-                raise StopIteration
-            t0 = time.perf_counter()
-            request, (samples, targets, skipped) = self._ahead.result()
-            self.cache_wait_s += time.perf_counter() - t0
-            self._ahead = self._read_next()  # read the next batch while this one is processed
-            self.skipped.extend(skipped)
-            if samples:
-                break
+        if self._ahead is None:
+            raise StopIteration
+        t0 = time.perf_counter()
+        request, (samples, targets, skipped) = self._ahead.result()  # full: NOTE [replacing bad samples]
+        self.cache_wait_s += time.perf_counter() - t0
+        self._ahead = self._read_next()  # read the next batch while this one is processed
+        self.skipped.extend(skipped)
         return (samples, *self.plan(samples, targets, request.size, random.Random(request.seed)))
 
     def plan(self, samples, targets, size: int, rng: random.Random) -> tuple[np.ndarray, ...]:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.data
 
+from loaders.dead_workers import MAX_RESTARTS, detect_in_next, is_dead_worker, shut_down
 from loaders.folder import CachedImageFolder
 from loaders.recycle import RecyclingNormalizer
 from loaders.sampler import BatchRequest, SamplerControls, ShardedBatchSampler
@@ -112,7 +113,8 @@ class CachedDataLoader(SamplerControls):
         dataset: the ``CachedImageFolder``.
         sampler: the ``ShardedBatchSampler`` (epoch, size, rank, resume position).
         loader: the underlying ``torch.utils.data.DataLoader``.
-        skipped: indices of corrupt samples skipped so far (``on_error="skip"``).
+        skipped: indices of bad samples skipped and replaced so far (``on_error="skip"``;
+            NOTE [replacing bad samples] in ``loaders.replacement``).
         cache_wait_s: seconds workers spent waiting on the cache, summed over batches.
         cache_hits: ``{"l2_hits", "l1_hits", "source_reads"}`` of the batches yielded so far,
             counted where the reads happen (in the workers when ``workers > 0``).
@@ -137,6 +139,7 @@ class CachedDataLoader(SamplerControls):
         self.transform = transform
         kwargs = {}
         if workers > 0:
+            detect_in_next()  # NOTE [restarting dead workers]
             kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
                           multiprocessing_context=multiprocessing_context, worker_init_fn=_keep_freed_memory)
         # NOTE [recycled shared batches] (loaders.shared_batches): only the internal uint8 batches
@@ -184,17 +187,25 @@ class CachedDataLoader(SamplerControls):
             # their threads live.
             gc.collect()
         self.batches_done = self.sampler.start
-        for images, labels, skipped, waited, hits in self.loader:
-            self.batches_done += 1
-            self.cache_wait_s += waited
-            for name, n in zip(HIT_COUNTERS, hits.tolist()):
-                self.cache_hits[name] += n
-            if len(skipped):
-                self.skipped.extend(skipped.tolist())
-            if not len(labels):  # a batch whose samples were all corrupt and skipped yields nothing
-                continue
-            yield images, labels
-            del images
+        restarts = 0
+        while True:
+            try:
+                for images, labels, skipped, waited, hits in self.loader:
+                    self.batches_done += 1
+                    self.cache_wait_s += waited
+                    for name, n in zip(HIT_COUNTERS, hits.tolist()):
+                        self.cache_hits[name] += n
+                    if len(skipped):
+                        self.skipped.extend(skipped.tolist())
+                    yield images, labels
+                    del images
+                return
+            except (RuntimeError, OSError, EOFError) as exc:  # NOTE [restarting dead workers]
+                if not is_dead_worker(exc, self.loader) or restarts == MAX_RESTARTS:
+                    raise
+                restarts += 1
+                shut_down(self.loader, exc, restarts)
+                self.sampler.start = self.batches_done
 
     def give_back(self, images: torch.Tensor) -> None:
         """Let the worker that made ``images`` (from ``transported``) reuse its buffer: the pixels were read."""
@@ -216,7 +227,7 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
                       drop_last: bool | None = None, cache=None, on_error: str = "raise", cache_size: int = 256,
                       pin_memory: bool | None = None, prefetch_factor: int = 2, dtype: str = "float32",
                       normalize: bool = True, channels_last: bool = False,
-                      multiprocessing_context=None) -> CachedDataLoader:
+                      multiprocessing_context=None, follow_external_links: bool = False) -> CachedDataLoader:
     """A DataLoader over the two-level cache yielding ``(images float NCHW, labels int64)``.
 
     Training shuffles every epoch (``set_epoch``) with random-resized-crop + flip; validation
@@ -237,7 +248,8 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         seed: shuffling and augmentation seed; must be equal on every rank.
         drop_last: default True for training and False for validation.
         cache: None (build a cache), a ``TwoLevelCache`` to share, or False (decode files).
-        on_error: "raise" or "skip" corrupt samples (counted in ``loader.skipped``).
+        on_error: "raise" or "skip" bad samples: replaced by others so every batch stays
+            full (NOTE [replacing bad samples]; counted in ``loader.skipped``).
         cache_size: shorter side of cached samples (default 256).
         pin_memory: default: when CUDA is available.
         prefetch_factor: batches prefetched per worker (default 2).
@@ -266,7 +278,7 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     rank, world = resolve_rank(distributed)
     transform = make_transform(train, size, dtype=dtype, normalize=normalize, channels_last=channels_last)
     dataset = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
-                                on_error=on_error)
+                                on_error=on_error, follow_external_links=follow_external_links)
     drop_last = train if drop_last is None else bool(drop_last)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, rank=rank,
                                   world_size=world, drop_last=drop_last, size=size)

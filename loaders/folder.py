@@ -9,6 +9,7 @@ import numpy as np
 import torch.utils.data
 
 from cachepipe import CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
+from loaders.replacement import fill_batch
 
 __all__ = ["CachedImageFolder", "ON_ERROR"]
 
@@ -40,9 +41,11 @@ class CachedImageFolder(torch.utils.data.Dataset):
         redis: L2 shards: ``None`` embedded server in ``cache_dir``, a list of URLs, or
             ``False`` for no L2.
         cache_size: shorter side of cached samples in pixels (default 256).
-        on_error: ``"raise"`` (default): a corrupt file raises ``CorruptSampleError``
-            naming it; ``"skip"``: it is left out of its batch, warned about and counted
-            in ``skipped`` (``__getitem__`` still raises: one sample cannot be skipped).
+        on_error: ``"raise"`` (default): a corrupt or unreadable file raises
+            ``CorruptSampleError`` naming it; ``"skip"``: in a batch (``load_many``,
+            ``__getitems__``) it is warned about, counted in ``skipped`` and replaced by
+            another sample, so the batch stays full (NOTE [replacing bad samples] in
+            ``loaders.replacement``); ``__getitem__`` still raises.
 
     Raises:
         ValueError: an empty root or class folder (the message lists what was found), a
@@ -56,7 +59,7 @@ class CachedImageFolder(torch.utils.data.Dataset):
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, *, cache=None, cache_dir=None, redis=None,
-                 cache_size: int = 256, on_error: str = "raise") -> None:
+                 cache_size: int = 256, on_error: str = "raise", follow_external_links: bool = False) -> None:
         if on_error not in ON_ERROR:
             raise ValueError(f"unknown on_error {on_error!r}; valid: {list(ON_ERROR)}")
         self._owns_cache = cache is None
@@ -64,10 +67,11 @@ class CachedImageFolder(torch.utils.data.Dataset):
             if cache_dir is None:
                 raise ValueError("pass cache_dir (the local L1 directory), a TwoLevelCache as cache=, "
                                  "or cache=False to read the files directly")
-            cache = TwoLevelCache(os.fspath(root), os.fspath(cache_dir), redis=redis, cache_size=cache_size)
+            cache = TwoLevelCache(os.fspath(root), os.fspath(cache_dir), redis=redis, cache_size=cache_size,
+                                  follow_external_links=follow_external_links)
         if cache is False:
             self.cache = None
-            self.manifest = Manifest.scan(root)
+            self.manifest = Manifest.scan(root, follow_external_links=follow_external_links)
             self.cache_size = int(cache_size)
         else:
             self.cache = cache
@@ -112,41 +116,46 @@ class CachedImageFolder(torch.utils.data.Dataset):
         index = index % len(self)
         return self._read_file(index) if self.cache is None else self.cache.get(index)
 
+    def _fetch(self, indices: list[int], skip: bool, copy: bool) -> list[np.ndarray | None]:
+        """Samples of ``indices``; with ``skip`` a bad one (corrupt, unreadable) is ``None``."""
+        if self.cache is not None:
+            return self.cache.get_many(indices, errors="skip" if skip else "raise", copy=copy)
+        arrays = []
+        for i in indices:
+            try:
+                arrays.append(self._read_file(i))
+            except (CorruptSampleError, OSError) as exc:
+                if not skip:
+                    if isinstance(exc, CorruptSampleError):
+                        raise
+                    raise CorruptSampleError(f"cannot read the file ({exc})", index=i,
+                                             path=self.manifest.samples[i][0]) from exc
+                arrays.append(None)
+        return arrays
+
     def load_many(self, indices: Sequence[int], *,
                   copy: bool = True) -> tuple[list[np.ndarray], list[int], list[int]]:
         """Untransformed samples of a batch: ``(samples, targets, skipped_indices)``.
 
-        One round trip (an MGET) per Redis shard. With ``on_error="skip"`` corrupt samples
-        are left out (and returned in ``skipped_indices``); otherwise they raise.
+        One round trip (an MGET) per Redis shard. With ``on_error="skip"`` a bad sample
+        (corrupt or unreadable) is warned about, returned in ``skipped_indices`` and
+        replaced by another drawn from the batch's seed, so the batch stays full (NOTE
+        [replacing bad samples] in ``loaders.replacement``); otherwise it raises.
         ``copy=False`` returns cached samples as read-only views of the Redis reply (for
         callers that crop them anyway).
         """
-        indices = [int(i) for i in indices]
-        skip = self.on_error == "skip"
-        if self.cache is None:
-            arrays = []
-            for i in indices:
-                try:
-                    arrays.append(self._read_file(i))
-                except CorruptSampleError:
-                    if not skip:
-                        raise
-                    arrays.append(None)
-        else:
-            arrays = self.cache.get_many(indices, errors="skip" if skip else "raise", copy=copy)
-        samples, targets, skipped = [], [], []
-        for i, arr in zip(indices, arrays):
-            if arr is None:
-                skipped.append(i)
-                continue
-            samples.append(arr)
-            targets.append(self.targets[i])
+        if self.on_error == "raise":
+            idx = [int(i) for i in indices]
+            return self._fetch(idx, False, copy), [self.targets[i] for i in idx], []
+        key = getattr(indices, "seed", "")
+        samples, used, skipped = fill_batch(lambda idx: self._fetch(idx, True, copy), indices, key=key,
+                                            num_samples=len(self), name=lambda i: self.samples[i][0])
         if skipped:
             self.skipped.extend(skipped)
             names = ", ".join(self.samples[i][0] for i in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
-            warnings.warn(f"skipped {len(skipped)} corrupt sample(s) (on_error='skip'): {names}",
+            warnings.warn(f"skipped {len(skipped)} bad sample(s) and replaced them (on_error='skip'): {names}",
                           RuntimeWarning, stacklevel=2)
-        return samples, targets, skipped
+        return samples, [self.targets[i] for i in used], skipped
 
     # ---- torchvision Dataset protocol -------------------------------------------------
     def _apply(self, sample, target):
@@ -163,7 +172,7 @@ class CachedImageFolder(torch.utils.data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list:
         """A batch as a list of ``(sample, target)`` pairs, fetched in one round trip per shard.
 
-        With ``on_error="skip"`` the list is shorter by the corrupt samples.
+        With ``on_error="skip"`` bad samples are replaced (NOTE [replacing bad samples]).
         """
         samples, targets, _ = self.load_many(indices)
         return [self._apply(s, t) for s, t in zip(samples, targets)]

@@ -1,11 +1,31 @@
-"""Shared fixtures: real Redis servers, tiny JPEG datasets, GPU/DALI availability."""
+"""Shared fixtures: real Redis servers, tiny JPEG datasets, GPU/DALI/triton availability."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+# NOTE [Triton interpreter in tests]: without a GPU, the Triton kernels run in Triton's
+# interpreter on CPU tensors, so CI checks their logic, masking, atomics and counts.
+# triton.jit reads TRITON_INTERPRET when a kernel is decorated, so it is set here,
+# before any test module imports triton (torch itself does not). Subprocesses inherit
+# it; only kernel="gpu" looks at it, "auto" never picks the interpreter.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+if HAS_TRITON and not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cachepipe.demo_data import make_dataset
 from cachepipe.embedded import EmbeddedRedis
@@ -59,22 +79,18 @@ def cache_dir(tmp_path):
     EmbeddedRedis(path).stop()
 
 
-def _has_cuda() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except ImportError:
-        return False
-
-
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is present")
     skip_dali = pytest.mark.skip(reason="needs nvidia-dali: pip install 'cachepipe[dali]'")
+    skip_triton = pytest.mark.skip(reason="needs triton (pip install 'cachepipe[dev]') and a CUDA GPU "
+                                          "or TRITON_INTERPRET=1")
     has_gpu = _has_cuda()
+    has_triton = HAS_TRITON and (has_gpu or os.environ.get("TRITON_INTERPRET") == "1")
     has_dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(skip_gpu)
+        if "triton" in item.keywords and not has_triton:
+            item.add_marker(skip_triton)
         if "dali" in item.keywords and not has_dali:
             item.add_marker(skip_dali)

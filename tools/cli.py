@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("tools.bench", "run a benchmark: cache, loader, topk, comm, omgs, train"),
     "train": ("tools.train", "train an image model end to end from the cache"),
     "report": ("tools.report", "plot training curves and time breakdowns of runs"),
+    "doctor": ("tools.doctor", "check redis-server, /dev/shm, DALI, CUDA, NCCL, triton; --gpu runs the GPU checks"),
 }
 
 

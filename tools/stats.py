@@ -30,7 +30,7 @@ def format_coverage(c: dict) -> str:
     lines = [f"source  {s['root']}: {s['samples']} samples, {s['classes']} classes, "
              f"{_mib(s['bytes'])}, fingerprint {s['fingerprint']}",
              f"L1      {l1['entries']}/{s['samples']} ({l1['percent']:.1f} %), {_mib(l1['disk_bytes'])} "
-             f"on disk at {l1['path']}"]
+             f"on disk at {l1['path']}" + (f"; {l1['error']}" if l1.get("error") else "")]
     if not l2["sizes"]:
         lines.append(f"L2      {l2['kind']}: nothing cached for this source")
     for row in l2["sizes"]:
@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"cachepipe stats: error: {exc}", file=sys.stderr)
         return 2
     try:
-        cache = cache_from_args(args, sizes[0] if sizes else 256)
+        cache = cache_from_args(args, sizes[0] if sizes else 256, save_manifest=False)  # stats never writes
     except (FileNotFoundError, ValueError) as exc:
         print(f"cachepipe stats: error: {exc}", file=sys.stderr)
         return 3

@@ -43,8 +43,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=None, help="train.seed")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                        help="override any recipe field, e.g. optim.eta=0.002 or phases.0.size=112")
+    parser.add_argument("--follow-external-links", action="store_true",
+                        help="follow symlinks in the data that point outside it (default: skip them with a warning)")
+    parser.add_argument("--on-error", default="skip", choices=["raise", "skip"],
+                        help="a corrupt or unreadable sample: skip (default) warns, counts it (skip column) and "
+                             "replaces it so every batch stays full; raise ends the run")
     parser.add_argument("--ckpt-every", type=int, default=0, help="also checkpoint every N steps (0: epoch ends only)")
-    parser.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue from RUN_DIR/checkpoints/last.npz")
+    parser.add_argument("--resume", default=None, metavar="RUN_DIR",
+                        help="continue from the newest intact checkpoint in RUN_DIR/checkpoints/ (default: none)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="let a new run replace the run in a non-empty --out (default: refuse it)")
+    parser.add_argument("--allow-changes", action="store_true",
+                        help="resume even if the recipe or flags (epochs, lr, density, comm, data, loader, ...) "
+                             "differ from the checkpoint's; the changes are printed (default: refuse)")
     parser.add_argument("--nodes", type=int, default=None, help="nodes in the topology (default: from torchrun's environment)")
     parser.add_argument("--local-size", type=int, default=None, help="workers per node (default: LOCAL_WORLD_SIZE)")
     parser.add_argument("--nprocs", type=int, default=1, help="local worker processes when not under torchrun")
@@ -109,6 +120,7 @@ def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from trainer.consensus import RankFailed
     from trainer.launch import WorkerFailed
     from trainer.run_config import RunConfig
 
@@ -127,14 +139,16 @@ def main(args: argparse.Namespace) -> int:
         cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader, cache_dir=args.cache_dir,
                         redis=tuple(args.redis) if args.redis else None, ckpt_every=args.ckpt_every,
                         resume=args.resume, nodes=args.nodes, local_size=args.local_size, device=args.device,
-                        stop_after_steps=args.stop_after_steps, ddp=args.ddp)
+                        stop_after_steps=args.stop_after_steps, ddp=args.ddp, on_error=args.on_error,
+                        overwrite=args.overwrite, allow_changes=args.allow_changes,
+                        follow_external_links=args.follow_external_links)
         if _under_torchrun():
             return _run_torchrun(cfg)
         _check_topology(args.nprocs, args.nodes, args.local_size)
         _run_local(cfg, args.nprocs, args.threads)
         print(f"metrics: {Path(cfg.out) / 'metrics.jsonl'}")
         return 0
-    except (ValueError, WorkerFailed) as exc:
+    except (ValueError, WorkerFailed, RankFailed) as exc:
         print(f"cachepipe train: error: {exc}", file=sys.stderr)
         return 1
 

@@ -5,9 +5,11 @@ namespace). When L2 cannot hold this node's partition, as many samples as fit ar
 and kept (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``) and the coverage is reported.
 
 Exit status: 0 done (corrupt files are listed; L2 may hold a fixed subset), 1 corrupt
-files with ``--strict`` or L2 writes that failed, 2 bad usage (flag values, URL schemes),
-3 missing or invalid source, 4 unreachable Redis, 5 L2 too small with ``--require-full``
-(the message says how much memory it needs), 6 L1 disk or map full.
+files with ``--strict``, L2 writes that failed, or files that could not be read (after
+retries; the next run tries them again), 2 bad usage (flag values, URL schemes), 3
+missing or invalid source, 4 unreachable Redis, 5 L2 too small with ``--require-full``
+(the message says how much memory it needs), 6 L1 disk or map full, or the cache dir
+cannot be written.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def _coverage(r: dict, node: str) -> str:
 
 
 def _summary(r: dict, node: str, l2: bool) -> str:
-    if r["nothing_to_do"]:
+    if r["nothing_to_do"] and not (r["recovered"] or r["unreadable"] or r["changed"]):
         if not r["l2_uncached"]:
             line = (f"warmup: nothing to do: L1 and L2 already hold all {r['partition']} samples of "
                     f"{node} at {r['cache_size']} px ({r['samples']} in total, fingerprint "
@@ -65,7 +67,7 @@ def _summary(r: dict, node: str, l2: bool) -> str:
             line = f"warmup: nothing to do at {r['cache_size']} px: {_coverage(r, node)}"
         line += f"; checked in {r['seconds']:.2f} s"
         if r["known_corrupt"]:
-            line += f"; {len(r['known_corrupt'])} known corrupt file(s) skipped"
+            line += f"; {len(r['known_corrupt'])} known corrupt file(s) re-checked, still corrupt"
         return line
     lines = [f"warmup: {r['samples']} samples, {r['partition']} in {node}, {r['cache_size']} px "
              f"(fingerprint {r['fingerprint']})",
@@ -79,10 +81,15 @@ def _summary(r: dict, node: str, l2: bool) -> str:
                      f"{r['cache_size']} px (growth of the shards' used_memory)")
     if r["l2_write_errors"]:
         lines.append(f"  L2 write errors: {r['l2_write_errors']} (see warnings above)")
-    lines.append(f"  corrupt files: {len(r['corrupt'])}")
-    lines += [f"    {p}" for p in r["corrupt"][:20]]
-    if len(r["corrupt"]) > 20:
-        lines.append(f"    ... and {len(r['corrupt']) - 20} more (see --json)")
+    for key, title in (("corrupt", "corrupt files"),
+                       ("recovered", "formerly corrupt files that now decode (cached)"),
+                       ("unreadable", "unreadable files (not cached; retried next run)"),
+                       ("changed", "files changed since the scan (not cached; rescan)")):
+        if key == "corrupt" or r[key]:
+            lines.append(f"  {title}: {len(r[key])}")
+            lines += [f"    {p!r}" if not p.isprintable() else f"    {p}" for p in r[key][:20]]
+            if len(r[key]) > 20:
+                lines.append(f"    ... and {len(r[key]) - 20} more (see --json)")
     return "\n".join(lines)
 
 
@@ -118,6 +125,8 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
         cache = cache_from_args(args, size)
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         return fail(str(exc), EXIT_SOURCE)
+    except OSError as exc:  # read-only or full cache dir
+        return fail(f"cannot write the cache dir {args.cache_dir}: {exc}", EXIT_L1_FULL)
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
     try:
         with cache:
@@ -150,6 +159,9 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
     if report["l2_write_errors"]:
         return fail(f"{report['l2_write_errors']} L2 writes failed (shard down or refused)",
                     EXIT_CORRUPT)
+    if report["unreadable"]:
+        return fail(f"{len(report['unreadable'])} file(s) could not be read, e.g. "
+                    f"{report['unreadable'][0]!r}; run the warm-up again", EXIT_CORRUPT)
     if args.require_full and report["l2_uncached"]:
         return fail(f"{report['l2_uncached']} samples of {node} at {size} px did not fit in L2 "
                     f"({100 * report['l2_coverage']:.1f} % cached; --require-full): raise "

@@ -1,24 +1,38 @@
-"""Checkpoints: one shared file written by rank 0 plus one small file per rank.
+"""Checkpoints: two generations, each a shared file written by rank 0 plus one small file per rank.
 
-``<out>/checkpoints/last.npz`` holds the model, optimiser, loss scaler, epoch, step
-and the recipe; ``rank<R>.step<S>.npz`` holds what differs per rank: error-feedback
-residuals, the sampler position, RNG states and the partial-epoch accumulators. All files are
-written atomically (NOTE [no pickle on disk] in ``trainer.serialize``); the rank files
-of step S are complete before ``last.npz`` names S, so a crash at any moment leaves the
-previous checkpoint loadable.
+``<out>/checkpoints/gen<G>.npz`` holds the model, optimiser, loss scaler, epoch, step and
+the run's settings; ``gen<G>.rank<R>.npz`` holds what differs per rank: error-feedback
+residuals, the sampler position, RNG states and the partial-epoch accumulators. Every file
+is written atomically and checksummed (NOTE [no pickle on disk], NOTE [checksummed state
+files] in ``trainer.serialize``).
+
+NOTE [two checkpoint generations]: writing generation G: every rank writes its rank file,
+all ranks agree that they did (NOTE [failing together] in ``trainer.consensus``), rank 0
+writes the shared file, all agree again, then files older than G - 1 are removed. So a
+crash or a failed write at any moment leaves generation G - 1 (or G) complete, and a
+damaged newest generation (truncated, bit-flipped, crafted, a rank file missing) is
+reported and the older one is used: ``load`` takes the newest generation that every rank
+can read and verify, the same on all ranks.
 """
 from __future__ import annotations
 
 import random
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer.consensus import RankFailed, agree
 from trainer.serialize import load_state, save_state
 
-__all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "checkpoint_dir"]
+__all__ = ["Checkpoints", "CheckpointMismatch", "rng_state", "set_rng_state", "checkpoint_dir"]
+
+KEEP = 2
+_SHARED = re.compile(r"gen(\d+)\.npz")
+_FILE = re.compile(r"gen(\d+)(?:\.rank(\d+))?\.npz")
 
 
 def checkpoint_dir(out: str | Path) -> Path:
@@ -40,52 +54,121 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def save_checkpoint(out: str | Path, *, rank: int, step: int, shared: dict, local: dict) -> Path:
-    """Write this rank's file, then (rank 0) the shared file naming ``step``; collective.
-
-    Returns:
-        The path of the shared file.
-    """
-    folder = checkpoint_dir(out)
-    save_state(folder / f"rank{rank}.step{step}.npz", local)
-    _barrier()
-    if rank == 0:
-        save_state(folder / "last.npz", dict(shared, step=step))
-    _barrier()
-    for old in folder.glob(f"rank{rank}.step*.npz"):
-        if old.name != f"rank{rank}.step{step}.npz":
-            old.unlink(missing_ok=True)
-    return folder / "last.npz"
-
-
-def load_checkpoint(path: str | Path, *, rank: int, expect: dict) -> tuple[dict, dict]:
-    """Read the shared state and this rank's state of the checkpoint at ``path``.
+class Checkpoints:
+    """The checkpoint generations of one run directory (NOTE [two checkpoint generations]).
 
     Args:
-        path: ``last.npz`` or a run directory (its ``checkpoints/last.npz``).
+        folder: a run directory (its ``checkpoints/``) or the ``checkpoints/`` folder itself.
         rank: this rank.
-        expect: fields that must match (``model``, ``recipe``, ``world_size``, ...).
+        device: where NCCL collectives run (``None`` with gloo).
 
-    Raises:
-        ValueError: one line when the file is missing or was written by another
-            model / recipe / world size.
+    Attributes:
+        generation: the last generation written or loaded (0: none).
     """
-    path = Path(path)
-    if path.is_dir():
-        path = checkpoint_dir(path) / "last.npz" if (checkpoint_dir(path) / "last.npz").exists() else path / "last.npz"
-    if not path.is_file():
-        raise ValueError(f"no checkpoint at {path}; pass --resume with a run directory that has checkpoints/last.npz")
-    shared = load_state(path)
+
+    def __init__(self, folder: str | Path, rank: int, device: torch.device | None = None) -> None:
+        folder = Path(folder)
+        self.folder = folder if folder.name == "checkpoints" else checkpoint_dir(folder)
+        self.rank, self.device = rank, device
+        self.generation = 0
+
+    def shared_path(self, generation: int) -> Path:
+        return self.folder / f"gen{generation}.npz"
+
+    def rank_path(self, generation: int, rank: int | None = None) -> Path:
+        return self.folder / f"gen{generation}.rank{self.rank if rank is None else rank}.npz"
+
+    def generations(self) -> list[int]:
+        """Generations with a shared file, newest first."""
+        found = (_SHARED.fullmatch(p.name) for p in self.folder.glob("gen*.npz")) if self.folder.is_dir() else ()
+        return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+    def save(self, shared: dict, local: dict) -> Path:
+        """Write the next generation (collective); returns its shared file.
+
+        Raises:
+            RankFailed: on every rank, when a file could not be written on any rank (the
+                error names the rank and the file); the previous generation stays.
+        """
+        generation = self.generation + 1
+        self._write(self.rank_path(generation), local)
+        if self.rank == 0:
+            self._write(self.shared_path(generation), dict(shared, generation=generation))
+        else:
+            agree(True, device=self.device)
+        self.generation = generation
+        for old in self.folder.glob("gen*.npz"):
+            m = _FILE.fullmatch(old.name)
+            if m and int(m.group(1)) <= generation - KEEP and int(m.group(2) or 0) == self.rank:
+                old.unlink(missing_ok=True)  # rank 0 removes the shared files too
+        return self.shared_path(generation)
+
+    def _write(self, path: Path, state: dict) -> None:
+        try:
+            save_state(path, state)
+            error = ""
+        except OSError as exc:
+            error = f"cannot write checkpoint {path}: {exc.strerror or exc}"
+        agree(not error, error, self.device)
+
+    def load(self, expect: dict) -> tuple[dict, dict]:
+        """Read the newest generation every rank can verify (collective): ``(shared, this rank's)``.
+
+        Args:
+            expect: fields that must match (``model_name``, ``world_size``, ...).
+
+        Raises:
+            ValueError: one line, on every rank, when no generation is usable (naming the
+                folder and why) or the checkpoint was written by another model / world size.
+        """
+        candidates = self._candidates()
+        reasons = []
+        for generation in candidates:
+            error = ""
+            try:
+                shared = load_state(self.shared_path(generation))
+                _check_identity(self.shared_path(generation), shared, expect)
+                state = load_state(self.rank_path(generation))
+            except CheckpointMismatch:
+                raise
+            except ValueError as exc:
+                error = str(exc)
+            try:
+                agree(not error, error, self.device)
+            except RankFailed as exc:
+                reasons.append(f"generation {generation}: {exc}")
+                if self.rank == 0:
+                    print(f"cachepipe train: checkpoint generation {generation} in {self.folder} is unusable "
+                          f"({exc}); trying an older one", file=sys.stderr, flush=True)
+                continue
+            if reasons and self.rank == 0:
+                print(f"cachepipe train: resuming from the older checkpoint {self.shared_path(generation)}",
+                      file=sys.stderr, flush=True)
+            self.generation = generation
+            return shared, state
+        if not candidates:
+            raise ValueError(f"no checkpoint in {self.folder}; pass --resume with a run directory that has "
+                             f"checkpoints/gen<N>.npz")
+        raise ValueError(f"no usable checkpoint in {self.folder}: " + "; ".join(reasons))
+
+    def _candidates(self) -> list[int]:
+        """Rank 0's generations (newest first), the same list on every rank."""
+        mine = self.generations()[:8]
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return mine
+        t = torch.full((9,), -1, dtype=torch.int64)
+        t[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
+        on = t.to(self.device) if self.device is not None and dist.get_backend() == "nccl" else t
+        dist.broadcast(on, src=0)
+        return [int(g) for g in on.cpu().tolist() if g >= 0]
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint was written by another model, class count or world size."""
+
+
+def _check_identity(path: Path, shared: dict, expect: dict) -> None:
     for key, value in expect.items():
         if shared.get(key) != value:
-            raise ValueError(f"checkpoint {path} was written with {key}={shared.get(key)!r} but this run has "
+            raise CheckpointMismatch(f"checkpoint {path} was written with {key}={shared.get(key)!r} but this run has "
                              f"{key}={value!r}; resume with the same {key} or start a fresh --out")
-    local_path = path.parent / f"rank{rank}.step{shared['step']}.npz"
-    if not local_path.is_file():
-        raise ValueError(f"checkpoint {path} lacks {local_path.name}; it is incomplete")
-    return shared, load_state(local_path)

@@ -46,7 +46,7 @@ def compare_convergence(out: str | Path, *, algorithms=("dense", "hitopk", "gtop
         run_dir = out / name
         cfg = RunConfig(recipe=recipe, data=str(data), out=str(run_dir), loader=loader,
                         cache_dir=str(out / "cache"), nodes=DEMO_NODES, local_size=DEMO_LOCAL_SIZE, device="cpu",
-                        print_table=False)
+                        print_table=False, overwrite=True)  # out/<algorithm> is this comparison's own
         start = time.perf_counter()
         metrics = launch_local(run_rank, DEMO_NODES * DEMO_LOCAL_SIZE, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)
         rows.append({"algorithm": name, "density": density if name != "dense" else 1.0,

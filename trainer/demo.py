@@ -67,7 +67,8 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     cfg = RunConfig(recipe=recipe, data=str(data), out=str(out), loader=loader, cache_dir=str(cache_dir),
                     redis=redis, ckpt_every=args.ckpt_every, resume=args.resume, nodes=DEMO_NODES,
                     local_size=DEMO_LOCAL_SIZE, device="cpu", stop_after_steps=args.stop_after_steps,
-                    ddp=args.ddp)
+                    ddp=args.ddp, on_error=args.on_error, allow_changes=args.allow_changes,
+                    overwrite=args.overwrite or not args.out)  # the demo's own run/ is scratch
     nprocs = DEMO_NODES * DEMO_LOCAL_SIZE
     phase = recipe.phases[0]
     print(f"demo: {recipe.model.name}, {recipe.total_epochs} epochs at {phase.size} px, {nprocs} workers as "

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["CACHE_COUNTERS", "world", "pick_device", "broadcast_model", "broadcast_buffers", "all_true",
-           "all_sum", "cache_counts"]
+           "all_sum", "loader_counts"]
 
 
 def world() -> tuple[int, int]:
@@ -62,12 +62,13 @@ def all_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
 CACHE_COUNTERS = ("l2_hits", "l1_hits", "source_reads")
 
 
-def cache_counts(loader) -> list[float]:
-    """Cumulative (L2 hits, L1 hits, source reads) of the loader's cache reads, zeros if none.
+def loader_counts(loader) -> list[float]:
+    """Cumulative (L2 hits, L1 hits, source reads) of the loader's cache reads, zeros if none,
+    then the bad samples it replaced (NOTE [replacing bad samples] in ``loaders.replacement``).
 
     NOTE [cache counters]: the cache counts per process. Both loaders sum the counts their
     batches bring back from the worker processes (``loader.cache_hits``); the DALI loader
     with DALI's resize reads the cache in this process and reports its cache's counters.
     """
     hits = getattr(loader, "cache_hits", {})
-    return [float(hits.get(k, 0)) for k in CACHE_COUNTERS]
+    return [float(hits.get(k, 0)) for k in CACHE_COUNTERS] + [float(len(getattr(loader, "skipped", ())))]

@@ -17,15 +17,17 @@ import torch
 from torch import nn
 
 from trainer import models
-from trainer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
+from trainer.consensus import RankFailed, agree
 from trainer.data import LoaderSpec, check_data_root, make_loader
-from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, cache_counts,
+from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts,
                                  pick_device, world)
 from trainer.evaluate import evaluate
 from trainer.exchange import build_ddp_exchange, build_exchange, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
 from trainer.run_config import RunConfig
+from trainer.run_dir import prepare_out
 from trainer.schedules import lr_at
 
 __all__ = ["train", "run_rank"]
@@ -54,15 +56,19 @@ class _Run:
         self.autocast = autocast_for(r.train.amp, self.device)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
         self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
-                               r.train.cache_size, r.train.workers, str(self.device))
+                               r.train.cache_size, r.train.workers, str(self.device),
+                               follow_external_links=cfg.follow_external_links, on_error=cfg.on_error)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
-        self.cache_seen = [0.0] * len(CACHE_COUNTERS)
+        self.cache_seen = [0.0] * (len(CACHE_COUNTERS) + 1)
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
                          "world_size": self.world}
         self.local = None
+        nccl = self.device if self.device.type == "cuda" else None
+        self._check_out(nccl)
+        self.checkpoints = Checkpoints(cfg.out, self.rank, nccl)
         if cfg.resume:  # before any loader starts, so a mismatch is the only thing said
-            self._resume()
+            self._resume(Checkpoints(cfg.resume, self.rank, nccl))
         last = r.phases[-1]
         self.val_loader = make_loader(self.spec, train=False, batch_size=r.train.eval_batch_size or last.batch_size,
                                       size=r.train.eval_size or last.size)
@@ -87,7 +93,7 @@ class _Run:
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
                                   cache_size=self.recipe.cache_size_of(phase))
-        self.cache_seen = cache_counts(self.loader)
+        self.cache_seen = loader_counts(self.loader)
         if self.cfg.ddp and self.world > 1:
             self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
                                                 selector=phase.selector)
@@ -122,22 +128,42 @@ class _Run:
                 b.data.copy_(saved)
             self.optimizer.zero_grad(set_to_none=True)
 
-    def _resume(self) -> None:
-        shared, local = load_checkpoint(self.cfg.resume, rank=self.rank, expect=self.identity)
+    def _check_out(self, nccl) -> None:
+        """Rank 0 checks ``--out`` (NOTE [refusing a used --out]); every rank learns the verdict."""
+        error = ""
+        if self.rank == 0:
+            try:
+                prepare_out(self.cfg.out, resume=bool(self.cfg.resume), overwrite=self.cfg.overwrite)
+            except (ValueError, OSError) as exc:
+                error = str(exc)
+        try:
+            agree(not error, error, nccl)  # NOTE [failing together]
+        except RankFailed as exc:
+            raise ValueError(exc.failures[0]) from None
+
+    def _resume(self, checkpoints: Checkpoints) -> None:
+        shared, local = checkpoints.load(self.identity)
+        changes = self.cfg.changes(shared.get("settings") or self.cfg.settings())
+        if changes and not self.cfg.allow_changes:
+            raise ValueError(f"--resume {self.cfg.resume}: this run differs from the checkpoint in "
+                             f"{'; '.join(changes)}; rerun with the same settings, or pass --allow-changes")
+        if changes and self.rank == 0:
+            print(f"cachepipe train: resuming with changes (--allow-changes): {'; '.join(changes)}", flush=True)
         self.model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scaler is not None and shared.get("scaler"):
             self.scaler.load_state_dict(shared["scaler"])
         self.epoch, self.global_step, self.accum = shared["epoch"], shared["step"], local["accum"]
+        self.checkpoints.generation = checkpoints.generation
         self.local = local
 
     def _checkpoint(self) -> None:
         shared = dict(self.identity, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                       scaler=self.scaler.state_dict() if self.scaler else None, epoch=self.epoch,
-                      recipe_config=self.recipe.to_dict())
+                      step=self.global_step, settings=self.cfg.settings())
         local = {"exchanger": self.exchanger.state_dict(), "phase": self.phase_index, "accum": self.accum,
                  "loader": self.loader.state_dict(), "rng": rng_state()}
-        save_checkpoint(self.cfg.out, rank=self.rank, step=self.global_step, shared=shared, local=local)
+        self.checkpoints.save(shared, local)
 
     def _step(self, images, labels, fraction: float, times: TimeBreakdown) -> float:
         for group in self.optimizer.param_groups:
@@ -241,12 +267,13 @@ class _Run:
         breakdown.load_state_dict(self.accum["breakdown"])
         row["time_per_iter"] = breakdown.per_iteration()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
-        counts = cache_counts(self.loader)
+        counts = loader_counts(self.loader)
         delta = all_sum(torch.tensor([c - p for c, p in zip(counts, self.cache_seen)], dtype=torch.float64),
-                        self.device)
+                        self.device).tolist()
         self.cache_seen = counts
         if self.spec.kind != "memory":
-            row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta.tolist())}
+            row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta)}
+        row["skipped"] = int(delta[-1])  # bad samples replaced, all ranks
         self.epoch += 1
         self.accum = self._fresh_accum()
         self._checkpoint()

@@ -1,4 +1,5 @@
-"""The per-epoch table printed by rank 0 (loss, accuracy, throughput, breakdown, cache hits).
+"""The per-epoch table printed by rank 0 (loss, accuracy, throughput, breakdown, cache hits,
+bad samples skipped and replaced).
 
 The cache column counts the epoch's reads served by L2, L1 and the source, and the share
 served by L2: the coverage the epoch saw (below 100 % when L2 holds a fixed subset of a
@@ -11,7 +12,7 @@ import sys
 __all__ = ["HEADER", "format_row", "print_row"]
 
 HEADER = (f"{'epoch':>5} {'px':>4} {'comm':>7} {'loss':>7} {'top1':>6} {'top5':>6} {'img/s':>7} "
-          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} {'cache L2/L1/src (L2 %)':>26}")
+          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} {'cache L2/L1/src (L2 %)':>26} {'skip':>5}")
 
 
 def _hits(cache: dict | None) -> str:
@@ -27,7 +28,8 @@ def format_row(row: dict) -> str:
     return (f"{row['epoch']:>5} {row.get('size', 0):>4} {row.get('comm', ''):>7} {row['train_loss']:>7.3f} "
             f"{row['val_top1']:>6.1f} {row['val_top5']:>6.1f} {row['images_per_s']:>7.1f} "
             f"{t.get('data', 0):>6.1f} {t.get('compute', 0):>6.1f} {t.get('compress', 0):>6.1f} "
-            f"{t.get('communicate', 0):>6.1f} {t.get('update', 0):>6.1f} {_hits(row.get('cache')):>26}")
+            f"{t.get('communicate', 0):>6.1f} {t.get('update', 0):>6.1f} {_hits(row.get('cache')):>26} "
+            f"{row.get('skipped', 0):>5}")
 
 
 def print_row(row: dict, header: bool = False) -> None:

@@ -1,10 +1,11 @@
 """``RunConfig``: what one training run needs besides its recipe (paths, loader, resume)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from trainer.config import Recipe
-from trainer.data import LOADERS
+from trainer.data import LOADERS, ON_ERROR
 
 __all__ = ["RunConfig"]
 
@@ -29,6 +30,16 @@ class RunConfig:
         print_table: rank 0 prints one table row per epoch.
         ddp: exchange inside backward through DistributedDataParallel (sparse algorithms
             as its comm hook) instead of the standalone exchanger after backward.
+        follow_external_links: the cache's scan follows symlinks leaving the data root
+            (NOTE [symlinks in the source] in ``cachepipe/scan.py``).
+        on_error: ``skip`` (default): a corrupt or unreadable sample is warned about,
+            counted (``skipped`` in the epoch row) and replaced, so every batch stays full
+            (NOTE [replacing bad samples] in ``loaders.replacement``); ``raise``: it ends the run.
+        overwrite: a new run may replace the run in a non-empty ``out`` (its
+            ``metrics.jsonl`` and ``checkpoints/``); without it, or ``resume``, such an
+            ``out`` is refused (``trainer.run_dir``).
+        allow_changes: resume even when ``settings()`` differ from the checkpoint's
+            (the differences are printed); without it they are refused.
     """
 
     recipe: Recipe
@@ -45,14 +56,46 @@ class RunConfig:
     stop_after_steps: int = 0
     print_table: bool = True
     ddp: bool = False
+    follow_external_links: bool = False
+    on_error: str = "skip"
+    overwrite: bool = False
+    allow_changes: bool = False
 
     def __post_init__(self):
         if self.loader not in LOADERS:
             raise ValueError(f"unknown loader {self.loader!r}; valid: {list(LOADERS)}")
         if self.ckpt_every < 0 or self.stop_after_steps < 0:
             raise ValueError(f"--ckpt-every and --stop-after-steps must be >= 0; got {self.ckpt_every}, {self.stop_after_steps}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"--on-error must be one of {list(ON_ERROR)}; got {self.on_error!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda; got {self.device!r}")
         for name, v in (("nodes", self.nodes), ("local_size", self.local_size)):
             if v is not None and v < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {v}")
+
+    def settings(self) -> dict:
+        """What decides the run's result and must not change silently on resume: the recipe
+        (epochs, lr, density, comm, ... of every phase), the data root, the loader and DDP."""
+        return {"recipe": self.recipe.to_dict(), "data": os.path.abspath(self.data), "loader": self.loader,
+                "ddp": self.ddp}
+
+    def changes(self, saved: dict) -> list[str]:
+        """``"key: saved -> now"`` for every setting that differs from ``saved`` (a
+        checkpoint's ``settings()``), e.g. ``"recipe.optim.lr: 0.4 -> 0.8"``."""
+        old, new = _flatten(saved), _flatten(self.settings())
+        return [f"{k}: {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}"
+                for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _flatten(value, prefix: str = "") -> dict:
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in value):
+        items = enumerate(value)
+    else:
+        return {prefix: list(value) if isinstance(value, tuple) else value}
+    out = {}
+    for k, v in items:
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out

@@ -10,9 +10,14 @@ implementations, chosen by ``kernel``, return the same indices for the same gene
   pass, then replays the N bisection steps on scalars (NOTE [MSTopK torch path]).
 - ``"bisect"``: the literal N counting passes in device tensors, no host sync in the
   loop; the reference the others are tested against.
-- ``"gpu"``: fused Triton kernels, three passes over ``x`` (NOTE [MSTopK GPU kernel]).
-- ``"auto"``: ``"gpu"`` for CUDA float16/bfloat16/float32 tensors when Triton imports,
-  else ``"torch"``.
+- ``"gpu"``: fused Triton kernels, three passes over ``x`` and two host syncs (NOTE
+  [MSTopK GPU kernel]); CUDA tensors, or CPU tensors when ``TRITON_INTERPRET=1`` runs the
+  kernels in Triton's interpreter (NOTE [Triton interpreter]). A kernel that fails to
+  compile or launch falls back to ``"torch"`` with one warning per process (NOTE
+  [MSTopK kernel fallback]).
+- ``"auto"``: ``"gpu"`` for CUDA float16/bfloat16/float32 tensors when triton is
+  installed; ``"torch"`` for float64, for CPU tensors (the interpreter is a test tool,
+  never picked automatically) and when triton is missing.
 
 See NOTE [MSTopK thresholds from the (k+1)-th magnitude] and NOTE [MSTopK fill rule] in
 ``comm/topk/mstopk_band.py`` for why the implementations agree and how the fill differs
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -32,13 +39,22 @@ from comm.topk.mstopk_bisect import mstopk_bisect
 from comm.topk.mstopk_torch import mstopk_torch
 
 __all__ = ["mstopk", "mstopk_select", "mstopk_thresholds", "MSTopKResult", "KERNELS",
-           "gpu_kernel_available", "resolve_kernel"]
+           "gpu_kernel_available", "interpreter_enabled", "resolve_kernel"]
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_impl():
+    try:
+        from comm.topk.mstopk_triton import mstopk_gpu  # NOTE: imports triton
+    except Exception as e:  # a broken triton install must not end a training run
+        warnings.warn(f"MSTopK Triton kernel unavailable ({type(e).__name__}: {e}); using kernel='torch' "
+                      "(NOTE [MSTopK kernel fallback])", RuntimeWarning, stacklevel=4)
+        return mstopk_torch
+    return mstopk_gpu
 
 
 def _gpu(*args):
-    from comm.topk.mstopk_triton import mstopk_gpu  # NOTE: imports triton
-
-    return mstopk_gpu(*args)
+    return _gpu_impl()(*args)
 
 
 # name -> fn(x, k, iters, generator) -> (indices, band); "auto" is resolved first.
@@ -55,8 +71,13 @@ class MSTopKResult(NamedTuple):
 
 @functools.lru_cache(maxsize=1)
 def gpu_kernel_available() -> bool:
-    """Whether the Triton kernel can run here: CUDA present and ``triton`` importable."""
+    """Whether the Triton kernel can run on CUDA here: CUDA present and ``triton`` installed."""
     return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
+
+
+def interpreter_enabled() -> bool:
+    """Whether ``kernel="gpu"`` takes CPU tensors: ``TRITON_INTERPRET=1`` and triton installed."""
+    return os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
 
 def resolve_kernel(kernel: str, x: torch.Tensor) -> str:
@@ -71,9 +92,10 @@ def resolve_kernel(kernel: str, x: torch.Tensor) -> str:
         return "gpu" if gpu_ok else "torch"
     if kernel not in KERNELS:
         raise ValueError(f"unknown mstopk kernel {kernel!r}; valid: {['auto'] + sorted(KERNELS)}")
-    if kernel == "gpu" and not (x.is_cuda and gpu_kernel_available()):
-        raise ValueError("kernel='gpu' needs a CUDA tensor and Triton (pip install triton); "
-                         "use kernel='torch' or 'auto'")
+    if kernel == "gpu" and not (gpu_kernel_available() if x.is_cuda else
+                                (x.device.type == "cpu" and interpreter_enabled())):
+        raise ValueError("kernel='gpu' needs a CUDA tensor and Triton (pip install triton), or a CPU "
+                         "tensor with TRITON_INTERPRET=1; use kernel='torch' or 'auto'")
     return kernel
 
 

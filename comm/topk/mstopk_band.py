@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["MSTopKBand", "band_from_kth", "kth_largest", "select_from_candidates", "smallest_positive",
+__all__ = ["MSTopKBand", "band_from_kth", "band_counts", "kth_largest", "select_from_candidates", "draw_offset",
+           "smallest_positive",
            "MAX_ITERS"]
 
 MAX_ITERS = 50  # ratio = j / 2**N stays exact in float64 well past this
@@ -110,8 +111,29 @@ def smallest_positive(dtype: torch.dtype) -> float:
     return float(np.nextafter(np.float32(0), np.float32(1))) if dtype == torch.float32 else 5e-324
 
 
+def draw_offset(high: int, generator: torch.Generator | None) -> int | torch.Tensor:
+    """The fill window's offset, uniform in ``[0, high)`` (paper line 27: rand = random(0,
+    len(band) - (k - k1) + 1)): a host int from a CPU generator (or ``None``, torch's
+    default), a 1-element tensor on a CUDA generator's device (no host sync either way).
+    """
+    device = generator.device if generator is not None else torch.device("cpu")
+    offset = torch.randint(0, high, (1,), generator=generator, device=device)
+    return int(offset) if device.type == "cpu" else offset
+
+
+def band_counts(cand_val: torch.Tensor, band: MSTopKBand, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(n_upper, n_band)`` as 0-dim device tensors (no host sync); see ``select_from_candidates``."""
+    # The thresholds are exact in cand_val's dtype, so Python scalars compare exactly
+    # (and, unlike a tensor made on the host, need no copy to the device).
+    n_upper = (cand_val >= band.upper).sum()
+    if band.lower > 0:
+        return n_upper, ((cand_val >= band.lower) & (cand_val < band.upper)).sum()
+    return n_upper, n - n_upper
+
+
 def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band: MSTopKBand, k: int,
-                           n: int, generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
+                           n: int, generator: torch.Generator | None,
+                           counts: tuple[int, int] | None = None) -> tuple[torch.Tensor, MSTopKBand]:
     """Keep every candidate ``>= upper`` and fill from the band with a random window.
 
     Args:
@@ -122,32 +144,40 @@ def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band:
         k: how many to select (``#{|x| >= lower} >= k`` must hold).
         n: ``x.numel()``.
         generator: draws the window offset (``None``: torch's default CPU generator).
+        counts: ``(n_upper, n_band)`` already read to the host (``band_counts``); ``None``
+            reads them here (one host sync on CUDA).
 
     Returns:
         ``(indices, band)``: ``k`` indices (the kept ones, then the window, each ascending)
-        and the band with ``n_upper`` / ``n_band`` filled in.
+        and the band with ``n_upper`` / ``n_band`` filled in. Given the counts, nothing here
+        waits for the device: every tensor has a size known on the host, and the window
+        offset stays on the device unless the generator is a CPU one.
     """
-    upper = torch.tensor(band.upper, dtype=cand_val.dtype, device=cand_val.device)
-    above = cand_val >= upper
-    kept = cand_idx[above]
-    need = k - kept.numel()
-    if band.lower > 0:
-        band_idx = cand_idx[(cand_val >= band.lower) & ~above]
-        n_band = band_idx.numel()
-    else:  # the band is every entry not kept: its index list is the complement of `kept`
-        band_idx, n_band = None, n - kept.numel()
+    if counts is None:
+        counts = tuple(int(c) for c in torch.stack(band_counts(cand_val, band, n)).tolist())
+    n_upper, n_band = counts
+    need = k - n_upper
     if need < 0 or n_band < need:
-        raise RuntimeError(f"MSTopK band inconsistent: {kept.numel()} above, {n_band} in band, k={k}")
-    # Paper line 27: rand = random(0, len(band) - (k - k1) + 1), an integer in [0, len - need].
-    device = generator.device if generator is not None else torch.device("cpu")
-    offset = int(torch.randint(0, n_band - need + 1, (1,), generator=generator, device=device))
-    if band_idx is not None:
-        window = band_idx[offset:offset + need]
+        raise RuntimeError(f"MSTopK band inconsistent: {n_upper} above, {n_band} in band, k={k}")
+    offset = draw_offset(n_band - need + 1, generator)
+    above = cand_val >= band.upper
+    # Scatter the kept entries to [0, n_upper) and the window to [n_upper, k), in index
+    # order; everything else goes to the spare slot k. No boolean indexing: its size
+    # would have to be read back from the device.
+    out = torch.empty(k + 1, dtype=torch.int64, device=cand_idx.device)
+    pos = torch.where(above, torch.cumsum(above, 0) - 1, k)
+    if band.lower > 0:
+        in_band = (cand_val >= band.lower) & ~above
+        rank = torch.cumsum(in_band, 0) - 1 - offset
+        pos = torch.where(in_band & (rank >= 0) & (rank < need), n_upper + rank, pos)
+        out.scatter_(0, pos, cand_idx)
     else:
-        # The r-th entry of the complement of sorted K is r + #{j : K[j] - j <= r}.
-        r = torch.arange(offset, offset + need, device=kept.device)
-        gaps = kept - torch.arange(kept.numel(), device=kept.device)
-        window = r + torch.searchsorted(gaps, r, right=True)
-    indices = torch.cat([kept, window])
-    return indices, MSTopKBand(band.lower, band.upper, band.search_lo, band.search_hi,
-                               n_upper=kept.numel(), n_band=n_band)
+        # The band is every entry not kept: the r-th entry of the complement of sorted K
+        # is r + #{j : K[j] - j <= r}.
+        out.scatter_(0, pos, cand_idx)
+        kept = out[:n_upper]
+        r = offset + torch.arange(need, device=cand_idx.device)
+        gaps = kept - torch.arange(n_upper, device=cand_idx.device)
+        out[n_upper:k] = r + torch.searchsorted(gaps, r, right=True)
+    return out[:k], MSTopKBand(band.lower, band.upper, band.search_lo, band.search_hi,
+                               n_upper=n_upper, n_band=n_band)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from cachepipe import Manifest
+from cachepipe import CacheWarning, Manifest
 from tests.torchvision_reference import torchvision_image_folder
 
 
@@ -22,12 +22,16 @@ def test_ordering_matches_imagefolder(tmp_path):
              "B/upper.bmp", "c d/space.ppm", "a/sub/3.TIFF", "a/e.pgm"]
     for n in names:
         _touch(root / n)
-    (tmp_path / "elsewhere" / "k").mkdir(parents=True)
-    _touch(tmp_path / "elsewhere" / "k" / "linked.jpg")
+    for k in ("k", "k2"):
+        (tmp_path / "elsewhere" / k).mkdir(parents=True)
+        _touch(tmp_path / "elsewhere" / k / "linked.jpg")
     os.symlink(tmp_path / "elsewhere" / "k", root / "linkcls")  # a symlinked class dir
-    os.symlink(tmp_path / "elsewhere" / "k", root / "a" / "via_link")  # symlinked subdir
+    os.symlink(tmp_path / "elsewhere" / "k2", root / "a" / "via_link")  # symlinked subdir
     _touch(root / "stray.jpg")  # a file in the root is no class
-    m = Manifest.scan(root)
+    with pytest.warns(CacheWarning, match="skipped 2 link"):  # they leave the root
+        inside = Manifest.scan(root)
+    assert inside.classes == ["B", "a", "b", "c d"] and len(inside) == 12
+    m = Manifest.scan(root, follow_external_links=True)
     classes, class_to_idx, instances = torchvision_image_folder(str(root))
     assert m.classes == classes == ["B", "a", "b", "c d", "linkcls"]
     assert m.class_to_idx == class_to_idx
@@ -77,7 +81,7 @@ def test_reuse_without_rescan_and_change_detection(source, tmp_path, monkeypatch
     first = Manifest.load_or_scan(source, cache)
     scans = []
     real_scan = Manifest.scan.__func__
-    monkeypatch.setattr(Manifest, "scan", classmethod(lambda cls, r: scans.append(r) or real_scan(cls, r)))
+    monkeypatch.setattr(Manifest, "scan", classmethod(lambda cls, r, **kw: scans.append(r) or real_scan(cls, r, **kw)))
     again = Manifest.load_or_scan(source, cache)
     assert scans == [] and again.fingerprint == first.fingerprint and again.samples == first.samples
     # an in-place edit leaves directory mtimes alone: only verify="files" sees it
@@ -104,7 +108,7 @@ def test_racy_directory_forces_rescan(source, tmp_path, monkeypatch):
     Manifest.load_or_scan(source, cache)  # racy: the next call cannot trust these mtimes
     calls = []
     real_scan = Manifest.scan.__func__
-    monkeypatch.setattr(Manifest, "scan", classmethod(lambda cls, r: calls.append(r) or real_scan(cls, r)))
+    monkeypatch.setattr(Manifest, "scan", classmethod(lambda cls, r, **kw: calls.append(r) or real_scan(cls, r, **kw)))
     Manifest.load_or_scan(source, cache)
     assert len(calls) == 1
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cachepipe import CacheWarning, CorruptSampleError, TwoLevelCache
+from cachepipe.decode import DECODER_TAG
 from cachepipe.l2_codec import encode_sample
 from tests.cachepipe.conftest import reference_pixels, truncate
 
@@ -52,7 +53,7 @@ def test_cache_size_and_prefix_are_part_of_the_key(source, cache_dir, redis_serv
             TwoLevelCache(source, cache_dir, redis_server.url, 48, prefix="p") as b:
         assert min(a.get(0).shape[:2]) == 32 and min(b.get(0).shape[:2]) == 48
         keys = sorted(k.decode() for k in redis_server.client().keys("*"))
-        assert keys == [f"p:{a.fingerprint}:32:0", f"p:{a.fingerprint}:48:0"]
+        assert keys == [f"p:{a.fingerprint}:32:{DECODER_TAG}:0", f"p:{a.fingerprint}:48:{DECODER_TAG}:0"]
 
 
 def test_no_l2_mode(source, cache_dir):

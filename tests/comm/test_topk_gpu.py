@@ -1,7 +1,10 @@
-"""MSTopK's Triton kernel against the torch implementation (CUDA + Triton only)."""
-from __future__ import annotations
+"""MSTopK's Triton kernels against the torch implementation.
 
-import importlib.util
+On a CUDA machine the kernels run on the GPU; elsewhere tests/conftest.py sets
+TRITON_INTERPRET=1 and they run in Triton's interpreter on CPU tensors (NOTE [Triton
+interpreter in tests]), which checks the logic, masking, atomics and counts, not speed.
+"""
+from __future__ import annotations
 
 import pytest
 import torch
@@ -9,39 +12,122 @@ import torch
 from comm.topk import SELECTORS, captured_energy, mstopk, mstopk_select, recall
 from comm.topk.mstopk import resolve_kernel
 from tools.bench.topk import DISTRIBUTIONS, make_input
+from tools.bench.topk_counts import HostSyncCounter
 
-pytestmark = [
-    pytest.mark.gpu,
-    # The kernel path warns and falls back to torch if its passes disagree: that is a bug here.
-    pytest.mark.filterwarnings("error::RuntimeWarning"),
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton: pip install triton"),
-]
+pytestmark = [pytest.mark.triton]
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DIST_CASES = sorted(DISTRIBUTIONS) + ["ties"]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The kernel module (imported only here: importing triton reads TRITON_INTERPRET)."""
+    import comm.topk.mstopk_triton as kernels
+
+    return kernels
+
+
+@pytest.fixture(autouse=True)
+def no_fallback(kernels):
+    """The kernel path falls back to torch if a kernel fails or its counts disagree:
+    that is a bug here, so the count must not move. (The fallback tests count in a
+    dict of their own, which monkeypatch removes before this check.)"""
+    before = kernels.FALLBACKS["count"]
+    yield
+    assert kernels.FALLBACKS["count"] == before, "the Triton path fell back to torch"
 
 
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("dist", sorted(DISTRIBUTIONS) + ["ties"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n", [1_000, 1_000_003, 1 << 22])
-def test_gpu_kernel_selects_what_the_torch_path_selects(dist, dtype, n):
-    x = make_input(dist, n, seed=21, device="cuda", dtype=dtype)
+def _same_as_torch(x: torch.Tensor, k: int, **opts) -> None:
+    gpu = mstopk_select(x, k, kernel="gpu", generator=_gen(3), **opts)
+    ref = mstopk_select(x, k, kernel="torch", generator=_gen(3), **opts)
+    assert torch.equal(gpu.indices, ref.indices), (x.dtype, x.numel(), k)
+    g, r = gpu.band, ref.band
+    assert (g.n_upper, g.n_band) == (r.n_upper, r.n_band)
+    if g.search_lo == r.search_lo:
+        # Same thresholds when the searches start from the same mean. The means can differ
+        # in the low bits (the kernel sums in float64; torch on CPU in float32 per 1M chunk),
+        # and then a threshold can land one float32 step away with the same selection.
+        assert (g.lower, g.upper) == (r.lower, r.upper)
+    torch.testing.assert_close(gpu.values, x[gpu.indices], rtol=0, atol=0)
+
+
+def _sizes():
+    # Below one block, several blocks with a ragged last one, and ~1M (float32 only:
+    # the dtype only changes the load, which the smaller sizes already cover).
+    from comm.topk.mstopk_triton import BLOCK  # noqa: PLC0415 (after conftest set the mode)
+
+    return [1_000, 2 * BLOCK + 17]
+
+
+@pytest.mark.parametrize("dist", DIST_CASES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("size", ["below_one_block", "ragged_blocks"])
+def test_kernel_selects_what_the_torch_path_selects(dist, dtype, size):
+    n = dict(zip(["below_one_block", "ragged_blocks"], _sizes()))[size]
+    x = make_input(dist, n, seed=21, device=DEVICE, dtype=dtype)
     for density in (0.001, 0.01, 0.3):
-        k = max(1, int(density * n))
-        gpu = mstopk_select(x, k, kernel="gpu", generator=_gen(3))
-        ref = mstopk_select(x, k, kernel="torch", generator=_gen(3))
-        assert torch.equal(gpu.indices, ref.indices), (dist, dtype, n, k)
-        # Same thresholds and counts (the means may differ in the last float64 bits:
-        # the kernel sums per program, torch sums at once).
-        g, r = gpu.band, ref.band
-        assert (g.lower, g.upper, g.n_upper, g.n_band) == (r.lower, r.upper, r.n_upper, r.n_band)
-        torch.testing.assert_close(gpu.values, x[gpu.indices], rtol=0, atol=0)
+        _same_as_torch(x, max(1, int(density * n)))
+
+
+@pytest.mark.parametrize("dist", DIST_CASES)
+def test_kernel_selects_what_the_torch_path_selects_at_1m(dist):
+    x = make_input(dist, 1_000_003, seed=21, device=DEVICE)
+    for density in (0.001, 0.01, 0.3):
+        _same_as_torch(x, int(density * x.numel()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dist", ["gaussian", "student_t3", "cauchy", "lognormal"])
+def test_kernel_selects_what_the_torch_path_selects_at_4m(dist):
+    x = make_input(dist, 1 << 22, seed=21, device=DEVICE)
+    _same_as_torch(x, (1 << 22) // 1000)
+
+
+def test_kernel_with_the_gpu_block_sizes(kernels, monkeypatch):
+    # The interpreter runs larger blocks; the GPU's own sizes, over several loop
+    # iterations per program and a ragged tail, select the same.
+    monkeypatch.setattr(kernels, "BLOCK", 4096)
+    monkeypatch.setattr(kernels, "COMPACT_BLOCK", 8192)
+    x = make_input("student_t3", 5 * 8192 + 123, seed=25, device=DEVICE)
+    for k in (7, 400, 9_000):
+        _same_as_torch(x, k)
+
+
+def test_kernel_edge_cases():
+    zeros = torch.zeros(100_000, device=DEVICE)
+    assert mstopk(zeros, 100, kernel="gpu")[1].unique().numel() == 100
+    _same_as_torch(zeros, 100)
+    mostly_zero = make_input("sparse", 200_000, seed=26, device=DEVICE, nonzero=0.001)
+    for k in (50, 199, 200, 201, 5_000):  # 200 nonzero entries: (k+1)-th magnitude 0 from k = 200
+        _same_as_torch(mostly_zero, k)
+    outlier = make_input("gaussian", 300_000, seed=27, device=DEVICE) * 1e-3
+    outlier[123_456] = 1e6
+    for k in (1, 30, 3_000):
+        _same_as_torch(outlier, k)
+    x = torch.randn(100_000, device=DEVICE)
+    assert mstopk(x, 0, kernel="gpu")[1].numel() == 0
+    assert mstopk(x, 200_000, kernel="gpu")[1].numel() == 100_000
+    strided = x[::3]
+    assert torch.equal(mstopk(strided, 50, kernel="gpu", generator=_gen())[1],
+                       mstopk(strided.contiguous(), 50, kernel="torch", generator=_gen())[1])
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y[77] = bad
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            mstopk(y, 10, kernel="gpu")
+    with pytest.raises(ValueError, match="float16/bfloat16/float32"):
+        mstopk(x.double(), 10, kernel="gpu")
 
 
 @pytest.mark.parametrize("iters", [0, 2, 30])
-def test_gpu_kernel_thresholds_bound_the_selection(iters):
-    x = make_input("laplace", 2_000_000, seed=22, device="cuda")
+def test_kernel_thresholds_bound_the_selection(iters):
+    x = make_input("laplace", 1_000_003, seed=22, device=DEVICE)
     k = 2_000
     res = mstopk_select(x, k, iters=iters, kernel="gpu", generator=_gen())
     a = x.abs()
@@ -54,50 +140,106 @@ def test_gpu_kernel_thresholds_bound_the_selection(iters):
 
 
 @pytest.mark.parametrize("dist", sorted(DISTRIBUTIONS))
-def test_gpu_kernel_quality_floors(dist):
-    x = make_input(dist, 1 << 20, seed=23, device="cuda")
+def test_kernel_quality_floors(dist):
+    x = make_input(dist, 1 << 18, seed=23, device=DEVICE)
     for density in (0.001, 0.01):
         k = int(density * x.numel())
         _, idx = mstopk(x, k, kernel="gpu")
         assert recall(x, idx, k) >= 0.95 and captured_energy(x, idx, k) >= 0.99
 
 
-def test_gpu_edge_cases():
-    zeros = torch.zeros(100_000, device="cuda")
-    assert mstopk(zeros, 100, kernel="gpu")[1].unique().numel() == 100
-    x = torch.randn(100_000, device="cuda")
-    assert mstopk(x, 0, kernel="gpu")[1].numel() == 0
-    assert mstopk(x, 200_000, kernel="gpu")[1].numel() == 100_000
-    strided = x[::3]
-    assert torch.equal(mstopk(strided, 50, kernel="gpu", generator=_gen())[1],
-                       mstopk(strided.contiguous(), 50, kernel="torch", generator=_gen())[1])
-    x[77] = float("nan")
-    with pytest.raises(ValueError, match="NaN or Inf"):
-        mstopk(x, 10, kernel="gpu")
+@pytest.mark.parametrize("dist", ["gaussian", "student_t3", "cauchy", "lognormal", "ties"])
+def test_candidates_stay_close_to_k(kernels, dist):
+    # At most k entries lie above the fine bin holding the (k+1)-th magnitude, so the
+    # candidates are k plus that bin and the one below it, bins 2**-14 of v wide.
+    x = make_input(dist, 1 << 20, seed=28, device=DEVICE)
+    for k in (1 << 10, 1 << 14):
+        found = kernels.gpu_candidates(x.contiguous(), k, 30)
+        m = found.idx.numel()
+        assert k < m <= 2 * k + found.fine_bin, (dist, k, m, found.fine_bin)
+        assert bool((found.idx[1:] > found.idx[:-1]).all())
+        torch.testing.assert_close(found.val, x.abs()[found.idx], rtol=0, atol=0)
 
 
-def test_auto_picks_the_kernel_on_cuda_and_cuda_generators_work():
-    x = torch.randn(10_000, device="cuda")
-    assert resolve_kernel("auto", x) == "gpu"
+def test_auto_picks_the_kernel_only_on_cuda_and_cuda_generators_work():
+    x = torch.randn(10_000, device=DEVICE)
+    assert resolve_kernel("auto", x) == ("gpu" if x.is_cuda else "torch")  # never the interpreter
     assert resolve_kernel("auto", x.double()) == "torch"
-    g = torch.Generator(device="cuda").manual_seed(0)
-    values, indices = mstopk(x, 10, generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    values, indices = mstopk(x, 10, generator=g, kernel="gpu")
     assert indices.device == x.device and indices.numel() == 10
 
 
 @pytest.mark.parametrize("name", sorted(SELECTORS))
-def test_every_selector_runs_on_cuda(name):
-    x = make_input("student_t", 500_000, seed=24, device="cuda")
-    values, indices = SELECTORS[name](x, 500, generator=torch.Generator(device="cuda").manual_seed(0))
-    assert indices.device.type == "cuda" and indices.unique().numel() == 500
+def test_every_selector_runs_on_the_device(name):
+    x = make_input("student_t", 500_000, seed=24, device=DEVICE)
+    values, indices = SELECTORS[name](x, 500, generator=torch.Generator(device=DEVICE).manual_seed(0),
+                                      kernel="gpu")
+    assert indices.device == x.device and indices.unique().numel() == 500
     torch.testing.assert_close(values, x[indices], rtol=0, atol=0)
     assert recall(x, indices) >= 0.95
 
 
 @pytest.mark.parametrize("scale", [1e-40, 1e37])
-def test_gpu_kernel_on_subnormal_and_huge_magnitudes(scale):
-    x = torch.randn(1_000_003, device="cuda") * scale
+def test_kernel_on_subnormal_and_huge_magnitudes(scale):
+    x = torch.randn(200_003, generator=_gen(29)).to(DEVICE) * scale
     for iters in (1, 30):
-        gpu = mstopk_select(x, 5_000, iters=iters, kernel="gpu", generator=_gen())
-        ref = mstopk_select(x, 5_000, iters=iters, kernel="torch", generator=_gen())
-        assert torch.equal(gpu.indices, ref.indices)
+        _same_as_torch(x, 1_000, iters=iters)
+
+
+@pytest.mark.parametrize("dist,density", [("gaussian", 0.001), ("cauchy", 0.01), ("ties", 0.3),
+                                          ("sparse", 0.05)])
+def test_at_most_two_host_syncs_per_call(dist, density):
+    x = make_input(dist, 300_000, seed=30, device=DEVICE)
+    k = int(density * x.numel())
+    mstopk(x, k, kernel="gpu")  # compile first
+    for generator in (None, _gen(), torch.Generator(device=DEVICE).manual_seed(0)):
+        with HostSyncCounter() as syncs:
+            _, idx = mstopk(x, k, kernel="gpu", generator=generator)
+        assert syncs.count <= 2, syncs.where
+        assert idx.numel() == k
+    # ... and the counter sees the torch path's syncs, so it is not blind.
+    with HostSyncCounter() as syncs:
+        mstopk(x, k, kernel="torch")
+    assert syncs.count > 2, syncs.where
+
+
+def test_a_kernel_that_fails_to_compile_falls_back_with_one_warning(kernels, monkeypatch):
+    # A real Triton compile error: tl.arange needs a power-of-two block.
+    monkeypatch.setattr(kernels, "BLOCK", 3000)
+    monkeypatch.setattr(kernels, "FALLBACKS", {"count": 0})
+    x = make_input("gaussian", 50_000, seed=31, device=DEVICE)
+    with pytest.warns(RuntimeWarning, match="a kernel failed"):
+        first = mstopk_select(x, 100, kernel="gpu", generator=_gen())
+    ref = mstopk_select(x, 100, kernel="torch", generator=_gen())
+    assert torch.equal(first.indices, ref.indices)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: no second warning
+        again = mstopk_select(x, 100, kernel="gpu", generator=_gen())
+    assert torch.equal(again.indices, ref.indices) and kernels.FALLBACKS["count"] == 2
+
+
+def test_a_compaction_that_disagrees_with_the_histogram_falls_back(kernels, monkeypatch):
+    # Launch the real compaction with a cut above the one the histogram counted, as a
+    # miscompiled histogram would: fewer candidates are written than were counted.
+    launch = kernels._launch
+
+    def shifted(kernel, grid, *args, **meta):
+        if kernel is kernels._compact_kernel:
+            args = (args[0], args[1], args[2] + kernels.BINS, *args[3:])  # one coarse bin up
+        return launch(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(kernels, "_launch", shifted)
+    monkeypatch.setattr(kernels, "FALLBACKS", {"count": 1})  # already warned in this process
+    x = make_input("gaussian", 50_000, seed=32, device=DEVICE)
+    res = mstopk_select(x, 500, kernel="gpu", generator=_gen())
+    assert kernels.FALLBACKS["count"] == 2
+    assert torch.equal(res.indices, mstopk_select(x, 500, kernel="torch", generator=_gen()).indices)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="kernel='gpu' needs a CUDA tensor"):
+        mstopk(torch.randn(100), 3, kernel="gpu")

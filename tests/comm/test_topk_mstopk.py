@@ -106,7 +106,8 @@ def test_search_runs_between_mean_and_max():
     assert res.band.search_hi == float(x.abs().max())
 
 
-def test_kernel_names():
+def test_kernel_names(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # CPU tensors need the interpreter
     x = torch.randn(10)
     assert resolve_kernel("auto", x) == "torch"
     with pytest.raises(ValueError, match="valid: .*'bisect'"):

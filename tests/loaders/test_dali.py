@@ -11,6 +11,7 @@ import torch
 
 from cachepipe import CacheWarning, CorruptSampleError, TwoLevelCache
 from loaders import build_dali_loader, cached_dataloader
+from loaders.replacement import replacement_index
 from loaders.transforms import normalize
 
 SMALL = dict(cache_size=40)
@@ -203,7 +204,7 @@ def test_shard_killed_mid_epoch_degrades_to_l1_and_keeps_order(source, cache_dir
 
 @pytest.mark.dali
 @pytest.mark.parametrize("workers", [0, 2])
-def test_corrupt_samples_are_skipped_and_counted_or_raise_naming_the_file(source, cache_dir, workers):
+def test_corrupt_samples_are_replaced_and_counted_or_raise_naming_the_file(source, cache_dir, workers):
     bad = sorted((source / "class_0002").iterdir())[0]
     bad.write_bytes(b"\xff\xd8 truncated")
     kwargs = dict(batch_size=8, train=False, size=24, device="cpu", cache_dir=cache_dir, redis=False,
@@ -214,14 +215,14 @@ def test_corrupt_samples_are_skipped_and_counted_or_raise_naming_the_file(source
             warnings.simplefilter("always")
             batches = epoch(skip, 0)
         if not workers:  # workers warn on their own stderr
-            assert any("skipped 1 corrupt" in str(w.message) for w in caught)
+            assert any("skipped 1 bad" in str(w.message) for w in caught)
         bad_index = [p for p, _ in skip.dataset.samples].index(str(bad))
-        sizes = [8, 8, 8]
-        sizes[bad_index // 8] -= 1  # the corrupt sample's batch is one shorter
-        assert [len(y) for _, y in batches] == sizes
+        assert [len(y) for _, y in batches] == [8, 8, 8]  # NOTE [replacing bad samples]: batches stay full
         assert skip.skipped == [bad_index]
+        stand_in = replacement_index(f"0/0/0/{bad_index // 8}", bad_index, 0, 24)
         labels = torch.cat([y for _, y in batches]).tolist()
-        assert labels == [t for i, t in enumerate(skip.dataset.targets) if i != bad_index]
+        targets = skip.dataset.targets
+        assert labels == [targets[stand_in] if i == bad_index else t for i, t in enumerate(targets)]
     finally:
         skip.close()
     strict = build_dali_loader(source, **kwargs)

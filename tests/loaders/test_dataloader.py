@@ -11,6 +11,7 @@ import torch
 
 from cachepipe import CacheWarning, CorruptSampleError, TwoLevelCache
 from loaders import cached_dataloader
+from loaders.replacement import replacement_index
 from loaders.sampler import shard_indices
 
 SMALL = dict(cache_size=40, size=32)
@@ -150,7 +151,9 @@ def test_corrupt_samples_through_the_loader(source, cache_dir):
     try:
         labels = torch.cat([y for _, y in run_epoch(skip, 0)])
         bad_index = [p for p, _ in skip.dataset.samples].index(str(bad))
-        assert len(labels) == 23 and skip.skipped == [bad_index]
+        assert len(labels) == 24 and skip.skipped == [bad_index]  # replaced: NOTE [replacing bad samples]
+        stand_in = replacement_index(f"0/0/0/{bad_index // 8}", bad_index, 0, 24)
+        assert labels[bad_index] == skip.dataset.targets[stand_in]
     finally:
         skip.close()
     strict = cached_dataloader(source, batch_size=8, train=False, workers=2, cache_dir=cache_dir, redis=False,

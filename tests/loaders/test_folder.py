@@ -11,6 +11,7 @@ from PIL import Image
 
 from cachepipe import CorruptSampleError
 from loaders import CachedImageFolder
+from loaders.replacement import replacement_index
 from loaders.transforms import ValTransform
 from tests.torchvision_reference import torchvision_image_folder
 
@@ -90,7 +91,7 @@ def test_empty_root_and_empty_class_say_what_was_found(tmp_path, source):
 
 
 @pytest.mark.parametrize("cache", ["files", "cache"])
-def test_corrupt_sample_raises_naming_the_file_or_is_skipped_and_counted(source, cache_dir, cache):
+def test_corrupt_sample_raises_naming_the_file_or_is_replaced_and_counted(source, cache_dir, cache):
     bad = sorted((source / "class_0001").iterdir())[2]
     bad.write_bytes(b"definitely not a JPEG" * 10)
     kwargs = dict(cache=False) if cache == "files" else dict(cache_dir=cache_dir, redis=False)
@@ -104,7 +105,8 @@ def test_corrupt_sample_raises_naming_the_file_or_is_skipped_and_counted(source,
     skipping = CachedImageFolder(source, cache_size=32, on_error="skip", **kwargs)
     with pytest.warns(RuntimeWarning, match=bad.name):
         batch = skipping.__getitems__([0, bad_index, 1])
-    assert [t for _, t in batch] == [skipping.targets[0], skipping.targets[1]]
+    stand_in = replacement_index("", bad_index, 0, len(skipping))  # the batch stays full
+    assert [t for _, t in batch] == [skipping.targets[0], skipping.targets[stand_in], skipping.targets[1]]
     assert skipping.skipped == [bad_index]
 
 

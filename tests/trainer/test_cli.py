@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.checkpoint import Checkpoints
 from trainer.launch import WorkerFailed, launch_local
 
 
@@ -59,10 +59,10 @@ def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
 
 
 def test_checkpoint_from_another_model_is_refused(tmp_path):
-    save_checkpoint(tmp_path, rank=0, step=3, shared={"model_name": "resnet18", "recipe": "demo"}, local={"x": 1})
+    Checkpoints(tmp_path, 0).save({"model_name": "resnet18", "recipe": "demo", "step": 3}, {"x": 1})
     with pytest.raises(ValueError, match="model_name='resnet18' but this run has model_name='resnet50'"):
-        load_checkpoint(tmp_path, rank=0, expect={"model_name": "resnet50", "recipe": "demo"})
-    shared, local = load_checkpoint(tmp_path, rank=0, expect={"model_name": "resnet18"})
+        Checkpoints(tmp_path, 0).load({"model_name": "resnet50", "recipe": "demo"})
+    shared, local = Checkpoints(tmp_path, 0).load({"model_name": "resnet18"})
     assert shared["step"] == 3 and local == {"x": 1}
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from tests.distributed import run_distributed
 from trainer.recipes import load_recipe, override
 from trainer.run_config import RunConfig
+from trainer.checkpoint import Checkpoints
 from trainer.serialize import load_state
 
 ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs"]
@@ -81,17 +82,22 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(small_dataset, tmp_path
         _check_identical(tmp_path / comm)
 
 
+def _newest(run, rank=0):
+    checkpoints = Checkpoints(run, rank)
+    generation = checkpoints.generations()[0]
+    return load_state(checkpoints.shared_path(generation)), load_state(checkpoints.rank_path(generation))
+
+
 def _check_identical(tmp_path):
-    a = load_state(tmp_path / "straight/checkpoints/last.npz")
-    b = load_state(tmp_path / "broken/checkpoints/last.npz")
+    a, b = _newest(tmp_path / "straight")[0], _newest(tmp_path / "broken")[0]
     assert a["step"] == b["step"] == 12 and a["epoch"] == b["epoch"] == 2
     for key in a["model"]:
         assert np.array_equal(a["model"][key].numpy(), b["model"][key].numpy()), key
     for pid, state in a["optimizer"]["state"].items():
         assert np.array_equal(state["momentum_buffer"].numpy(), b["optimizer"]["state"][pid]["momentum_buffer"].numpy())
     for r in range(2):  # error-feedback residuals of every rank
-        ra = load_state(tmp_path / f"straight/checkpoints/rank{r}.step12.npz")["exchanger"]
-        rb = load_state(tmp_path / f"broken/checkpoints/rank{r}.step12.npz")["exchanger"]
+        ra = _newest(tmp_path / "straight", r)[1]["exchanger"]
+        rb = _newest(tmp_path / "broken", r)[1]["exchanger"]
         _assert_same(ra, rb)
     rows_a = (tmp_path / "straight/metrics.jsonl").read_text().splitlines()
     rows_b = (tmp_path / "broken/metrics.jsonl").read_text().splitlines()

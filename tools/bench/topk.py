@@ -7,6 +7,13 @@ and on CUDA the effective bandwidth (bytes of ``x`` / time) and the time in unit
 one read pass over ``x`` (``x.sum()``). ``--plot`` draws time against size per density,
 like Figure 6 of the MLSys 2021 paper. Runs standalone on a GPU box:
 ``python -m tools bench topk --device cuda --json topk_gpu.json --plot topk_gpu.png``.
+
+Every ``mstopk`` row also reports, from one extra instrumented call
+(``tools/bench/topk_counts.py``), ``candidates_per_k``, ``passes`` (bytes read from ``x``
+/ its size) and ``host_syncs``. ``--kernel gpu`` compares the Triton kernel with the
+torch path on the heavy-tailed distributions; without a GPU it runs in Triton's
+interpreter (``TRITON_INTERPRET=1 cachepipe bench topk --device cpu --kernel gpu``),
+which shows the counts, not GPU times.
 """
 from __future__ import annotations
 
@@ -20,14 +27,17 @@ from pathlib import Path
 import torch
 
 from comm.topk import captured_energy, get_selector, recall
-from comm.topk.mstopk import gpu_kernel_available
+from comm.topk.mstopk import gpu_kernel_available, interpreter_enabled
 from tools.bench.table import format_table, machine_description, write_json
+from tools.bench.topk_counts import mstopk_counts
 
 __all__ = ["configure", "main", "make_input", "DISTRIBUTIONS", "parse_size", "run"]
 
 CPU_SIZES = "256K,1M,4M,16M"
 GPU_SIZES = "256K,1M,4M,16M,64M,128M"
+INTERPRETER_SIZES = "256K,1M"
 IMPLS = "exact,dgc,mstopk:torch,mstopk:bisect,mstopk:gpu"
+KERNEL_DISTS = "gaussian,student_t3,cauchy,lognormal"  # --kernel's default --dist
 
 
 def _laplace(n, g, dev):
@@ -37,6 +47,17 @@ def _laplace(n, g, dev):
 
 def _student_t2(n, g, dev):  # Z / sqrt(chi2_2 / 2), chi2_2 = -2 log U
     return torch.randn(n, generator=g, device=dev) / torch.sqrt(-torch.log(torch.rand(n, generator=g, device=dev)))
+
+
+def _student_t3(n, g, dev):  # Z / sqrt(chi2_3 / 3)
+    z = torch.randn(n, generator=g, device=dev)
+    chi2 = torch.randn(3, n, generator=g, device=dev).square().sum(0)
+    return z / torch.sqrt(chi2 / 3)
+
+
+def _lognormal(n, g, dev):  # random sign, log |x| ~ N(0, 1)
+    sign = torch.randint(0, 2, (n,), generator=g, device=dev) * 2 - 1
+    return torch.exp(torch.randn(n, generator=g, device=dev)) * sign
 
 
 def _cauchy(n, g, dev):
@@ -59,7 +80,9 @@ DISTRIBUTIONS = {
     "gaussian": lambda n, g, dev: torch.randn(n, generator=g, device=dev),
     "laplace": _laplace,
     "student_t": _student_t2,
+    "student_t3": _student_t3,
     "cauchy": _cauchy,
+    "lognormal": _lognormal,
     "sparse": _sparse,
 }
 _EXTRA = {"ties": _ties}
@@ -67,8 +90,9 @@ _EXTRA = {"ties": _ties}
 
 def make_input(dist: str, n: int, seed: int = 0, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32, **opts) -> torch.Tensor:
-    """A seeded 1-D test vector: gaussian, laplace, student_t (df=2), cauchy, sparse
-    (1% nonzero Gaussian entries, ``nonzero=`` changes it) or ties (multiples of 1/4).
+    """A seeded 1-D test vector: gaussian, laplace, student_t (df=2), student_t3 (df=3),
+    cauchy, lognormal (random signs), sparse (1% nonzero Gaussian entries, ``nonzero=``
+    changes it) or ties (multiples of 1/4).
 
     Raises:
         ValueError: for an unknown distribution (the message lists the valid ones).
@@ -98,14 +122,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated vector sizes; None means {CPU_SIZES} on cpu, {GPU_SIZES} on cuda")
     parser.add_argument("--density", default="0.001,0.01", help="comma-separated k / d")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where x lives")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="timed calls per measurement; the median is reported")
-    parser.add_argument("--dist", default="gaussian",
-                        help=f"comma-separated input distributions, of {sorted(DISTRIBUTIONS)}")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed calls per measurement, the median is reported; None means 5 (1 with the "
+                             "interpreted --kernel gpu)")
+    parser.add_argument("--dist", default=None,
+                        help=f"comma-separated input distributions, of {sorted(DISTRIBUTIONS)}; "
+                             f"None means gaussian ({KERNEL_DISTS} with --kernel)")
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                         help="dtype of x")
-    parser.add_argument("--impls", default=IMPLS,
-                        help="selector[:kernel] list; unavailable ones are skipped")
+    parser.add_argument("--impls", default=None,
+                        help=f"selector[:kernel] list, unavailable ones are skipped; None means {IMPLS} "
+                             "(without mstopk:gpu on cpu: the interpreter only when asked for)")
+    parser.add_argument("--kernel", choices=["torch", "bisect", "gpu"], default=None,
+                        help="compare this mstopk kernel with the torch path (--impls mstopk:torch,mstopk:KERNEL); "
+                             "gpu on --device cpu needs TRITON_INTERPRET=1 and times only the interpreter")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch's default")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the fill")
     parser.add_argument("--json", default=None, help="write the rows as JSON to this path")
@@ -130,7 +160,9 @@ def _median_time(fn, repeats: int, device: torch.device) -> float:
 
 
 def _available(impl: str, device: torch.device) -> bool:
-    return not impl.endswith(":gpu") or (device.type == "cuda" and gpu_kernel_available())
+    if not impl.endswith(":gpu"):
+        return True
+    return gpu_kernel_available() if device.type == "cuda" else interpreter_enabled()
 
 
 def run(sizes: list[int], densities: list[float], device: torch.device, repeats: int, dists: list[str],
@@ -154,10 +186,12 @@ def run(sizes: list[int], densities: list[float], device: torch.device, repeats:
                     median_s = _median_time(fn, repeats, device)
                     exact_s = median_s if name == "exact" else exact_s
                     _, idx = fn()
-                    row = dict(selector=name, impl=kernel or "torch", device=device.type, dist=dist,
+                    row = dict(selector=name, impl=kernel or "torch", device=device.type, distribution=dist,
                                dtype=str(dtype).replace("torch.", ""), numel=n, k=k, density=density,
                                median_s=median_s, speedup_vs_exact=(exact_s / median_s) if exact_s else None,
                                recall=recall(x, idx, k), energy=captured_energy(x, idx, k))
+                    if name == "mstopk" and kernel in ("torch", "gpu"):  # bisect: N passes by definition
+                        row.update(mstopk_counts(x, k, kernel, torch.Generator().manual_seed(seed)))
                     if read_s is not None:
                         nbytes = n * x.element_size()
                         row.update(eff_GBps=nbytes / median_s / 1e9, read_pass_s=read_s,
@@ -204,14 +238,23 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit("cachepipe bench topk: --device cuda but no CUDA device is available")
     if args.threads:
         torch.set_num_threads(args.threads)
-    sizes = [parse_size(s) for s in (args.sizes or (GPU_SIZES if device.type == "cuda" else CPU_SIZES)).split(",")]
+    impls = [i.strip() for i in (args.impls or IMPLS).split(",")]
+    if args.impls is None and device.type == "cpu":
+        impls.remove("mstopk:gpu")
+    if args.kernel:
+        impls = ["mstopk:torch"] + ([f"mstopk:{args.kernel}"] if args.kernel != "torch" else [])
+        if args.kernel == "gpu" and not _available("mstopk:gpu", device):
+            raise SystemExit("cachepipe bench topk: --kernel gpu needs triton and a CUDA device, or "
+                             "TRITON_INTERPRET=1 with --device cpu")
+    interpreted = device.type == "cpu" and "mstopk:gpu" in impls and _available("mstopk:gpu", device)
+    default_sizes = GPU_SIZES if device.type == "cuda" else INTERPRETER_SIZES if interpreted else CPU_SIZES
+    sizes = [parse_size(s) for s in (args.sizes or default_sizes).split(",")]
     densities = [float(d) for d in args.density.split(",")]
-    dists = [d.strip() for d in args.dist.split(",")]
+    dists = [d.strip() for d in (args.dist or (KERNEL_DISTS if args.kernel else "gaussian")).split(",")]
     for d in dists:
         if d not in DISTRIBUTIONS and d != "ties":
             raise SystemExit(f"unknown --dist {d!r}; valid: {sorted(DISTRIBUTIONS)}")
     dtype = getattr(torch, args.dtype)
-    impls = [i.strip() for i in args.impls.split(",")]
     for impl in impls:
         name, _, kernel = impl.partition(":")
         try:
@@ -222,8 +265,13 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"--impls: {impl!r}: only mstopk takes a kernel (torch, bisect, gpu)")
     machine = machine_description() + (f"; GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
     print(f"machine: {machine}; torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
-    rows = run(sizes, densities, device, args.repeats, dists, dtype, impls, args.seed)
-    columns = ["dist", "numel", "k", "selector", "impl", "median_s", "speedup_vs_exact", "recall", "energy"]
+    if interpreted:
+        print("mstopk:gpu runs in Triton's interpreter: its times are not GPU times; its counts are the GPU's",
+              flush=True)
+    repeats = args.repeats or (1 if interpreted else 5)
+    rows = run(sizes, densities, device, repeats, dists, dtype, impls, args.seed)
+    columns = ["distribution", "numel", "k", "selector", "impl", "median_s", "speedup_vs_exact", "recall", "energy",
+               "candidates_per_k", "passes", "host_syncs"]
     if device.type == "cuda":
         columns += ["eff_GBps", "read_passes"]
     print(format_table(rows, columns))

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from trainer.data.memory import IMAGE_SUFFIXES, MemoryLoader, SyntheticLoader, load_split
 
-__all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "LoaderSpec", "make_loader", "check_data_root", "count_classes",
-           "MemoryLoader", "SyntheticLoader"]
+__all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "ON_ERROR", "LoaderSpec", "make_loader", "check_data_root",
+           "count_classes", "MemoryLoader", "SyntheticLoader"]
 
 LOADERS = ("torch", "dali", "memory")
+ON_ERROR = ("raise", "skip")  # as loaders.folder.ON_ERROR (not imported: loaders pulls in the cache)
 DEFAULT_CACHE_DIR = "cachepipe-cache"
 
 
@@ -36,6 +37,8 @@ class LoaderSpec:
     cache_size: int = 256
     workers: int = 0
     device: str = "cpu"
+    follow_external_links: bool = False
+    on_error: str = "skip"
 
     def __post_init__(self):
         if self.kind not in LOADERS:
@@ -102,8 +105,9 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int, ca
     if spec.kind == "torch":
         return loaders.cached_dataloader(split, batch_size=batch_size, train=train, size=size, workers=spec.workers,
                                          cache_dir=cache_dir, redis=redis, distributed=(spec.rank, spec.world_size),
-                                         seed=spec.seed, cache_size=cache_size,
-                                         channels_last=spec.device.startswith("cuda"))
+                                         seed=spec.seed, cache_size=cache_size, on_error=spec.on_error,
+                                         channels_last=spec.device.startswith("cuda"),
+                                         follow_external_links=spec.follow_external_links)
     if not loaders.dali_available():
         raise ValueError("--loader dali needs nvidia-dali: pip install 'cachepipe[dali]' (or use --loader torch)")
     on_gpu = spec.device.startswith("cuda")
@@ -111,4 +115,6 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int, ca
                                      device="gpu" if on_gpu else "cpu", shard_id=spec.rank,
                                      num_shards=spec.world_size, seed=spec.seed, cache_dir=cache_dir, redis=redis,
                                      workers=max(spec.workers, 1), cache_size=cache_size,
-                                     device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None)
+                                     on_error=spec.on_error,
+                                     device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None,
+                                     follow_external_links=spec.follow_external_links)

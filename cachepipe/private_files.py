@@ -1,0 +1,50 @@
+"""Cache files readable by their owner only: directories 0700, files 0600.
+
+NOTE [private cache files]
+L1 holds the raw bytes of every source file and the manifests list their names, so a
+cache directory must not widen who can read the data. Every directory the cache creates
+is made 0700 and every file 0600 (LMDB's files through its ``mode`` argument, Redis'
+through the umask it is started with). An existing directory owned by someone else is
+refused: its owner could swap files under us.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+__all__ = ["private_dir", "write_private"]
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` (and missing parents) with mode 0700; tighten it if it is ours.
+
+    Raises:
+        PermissionError: ``path`` exists and belongs to another user.
+    """
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to this user "
+                              f"({os.geteuid()}); refusing to keep cache files in it")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        try:
+            os.chmod(path, 0o700)
+        except OSError:  # a read-only file system: nothing gets written there anyway
+            pass
+    return path
+
+
+def write_private(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp name, then ``os.replace``), mode 0600."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,124 @@
+"""Walk one class folder of an ImageFolder tree the way the manifest needs it.
+
+NOTE [symlinks in the source]
+``torchvision``'s ``os.walk(followlinks=True)`` follows every link: a link to a private
+file elsewhere copies its bytes into the cache, and a loop (``a/loop -> ..``) repeats
+the tree, files and labels included, until the path is too long. Here:
+- a link (to a file or a directory) is followed only while its real path stays inside
+  the real source root; others are skipped with one warning listing them, unless
+  ``follow_external_links`` (``--follow-external-links``) allows them;
+- every real directory is walked once: the root and every class folder are marked as
+  seen before the walk, so a link to one of them, or to a directory already walked, is
+  skipped (with the warning) instead of giving its files a second index or another
+  class's label;
+- names are kept as the file system gives them; a name that is not UTF-8 is carried
+  with ``surrogateescape`` (``os.fsdecode``) and hashed as bytes (``os.fsencode``).
+The check is made at scan time; a link changed afterwards changes its directory's mtime
+and so forces a rescan (NOTE [manifest reuse]).
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+from cachepipe.errors import CacheWarning
+
+__all__ = ["Walker"]
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+class Walker:
+    """Walks the class folders of one root, sharing the set of directories seen.
+
+    Args:
+        root: the source root (absolute).
+        follow_external_links: follow links whose target is outside ``root``.
+    """
+
+    def __init__(self, root: str, follow_external_links: bool = False) -> None:
+        self.root_real = os.path.realpath(root)
+        self.follow_external = follow_external_links
+        self.skipped: list[tuple[str, str]] = []  # (path, why)
+        self.seen = {self._key(root)}
+
+    def classes(self, root: str) -> list[str]:
+        """The class folder names of ``root``, sorted, each a distinct real directory
+        inside the root (or outside it when allowed); marks them seen."""
+        with os.scandir(root) as it:
+            entries = sorted((e for e in it if e.is_dir()), key=lambda e: e.name)
+        names = []
+        for e in entries:
+            if e.is_symlink() and not self.allowed(e.path):
+                continue
+            key = self._key(e.path)
+            if key in self.seen:
+                self.skipped.append((e.path, "is a link to the root or to another class folder"))
+                continue
+            self.seen.add(key)
+            names.append(e.name)
+        return names
+
+    @staticmethod
+    def _key(path: str) -> tuple[int, int]:
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+
+    def allowed(self, path: str) -> bool:
+        """Whether a symlink at ``path`` may be followed (records why not)."""
+        real = os.path.realpath(path)
+        if self.follow_external or _inside(real, self.root_real):
+            return True
+        self.skipped.append((path, f"points outside the source root, to {real!r}"))
+        return False
+
+    def walk(self, top: str) -> list[tuple[str, list[str]]]:
+        """``(dirpath, file names)`` of ``top`` and the directories below it, each real
+        directory once, sorted by ``dirpath`` (as ``sorted(os.walk(top))``)."""
+        out: list[tuple[str, list[str]]] = []
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            files: list[str] = []
+            try:
+                with os.scandir(d) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:  # os.walk skips these silently; we say so
+                self.skipped.append((d, f"cannot be listed ({exc.strerror})"))
+                continue
+            for e in entries:
+                link = e.is_symlink()
+                if link and not self.allowed(e.path):
+                    continue
+                try:
+                    is_dir = e.is_dir()
+                except OSError:
+                    is_dir = False
+                if not is_dir:
+                    files.append(e.name)
+                    continue
+                try:
+                    key = self._key(e.path)
+                except OSError:
+                    continue
+                if key in self.seen:
+                    self.skipped.append((e.path, "is a directory already walked (a loop or a second "
+                                                 "link to it)"))
+                    continue
+                self.seen.add(key)
+                stack.append(e.path)
+            out.append((d, files))
+        out.sort(key=lambda row: row[0])
+        return out
+
+    def warn(self) -> None:
+        """One warning listing what was skipped (if anything)."""
+        if not self.skipped:
+            return
+        shown = "; ".join(f"{p!r} {why}" for p, why in self.skipped[:5])
+        more = f" (and {len(self.skipped) - 5} more)" if len(self.skipped) > 5 else ""
+        warnings.warn(f"skipped {len(self.skipped)} link(s) in the source: {shown}{more}; pass "
+                      f"follow_external_links=True (--follow-external-links) to follow links that "
+                      f"leave the root", CacheWarning, stacklevel=4)

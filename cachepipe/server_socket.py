@@ -1,0 +1,79 @@
+"""Where the embedded server's Unix socket lives, and the checks before it is used.
+
+NOTE [private socket]
+The socket is ``<cache_dir>/redis/redis.sock`` (the ``redis`` directory is 0700, see
+NOTE [private cache files]). When that path exceeds the ~100-byte Unix socket limit it
+goes to ``$XDG_RUNTIME_DIR/cachepipe-<uid>/`` or ``<tmp>/cachepipe-<uid>/``, a directory
+created 0700 and refused unless it is a real directory owned by this user and closed to
+everyone else; the socket's name there is a hash of the cache dir. Before a client
+connects, the socket file must be a socket owned by this user: a server someone else
+bound at that path is never talked to.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+__all__ = ["SOCKET_MAX", "check_socket", "socket_path"]
+
+SOCKET_MAX = 100
+
+
+def _runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if not base or not os.path.isdir(base):
+        base = tempfile.gettempdir()
+    return Path(base) / f"cachepipe-{os.geteuid()}"
+
+
+def _check_private_dir(path: Path) -> None:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise PermissionError(f"socket directory {path} must be a directory owned by uid "
+                              f"{os.geteuid()} with mode 0700 (it is uid {st.st_uid}, mode "
+                              f"{stat.S_IMODE(st.st_mode):o}{'' if stat.S_ISDIR(st.st_mode) else ', not a directory'}); "
+                              f"refusing to use it")
+
+
+def socket_path(redis_dir: Path) -> Path:
+    """The socket path for the embedded server whose files are in ``redis_dir``."""
+    local = redis_dir / "redis.sock"
+    if len(str(local)) <= SOCKET_MAX:
+        return local
+    tag = hashlib.sha256(os.fsencode(redis_dir)).hexdigest()[:16]
+    return _runtime_dir() / f"{tag}.sock"
+
+
+def prepare_dir(path: Path) -> None:
+    """Create the socket's directory (0700) if needed and check it is ours alone.
+
+    Raises:
+        PermissionError: the directory belongs to someone else or others may enter it.
+    """
+    try:
+        os.mkdir(path.parent, 0o700)
+    except FileExistsError:
+        pass
+    _check_private_dir(path.parent)
+
+
+def check_socket(path: Path) -> bool:
+    """Whether ``path`` is a socket this user may talk to (``False`` if absent).
+
+    Raises:
+        PermissionError: it exists but is not a socket owned by this user, or its
+            directory is not private.
+    """
+    _check_private_dir(path.parent)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is {'a socket' if stat.S_ISSOCK(st.st_mode) else 'not a socket'} "
+                              f"owned by uid {st.st_uid}, not by this user ({os.geteuid()}); "
+                              f"refusing to use it as the embedded Redis")
+    return True

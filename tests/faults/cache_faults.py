@@ -1,0 +1,113 @@
+"""Real faults for the cache fault tests: stopped processes, sockets of other users,
+small or read-only mounts, a source file whose reads fail with EIO."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cachepipe.redis_binary import find_redis_server
+
+NOBODY = 65534
+
+
+def needs_root():
+    return pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, mount)")
+
+
+@contextlib.contextmanager
+def stopped(pid: int, resume_after: float | None = None):
+    """SIGSTOP ``pid``; SIGCONT it after ``resume_after`` s (in a thread) or on exit."""
+    os.kill(pid, signal.SIGSTOP)
+    timer = None
+    if resume_after is not None:
+        timer = threading.Timer(resume_after, _cont, (pid,))
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+        _cont(pid)
+
+
+def _cont(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+@contextlib.contextmanager
+def redis_on_socket(path: Path, workdir: Path):
+    """A real redis-server (our child) listening on the Unix socket ``path``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([find_redis_server(), "--port", "0", "--unixsocket", str(path),
+                             "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not path.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str = "1m", readonly: bool = False):
+    """A real tmpfs of ``size`` mounted at ``path`` (optionally remounted read-only later
+    by :func:`remount_ro`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
+    try:
+        if readonly:
+            remount_ro(path)
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def remount_ro(path: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+
+
+@contextlib.contextmanager
+def on_open(path: str | os.PathLike, fault):
+    """Call ``fault(n)`` (n = 0, 1, ...) each time ``path`` is opened, before the real
+    ``open()``: it may change the real file (truncate, rename, touch) or raise."""
+    import builtins
+
+    target = os.path.realpath(path)
+    real_open = builtins.open
+    calls = [0]
+
+    def hooked(file, *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)) and os.path.realpath(file) == target:
+            calls[0] += 1
+            fault(calls[0] - 1)
+        return real_open(file, *args, **kwargs)
+
+    builtins.open = hooked
+    try:
+        yield calls
+    finally:
+        builtins.open = real_open
+
+
+def eio(first: int | None = None):
+    """A fault for :func:`on_open`: ``OSError(EIO)`` on the first ``first`` opens (or all),
+    as a failing NFS server or disk sector gives."""
+    def fault(n: int) -> None:
+        if first is None or n < first:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+    return fault

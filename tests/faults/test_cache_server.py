@@ -1,0 +1,101 @@
+"""Issue 17, item 1: the embedded server is signalled only when proven ours and stuck."""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from cachepipe.embedded import EmbeddedRedis
+from cachepipe.server_identity import alive
+from tests.faults.cache_faults import NOBODY, needs_root, redis_on_socket, stopped
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = EmbeddedRedis(tmp_path / "cache", stuck_after=60)
+    s.start("16mb")
+    s.client().set("kept", b"value")
+    yield s
+    s.stuck_after = 5
+    s.stop()
+
+
+def test_busy_server_is_waited_for_not_killed(server):
+    pid = server.pid()
+    with stopped(pid, resume_after=2.0):  # misses many pings, answers again after 2 s
+        assert server.start("16mb") is False
+    assert server.pid() == pid and server.client().get("kept") == b"value"
+
+
+def test_stop_waits_for_a_busy_server_to_shut_down_cleanly(server):
+    pid = server.pid()
+    with stopped(pid, resume_after=2.0):
+        assert server.stop(timeout=0.5) is True
+    assert not alive(pid)
+    assert "bye bye" in server.log_path.read_text()  # it ran SHUTDOWN; no SIGKILL
+
+
+def test_stuck_server_is_killed_only_after_the_limit(server):
+    pid = server.pid()
+    server.stuck_after = 1.0
+    with stopped(pid):  # never resumed: stuck
+        assert server.start("16mb") is True
+    assert not alive(pid) and server.pid() not in (None, pid)
+
+
+def test_pid_file_copied_from_another_cache_dir_is_not_ours(server, tmp_path):
+    other = EmbeddedRedis(tmp_path / "other", stuck_after=1.0)
+    other.dir.mkdir(parents=True)
+    for name in ("redis.pid", "server.id"):
+        shutil.copy(server.dir / name, other.dir / name)
+    assert other.pid() is None  # pid and start time match, the socket does not
+    assert other.start("16mb") is True
+    assert other.stop() is True
+    assert server.ping() and server.client().get("kept") == b"value"  # never signalled
+
+
+@needs_root()
+def test_socket_of_another_user_is_never_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "cache"  # socket path too long: goes to the runtime dir
+    server = EmbeddedRedis(deep, stuck_after=1.0)
+    sock = server.socket_path
+    assert str(sock).startswith(str(tmp_path / "run" / f"cachepipe-{os.geteuid()}"))
+    sock.parent.mkdir(mode=0o700)
+    with redis_on_socket(sock, tmp_path / "foreign") as foreign:
+        os.chown(sock, NOBODY, NOBODY)  # somebody else's server at our path
+        assert not server.ping() and server.pid() is None
+        with pytest.raises(PermissionError, match=f"{sock}.*uid {NOBODY}"):
+            server.start("16mb")
+        with pytest.raises(PermissionError):
+            server.client()
+        assert foreign.poll() is None and sock.exists()  # not signalled, not removed
+    os.chown(sock.parent, NOBODY, NOBODY)  # the directory itself belongs to someone else
+    with pytest.raises(PermissionError, match="socket directory"):
+        server.start("16mb")
+    os.chown(sock.parent, os.geteuid(), os.getegid())
+    os.chmod(sock.parent, 0o755)  # others may enter it
+    with pytest.raises(PermissionError, match="mode 0700"):
+        server.start("16mb")
+
+
+def test_server_in_a_long_command_is_waited_for(server):
+    import threading
+
+    pid = server.pid()
+    busy = ("local s = tonumber(redis.call('TIME')[1]) "
+            "while tonumber(redis.call('TIME')[1]) < s + 3 do end return 1")
+    worker = threading.Thread(target=lambda: server.client(timeout=30).eval(busy, 0))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while server.ping():  # until the script runs: then it misses its 1 s pings
+            assert time.monotonic() < deadline
+        # the old start() SIGKILLed it here
+        assert server.start("16mb") is False
+    finally:
+        worker.join()
+    assert server.pid() == pid and server.client().get("kept") == b"value"

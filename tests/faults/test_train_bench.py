@@ -1,0 +1,14 @@
+"""``cachepipe bench faults`` (tools/bench/faults.py): only its argument check here; the
+scenarios it runs are each covered by a test of their own in tests/faults/ (a full run
+takes minutes; docs/BENCHMARKS.md has its table)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_too_few_epochs_is_a_one_line_error():
+    res = subprocess.run([sys.executable, "-m", "tools", "bench", "faults", "--epochs", "1"], capture_output=True,
+                         text=True, timeout=60, cwd=os.getcwd())
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "--epochs must be >= 2" in res.stderr

