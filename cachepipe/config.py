@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from cachepipe.embedded import parse_memory
 from cachepipe.l2_store import store_kind
 from cachepipe.netfs import check_cache_dir
-from cachepipe.redis_url import canonical, redact
+from cachepipe.redis_url import canonical, redact_all
 
 __all__ = ["CacheConfig", "normalize_redis"]
 
@@ -64,9 +64,8 @@ class CacheConfig:
     follow_external_links: bool = False
 
     def __repr__(self) -> str:
-        redis = self.redis if self.redis in (None, False) else tuple(redact(u) for u in self.redis)
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "redis")
-        return f"CacheConfig(redis={redis!r}, {fields})"
+        return f"CacheConfig(redis={redact_all(self.redis)!r}, {fields})"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", os.path.abspath(os.fspath(self.source)))

@@ -15,7 +15,7 @@ import os
 import re
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["canonical", "redact"]
+__all__ = ["canonical", "redact", "redact_all"]
 
 _DEFAULT_PORT = 6379
 
@@ -52,3 +52,8 @@ def redact(url: str) -> str:
     """``url`` with its password replaced by ``***`` (user name, host and path kept)."""
     url = re.sub(r"(://[^:@/]*:)[^/]*@", r"\1***@", url)  # user:password@ and :password@
     return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", url)
+
+
+def redact_all(redis):
+    """A ``redis`` setting (``None``, ``False`` or URLs) fit to print."""
+    return redis if redis in (None, False) else tuple(redact(u) for u in redis)

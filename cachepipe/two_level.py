@@ -28,7 +28,7 @@ from cachepipe.l2_codec import decode_sample, encode_sample
 from cachepipe.l2_store import SampleStore, namespace, open_store, warn_once
 from cachepipe.manifest import Manifest
 from cachepipe.raw_levels import RawLevels
-from cachepipe.redis_url import redact
+from cachepipe.redis_url import redact_all
 from cachepipe.source import STAT_KEYS
 
 __all__ = ["TwoLevelCache"]
@@ -36,10 +36,6 @@ __all__ = ["TwoLevelCache"]
 _INHERITED: list = []
   # handles from a parent process; see NOTE [per-process handles]
 _SOURCE_THREADS = 8
-
-
-def _printable(redis):
-    return redis if redis in (None, False) else tuple(redact(u) for u in redis)
 
 
 class TwoLevelCache:
@@ -338,5 +334,5 @@ class TwoLevelCache:
 
     def __repr__(self) -> str:
         return (f"TwoLevelCache(source={self.config.source!r}, cache_dir={self.config.cache_dir!r}, "
-                f"redis={_printable(self.config.redis)!r}, cache_size={self.config.cache_size}, "
+                f"redis={redact_all(self.config.redis)!r}, cache_size={self.config.cache_size}, "
                 f"fingerprint={self._fingerprint!r})")

@@ -1,5 +1,6 @@
-"""Gradient exchange for data-parallel training: top-k selectors, dense/hierarchical/sparse
-collectives, error feedback, tensor fusion, a DDP comm hook and the OMGS planner.
+"""Gradient exchange for data-parallel training: one engine (bucket plans, top-k selectors,
+error feedback, dense/hierarchical/sparse collectives, overlapped with backward), a DDP
+comm hook on the same algorithms and the OMGS planner.
 
 Depends on torch only; knows nothing about data.
 
@@ -12,9 +13,11 @@ Example:
 from comm import cost_model
 from comm.collectives import ALGORITHMS, Exchanger, build_exchanger, get_algorithm
 from comm.ddp_hook import SparseHookState, register_sparse_hook, sparse_hook
-from comm.fusion import GradientExchanger, plan_buckets
+from comm.engine import GradientExchanger
+from comm.plans import PLANNERS, Bucket
+from comm.plans.size import plan_buckets
 from comm.residual import ResidualMemory
 from comm.topology import Topology
 
-__all__ = ["ALGORITHMS", "Exchanger", "GradientExchanger", "ResidualMemory", "SparseHookState", "Topology",
-           "build_exchanger", "cost_model", "get_algorithm", "plan_buckets", "register_sparse_hook", "sparse_hook"]
+__all__ = ["ALGORITHMS", "Bucket", "Exchanger", "GradientExchanger", "PLANNERS", "ResidualMemory", "SparseHookState",
+           "Topology", "build_exchanger", "cost_model", "get_algorithm", "plan_buckets", "register_sparse_hook", "sparse_hook"]

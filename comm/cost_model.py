@@ -10,6 +10,12 @@ user can predict where sparse beats dense on their cluster.
 NOTE [shared inter-node link]: the papers give each inter-node stream the full link; on
 clouds (and in ``cachepipe bench comm``) the ``n`` workers of a node share one NIC, so
 by default the bytes of concurrent per-local-rank streams add up on the node's link.
+
+NOTE [all-gather latency]: ``topk_ag``'s all-gather of ``k`` pairs per worker takes
+``P - 1`` latency steps as a ring (gloo and NCCL rings) but ``log2 P`` as recursive
+doubling (the gTop-k paper's model, and MPI's choice for small messages); the bytes are
+the same. ``allgather="ring"`` or ``"rd"`` picks the form, and :func:`fit_allgather`
+fits both on measured exchanges and keeps the one that predicts them better.
 """
 from __future__ import annotations
 
@@ -19,9 +25,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["LinkParams", "PARAMS", "coefficients", "predict", "fit"]
+__all__ = ["LinkParams", "PARAMS", "ALLGATHER_FORMS", "coefficients", "predict", "fit", "fit_allgather"]
 
 PARAMS = ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
+ALLGATHER_FORMS = ("ring", "rd")  # NOTE [all-gather latency]
 
 
 @dataclass(frozen=True)
@@ -54,12 +61,19 @@ def _log2(x: int) -> int:
 
 
 def coefficients(algorithm: str, numel: int, density: float | None, nodes: int, local_size: int, *,
-                 value_bytes: int = 4, index_bytes: int = 4, shared_inter_link: bool = True) -> dict[str, float]:
+                 value_bytes: int = 4, index_bytes: int = 4, shared_inter_link: bool = True,
+                 allgather: str = "ring") -> dict[str, float]:
     """Multipliers of each of ``PARAMS`` in the time of one exchange.
 
+    ``allgather``: latency form of ``topk_ag``'s all-gather, ``"ring"`` (``P - 1`` steps)
+    or ``"rd"`` (recursive doubling, ``log2 P``); NOTE [all-gather latency].
+
     Raises:
-        ValueError: unknown algorithm, or a sparse one without a density in (0, 1].
+        ValueError: unknown algorithm or all-gather form, or a sparse algorithm without a
+            density in (0, 1].
     """
+    if allgather not in ALLGATHER_FORMS:
+        raise ValueError(f"unknown all-gather form {allgather!r}; valid: {list(ALLGATHER_FORMS)}")
     if algorithm not in _FORMULAS:
         raise ValueError(f"no cost model for {algorithm!r}; valid: {sorted(_FORMULAS)}")
     if algorithm in _SPARSE and (density is None or not 0 < density <= 1):
@@ -67,7 +81,8 @@ def coefficients(algorithm: str, numel: int, density: float | None, nodes: int, 
     c = dict.fromkeys(PARAMS, 0.0)
     m, n, d = nodes, local_size, numel
     share = n if shared_inter_link else 1
-    _FORMULAS[algorithm](c, m=m, n=n, d=d, b=value_bytes, bi=index_bytes, rho=density, share=share)
+    _FORMULAS[algorithm](c, m=m, n=n, d=d, b=value_bytes, bi=index_bytes, rho=density, share=share,
+                         allgather=allgather)
     return c
 
 
@@ -91,10 +106,11 @@ def _torus2d(c, m, n, d, b, share, **_):
     _ring(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d / n * b * share)
 
 
-def _topk_ag(c, m, n, d, b, bi, rho, **_):
+def _topk_ag(c, m, n, d, b, bi, rho, allgather, **_):
     p, k = m * n, math.ceil(rho * d)
     c["gamma"] += d
-    _ring(c, "inter" if m > 1 else "intra", p - 1, (p - 1) * k * (b + bi))
+    steps = p - 1 if allgather == "ring" else _log2(p)  # NOTE [all-gather latency]
+    _ring(c, "inter" if m > 1 else "intra", steps, (p - 1) * k * (b + bi))
 
 
 def _gtopk(c, m, n, d, b, bi, rho, **_):
@@ -159,3 +175,26 @@ def fit(rows: Iterable[Mapping], **kw) -> LinkParams:
             break
         active = [j for j, s in zip(active, sol) if s > 0]
     return LinkParams(**dict(zip(PARAMS, x.tolist())))
+
+
+def fit_allgather(rows: Iterable[Mapping], **kw) -> tuple[str, LinkParams, dict[str, float]]:
+    """Fit :func:`fit` with each all-gather latency form and keep the better predictor
+    (NOTE [all-gather latency]).
+
+    Returns:
+        ``(form, params, errors)``: the chosen form, its fitted parameters, and each form's
+        median relative prediction error over ``rows`` (ties keep ``"ring"``).
+
+    Raises:
+        ValueError: if ``rows`` is empty.
+    """
+    rows = list(rows)
+    fits, errors = {}, {}
+    for form in ALLGATHER_FORMS:
+        fits[form] = fit(rows, allgather=form, **kw)
+        errors[form] = float(np.median([abs(predict(r["algorithm"], r["numel"], r.get("density"), r["nodes"],
+                                                     r["local_size"], fits[form], allgather=form, **kw)
+                                             - float(r["median_s"])) / max(float(r["median_s"]), 1e-9)
+                                         for r in rows]))
+    best = min(ALLGATHER_FORMS, key=lambda f: (errors[f], f != "ring"))
+    return best, fits[best], errors

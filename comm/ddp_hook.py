@@ -1,24 +1,50 @@
-"""DDP comm hook running any registered exchange algorithm on DDP's gradient buckets."""
+"""DDP comm hook running any registered exchange algorithm on DDP's gradient buckets,
+asynchronously: the hook starts the bucket's exchange and returns a future, so the
+backward of later buckets overlaps it.
+
+NOTE [async DDP hook]: DDP calls the hook once per bucket, in bucket order, from inside
+backward. The hook runs the bucket's stages up to their first collective in flight
+(NOTE [exchange stages] in comm/collectives/base.py) and returns a future. The stages
+after that issue further collectives, so they cannot run in a ``Work`` callback (another
+thread, in an order that differs between ranks); instead the hook of DDP's last bucket
+(``bucket.is_last()``) finishes every bucket in flight, in bucket order, on every rank
+alike, and completes their futures. DDP waits for the futures only after that hook, so
+every bucket but the last overlaps the backward of the buckets after it. Each returned
+future is chained with ``then()`` to put the result in the bucket's layout.
+
+NOTE [sparse gradients under DDP]: a bucket holding a ``torch.sparse`` gradient (for
+example ``nn.EmbeddingBag(sparse=True)``) is exchanged densely: its dense form goes
+through the algorithm (top-k still applies, with its residual), and the averaged result
+goes back to DDP as a sparse tensor of the same sparse layout, so the optimiser sees a
+sparse gradient as without the hook. Its stored values are what the overflow check looks
+at.
+"""
 # No `from __future__ import annotations`: DDP checks the hook's return annotation object.
 import torch
 import torch.distributed as dist
 
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives.base import nonfinite_anywhere
+from comm.engine import InFlight
 
 __all__ = ["SparseHookState", "sparse_hook", "register_sparse_hook"]
 
 
 class SparseHookState:
-    """State of :func:`sparse_hook`: how to exchange, and one exchanger per DDP bucket."""
+    """State of :func:`sparse_hook`: how to exchange, one exchanger per DDP bucket, and the
+    buckets in flight."""
 
     __slots__ = (
         # what to run
         "algorithm", "topology", "density", "selector", "error_feedback", "value_dtype",
-        # NOTE [overflow steps] in comm.fusion: skip non-finite buckets without touching residuals
+        # NOTE [overflow steps] in comm.engine: skip non-finite buckets without touching residuals
         "skip_nonfinite", "skipped_buckets",
-        # bucket index -> exchanger (holding that bucket's residual)
-        "exchangers",
+        # bucket index -> exchanger (holding that bucket's residual), and its parameters
+        "exchangers", "params_of",
+        # NOTE [async DDP hook]: (exchange or None if skipped, its future) in bucket order
+        "in_flight",
+        # NOTE [residual at a phase switch] in comm.engine: id(param) -> residual to add once
+        "carry",
     )
 
     def __init__(self, algorithm, topology, *, density=None, selector="mstopk", error_feedback=True,
@@ -28,13 +54,16 @@ class SparseHookState:
         self.selector, self.error_feedback, self.value_dtype = selector, error_feedback, value_dtype
         self.skip_nonfinite, self.skipped_buckets = skip_nonfinite, 0
         self.exchangers: dict[int, object] = {}
+        self.params_of: dict[int, list] = {}
+        self.in_flight: list = []
+        self.carry: dict[int, torch.Tensor] = {}
         build_exchanger(algorithm, topology, density=density, selector=selector, value_dtype=value_dtype)  # validate
 
     def exchanger_for(self, index: int, numel: int):
-        """The exchanger of bucket ``index``; rebuilt (residual dropped) if DDP re-bucketed.
+        """The exchanger of bucket ``index`` (a new one if its size changed).
 
-        DDP rebuilds its buckets once after the first iteration, so a bucket's size may
-        change then; its residual cannot carry over and starts from zero.
+        DDP rebuilds its buckets once after the first iteration; :func:`sparse_hook` then
+        hands the old buckets' residuals to the new ones per parameter (``carry``).
         """
         ex = self.exchangers.get(index)
         if ex is None or getattr(ex, "_numel", None) != numel:
@@ -43,6 +72,33 @@ class SparseHookState:
             ex._numel = numel
             self.exchangers[index] = ex
         return ex
+
+    def finish(self) -> None:
+        """Finish every bucket in flight, in order, and complete their futures (NOTE [async DDP hook])."""
+        pending, self.in_flight = self.in_flight, []
+        for flight, fut, flat in pending:
+            fut.set_result(torch.full_like(flat, float("nan")) if flight is None else flight.finish())
+
+    def take_residuals(self) -> dict:
+        """This rank's residuals per parameter (tensor -> residual shaped like it), cleared
+        here (NOTE [residual at a phase switch] in comm.engine)."""
+        out = {}
+        for index, ex in self.exchangers.items():
+            if ex.memory.residual is None or index not in self.params_of:
+                continue
+            params = self.params_of[index]
+            full, offset = ex.placed_residual(ex._numel), 0
+            for p in params:
+                out[p] = full[offset:offset + p.numel()].view(p.shape).clone()
+                offset += p.numel()
+            ex.memory.update(None)
+        return out
+
+    def carry_in(self, residuals: dict) -> None:
+        """Add ``residuals`` (parameter -> tensor, as :meth:`take_residuals` gives) to the
+        next gradients these buckets send."""
+        for p, r in residuals.items():
+            self.carry[id(p)] = r
 
     def state_dict(self) -> dict:
         return {i: (ex._numel, ex.state_dict()) for i, ex in self.exchangers.items()}
@@ -53,23 +109,45 @@ class SparseHookState:
 
 
 def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: the bucket's averaged gradient by ``state.algorithm``."""
+    """DDP comm hook: a future of the bucket's averaged gradient by ``state.algorithm``
+    (NOTE [async DDP hook]; sparse buckets: NOTE [sparse gradients under DDP])."""
     buf = bucket.buffer()
-    ex = state.exchanger_for(bucket.index(), buf.numel())
-    if state.skip_nonfinite and nonfinite_anywhere(buf):
-        state.skipped_buckets += 1
-        result = torch.full_like(buf, float("nan"))
-    else:
-        result = ex.exchange(buf)
+    flat = buf.coalesce().to_dense().reshape(-1) if buf.is_sparse else buf
+    params = bucket.parameters()
+    old = state.params_of.get(bucket.index())
+    if old is not None and (len(old) != len(params) or any(a is not b for a, b in zip(old, params))):
+        # DDP rebuilt its buckets (once, after the first iteration): the residuals move
+        # to the new buckets through the carry, as at a phase switch
+        state.carry_in(state.take_residuals())
+        state.exchangers.clear()
+        state.params_of.clear()
+    state.params_of[bucket.index()] = params
+    if state.carry:
+        flat, offset = (flat if buf.is_sparse else flat.clone()), 0
+        for p in params:
+            carried = state.carry.pop(id(p), None)
+            if carried is not None:
+                flat[offset:offset + p.numel()] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
+            offset += p.numel()
+    ex = state.exchanger_for(bucket.index(), flat.numel())
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(result)
-    return fut
+    if state.skip_nonfinite and nonfinite_anywhere(flat):
+        state.skipped_buckets += 1
+        state.in_flight.append((None, fut, flat))
+    else:
+        state.in_flight.append((InFlight(ex.stages(flat)), fut, flat))
+    if bucket.is_last():
+        state.finish()
+    if buf.is_sparse:
+        sparse_dim = buf.sparse_dim()
+        return fut.then(lambda f: f.value().view(buf.shape).to_sparse(sparse_dim))
+    return fut.then(lambda f: f.value().view(buf.shape))
 
 
 def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float | None = None,
                          selector: str = "mstopk", error_feedback: bool = True, value_dtype=None,
                          skip_nonfinite: bool = True) -> SparseHookState:
-    """Make ``ddp_model`` exchange its gradient buckets with ``algorithm``.
+    """Make ``ddp_model`` exchange its gradient buckets with ``algorithm``, asynchronously.
 
     Args:
         ddp_model: a ``torch.nn.parallel.DistributedDataParallel`` module.

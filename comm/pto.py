@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from comm import collective_ops as ops
+
 __all__ = ["shard_bounds", "parallel_scalars"]
 
 
@@ -66,8 +68,8 @@ def parallel_scalars(op: Callable[[Sequence], torch.Tensor], items: Sequence, *,
     if stop > start:
         mine[: stop - start] = _checked(op(list(items[start:stop])), stop - start).to(device)
     out = torch.empty(world * width, dtype=torch.float32, device=device)
-    dist.all_gather_into_tensor(out, mine, group=group) if _has_gather_into_tensor(group) else \
-        dist.all_gather(list(out.view(world, width).unbind(0)), mine, group=group)
+    ops.all_gather_into(out, mine, group=group) if _has_gather_into_tensor(group) else \
+        ops.all_gather_list(list(out.view(world, width).unbind(0)), mine, group=group)
     rows = out.view(world, width)
     return torch.cat([rows[r, : b - a] for r in range(world) for a, b in [shard_bounds(n, world, r)]])
 

@@ -38,6 +38,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from comm import collective_ops as ops
 from comm.shm_names import SHM_DIR, new_base, remove_orphans
 
 __all__ = ["SharedMemoryGroup"]
@@ -184,7 +185,7 @@ class SharedMemoryGroup:
         return self._buffer[:nbytes].view(dtype)
 
     def _barrier(self) -> None:
-        dist.barrier(group=self.group)
+        ops.barrier(group=self.group)
 
     def _map(self, nbytes: int) -> bool:
         """Replace the segment by a new one of ``nbytes`` on every member (collective).
@@ -206,7 +207,7 @@ class SharedMemoryGroup:
                     msg[0] = 1
                     msg[1: 1 + len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
                     buffer[: len(name)].copy_(msg[1: 1 + len(name)])  # the probe: others read it back
-            dist.broadcast(msg, src=dist.get_global_rank(self.group, 0), group=self.group)
+            ops.broadcast(msg, src=dist.get_global_rank(self.group, 0), group=self.group)
             name = bytes(msg[1:].tolist()).rstrip(b"\0").decode()
             self.name = name.rpartition("-")[0] or self.name  # local rank 0's, on every member
             if self.rank != 0:
@@ -214,7 +215,7 @@ class SharedMemoryGroup:
                 if buffer is not None and bytes(buffer[: len(name)].tolist()) != name.encode():
                     buffer = None  # a same-named file that is not ours: another host's /dev/shm
             ok = torch.tensor([0 if buffer is None else 1], dtype=torch.int32)
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.group)
+            ops.all_reduce(ok, op=dist.ReduceOp.MIN, group=self.group)
         finally:
             if path is not None:
                 _unlink(path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import torch.distributed as dist
 
 from comm.shm import SharedMemoryGroup
@@ -37,6 +38,7 @@ class Topology:
         shm: the node's :class:`comm.shm.SharedMemoryGroup`, or ``None`` (one worker per
             node, a backend other than gloo, workers on different hosts, or turned off).
         intra_ranks, inter_ranks, leader_ranks: the global ranks of those groups.
+        device: where the collectives run (CUDA on an NCCL group, else CPU).
 
     Raises:
         RuntimeError: if the default process group is not initialised.
@@ -99,6 +101,15 @@ class Topology:
                 f"{rank % max(local_size, 1)}: launch with torchrun (node-major ranks) or pass "
                 "Topology(nodes=..., local_size=...) explicitly")
         return cls(local_size=local_size, backend=backend, shared_memory=shared_memory)
+
+    @property
+    def device(self) -> torch.device:
+        """Where this job's collectives run: the current CUDA device on an NCCL default group,
+        else the CPU (NOTE [device check] in comm/collective_ops.py)."""
+        backend = str(dist.get_backend())
+        if "nccl" in backend and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     @property
     def is_leader(self) -> bool:

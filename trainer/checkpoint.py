@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from comm import collective_ops as ops
 from trainer.consensus import RankFailed, agree
 from trainer.serialize import load_state, save_state
 
@@ -159,7 +160,7 @@ class Checkpoints:
         t = torch.full((9,), -1, dtype=torch.int64)
         t[: len(mine)] = torch.tensor(mine, dtype=torch.int64)
         on = t.to(self.device) if self.device is not None and dist.get_backend() == "nccl" else t
-        dist.broadcast(on, src=0)
+        ops.broadcast(on, src=0)
         return [int(g) for g in on.cpu().tolist() if g >= 0]
 
 

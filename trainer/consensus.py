@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from comm import collective_ops as ops
+
 __all__ = ["MESSAGE_BYTES", "RankFailed", "agree"]
 
 MESSAGE_BYTES = 480
@@ -49,7 +51,7 @@ def agree(ok: bool, error: str = "", device: torch.device | None = None) -> None
     if dist.is_initialized() and dist.get_world_size() > 1:
         on = status.to(device) if device is not None and dist.get_backend() == "nccl" else status
         gathered = [torch.zeros_like(on) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, on)
+        ops.all_gather_list(gathered, on)
         statuses = [g.cpu() for g in gathered]
     else:
         statuses = [status]

@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from comm import collective_ops as ops
+
 __all__ = ["CACHE_COUNTERS", "world", "pick_device", "broadcast_model", "broadcast_buffers", "all_true",
            "all_sum", "loader_counts"]
 
@@ -31,7 +33,7 @@ def broadcast_model(model: nn.Module) -> None:
     """Give every rank rank 0's parameters and buffers (identical replicas at start)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         for t in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(t.data, src=0)
+            ops.broadcast(t.data, src=0)
 
 
 def all_true(flag: bool, device: torch.device) -> bool:
@@ -39,7 +41,7 @@ def all_true(flag: bool, device: torch.device) -> bool:
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return flag
     t = torch.tensor([0.0 if flag else 1.0], device=device if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t)
+    ops.all_reduce(t)
     return t.item() == 0
 
 
@@ -47,7 +49,7 @@ def broadcast_buffers(model: nn.Module) -> None:
     """BN running statistics differ per rank; evaluate (and save) rank 0's everywhere."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         for b in model.buffers():
-            dist.broadcast(b.data, src=0)
+            ops.broadcast(b.data, src=0)
 
 
 def all_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -55,7 +57,7 @@ def all_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     if not dist.is_initialized():
         return values
     on = values.to(device) if dist.get_backend() == "nccl" else values
-    dist.all_reduce(on)
+    ops.all_reduce(on)
     return on.cpu()
 
 

@@ -5,6 +5,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from comm import collective_ops as ops
+
 __all__ = ["evaluate", "topk_correct"]
 
 
@@ -36,7 +38,7 @@ def evaluate(model: nn.Module, loader, device: torch.device, autocast, channels_
         sums += torch.tensor([c1, c5, float(loss_fn(logits.float(), labels)), labels.numel()], dtype=torch.float64)
     if dist.is_initialized():
         on = sums.to(device) if dist.get_backend() == "nccl" else sums
-        dist.all_reduce(on)
+        ops.all_reduce(on)
         sums = on.cpu()
     model.train()
     n = max(sums[3].item(), 1.0)

@@ -5,18 +5,17 @@
 (``synchronize()``), saves and restores error-feedback residuals (``state_dict()``),
 reports ``last_timings = {"compress": s, "communicate": s}`` for the time breakdown and
 releases its hooks (``close()``). Names: ``dense``, ``hier``, ``2dtar``, ``topk_ag``,
-``gtopk``, ``hitopk`` (``comm.GradientExchanger``, fused buckets) and ``omgs``
-(``comm.omgs.OMGSExchanger``, layer-wise and pipelined with backward).
+``gtopk``, ``hitopk`` (``comm.GradientExchanger`` with fused buckets) and ``omgs``
+(the same engine with ``topk_ag`` on the merged layers of the OMGS planner); both start
+each bucket's exchange during backward.
 ``build_ddp_exchange`` instead wraps the model in DDP and exchanges inside backward
 (DDP's all-reduce for ``dense``, ``comm.register_sparse_hook`` for the others).
 """
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -57,51 +56,30 @@ def topology_for(world_size: int, nodes: int | None = None, local_size: int | No
     return Topology(nodes=n, local_size=ls)
 
 
-def _timed(select, bucket: list):
-    """Wrap a top-k selector so the time spent selecting is added to ``bucket[0]``."""
-
-    @functools.wraps(select)
-    def run(x, k, *args, **kwargs):
-        start = time.perf_counter()
-        out = select(x, k, *args, **kwargs)
-        if x.is_cuda:
-            torch.cuda.synchronize(x.device)
-        bucket[0] += time.perf_counter() - start
-        return out
-
-    return run
-
-
 class PhaseExchange:
     """Adapter that gives every exchanger the loop's small interface.
 
     Args:
-        inner: ``comm.GradientExchanger`` or ``comm.omgs.OMGSExchanger`` (or None on a
-            single process: ``synchronize`` is then a no-op).
+        inner: a ``comm.GradientExchanger`` (or None on a single process: ``synchronize``
+            is then a no-op).
     """
 
     def __init__(self, inner=None, layout: dict | None = None):
         self.inner, self.layout = inner, layout or {}
-        self.last_timings = {"compress": 0.0, "communicate": 0.0}
-        self._select_s = [0.0]
-        for ex in getattr(inner, "exchangers", []):  # GradientExchanger: time top-k selection
-            if getattr(ex, "sparse", False):
-                ex.select = _timed(ex.select, self._select_s)
+        self.last_timings = {"compress": 0.0, "communicate": 0.0, "compress_overlapped": 0.0}
 
     def synchronize(self) -> None:
+        """Finish the exchange. ``last_timings``: ``compress`` (top-k selection inside this
+        call), ``communicate`` (the rest of it: waiting for what is still in flight) and
+        ``compress_overlapped`` (selection done during backward, inside its time)."""
         if self.inner is None:
             return
-        stats = getattr(self.inner, "stats", None)
-        before = dict(stats) if stats else None
-        self._select_s[0] = 0.0
         start = time.perf_counter()
         self.inner.synchronize()
         total = time.perf_counter() - start
-        if before is not None:  # OMGS: most compression overlaps backward; count the part in here
-            compress = stats["compress_s"] - before["compress_s"]
-        else:
-            compress = self._select_s[0]
-        self.last_timings = {"compress": compress, "communicate": max(total - compress, 0.0)}
+        split = self.inner.last_timings
+        self.last_timings = {"compress": split["select"], "communicate": max(total - split["select"], 0.0),
+                             "compress_overlapped": split["select_overlapped"]}
 
     def state_dict(self) -> dict:
         """Residuals, plus the layout (OMGS layer order and plan) needed to rebuild alike."""
@@ -111,29 +89,35 @@ class PhaseExchange:
         if self.inner is not None and state.get("exchange"):
             self.inner.load_state_dict(state["exchange"])
 
+    def take_residuals(self) -> dict:
+        """What the exchange still owes, per parameter (NOTE [residual at a phase switch])."""
+        return self.inner.take_residuals() if self.inner is not None else {}
+
+    def carry_in(self, residuals: dict) -> None:
+        if self.inner is not None and residuals:
+            self.inner.carry_in(residuals)
+
     def close(self) -> None:
-        remove = getattr(self.inner, "remove", None)
-        if callable(remove):
-            remove()
+        if self.inner is not None:
+            self.inner.remove()
 
 
-def _build_omgs(model: nn.Module, *, density: float, selector: str, pipelined: bool, probe, layout) -> PhaseExchange:
-    from comm.omgs import OMGSExchanger
+def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pipelined: bool, probe,
+                layout) -> PhaseExchange:
+    from comm import GradientExchanger
 
     params = [p for p in model.parameters() if p.requires_grad]
     if layout:  # resuming: the saved order and plan, so the residuals fit
         order, plan = list(layout["order"]), list(layout["plan"])
     elif probe is not None:  # profile backward, fit the cost model, plan (rank 0's plan everywhere)
-        from comm.omgs.autoplan import build_omgs_exchanger
+        from comm.omgs import plan_omgs
 
-        planned, _, profile = build_omgs_exchanger(model, probe, None, density=density, selector=selector)
-        planned.remove()
-        order, plan = list(profile.order), list(planned.plan)
+        plan, order, _, _ = plan_omgs(model, probe, topology, density=density, selector=selector)
     else:  # no probe: every layer alone (LAGS)
-        order, plan = list(range(len(params))), None
-    inner = OMGSExchanger([params[i] for i in order], None, density=density, selector=selector, plan=plan,
-                          pipelined=pipelined)
-    return PhaseExchange(inner, layout={"order": order, "plan": list(inner.plan)})
+        order, plan = list(range(len(params))), [False] * len(params)
+    inner = GradientExchanger([params[i] for i in order], "topk_ag", topology, density=density, selector=selector,
+                              plan="omgs", merged=plan, skip_nonfinite=False, overlap=pipelined)
+    return PhaseExchange(inner, layout={"order": order, "plan": plan})
 
 
 def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
@@ -143,11 +127,11 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
 
     Args:
         hybrid_bytes: buckets smaller than this use dense ``hier`` (0: never).
-        pipelined: OMGS only: exchange during backward (False with fp16 loss scaling,
-            whose overflow check must come before any exchange).
+        pipelined: exchange during backward (False with fp16 loss scaling, whose
+            overflow check must come before any exchange).
         probe: OMGS only: ``probe() -> loss`` on a representative batch; the merged-layer
-            plan then comes from ``comm.omgs.autoplan.build_omgs_exchanger`` (profile,
-            fit, plan). Without it every layer is its own group (LAGS).
+            plan then comes from ``comm.omgs.plan_omgs`` (profile, fit, plan). Without it
+            every layer is its own group (LAGS).
         layout: OMGS only: a saved ``state_dict()["layout"]`` to rebuild the same groups.
 
     Raises:
@@ -160,14 +144,16 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
             raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
         return PhaseExchange(None)
     if name == "omgs":
-        return _build_omgs(model, density=density, selector=selector, pipelined=pipelined, probe=probe, layout=layout)
+        return _build_omgs(model, topology, density=density, selector=selector, pipelined=pipelined, probe=probe,
+                           layout=layout)
     from comm import GradientExchanger
 
     # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
     # before the exchange, so the exchanger's own check is off.
     return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
                                            density=density, selector=selector, error_feedback=True,
-                                           skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes))
+                                           skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes,
+                                           overlap=pipelined))
 
 
 class DDPExchange:
@@ -192,12 +178,23 @@ class DDPExchange:
         if self.hook_state is not None and state:
             self.hook_state.load_state_dict(state)
 
+    def take_residuals(self) -> dict:
+        """What the hook's exchange still owes, per parameter (NOTE [residual at a phase switch])."""
+        return self.hook_state.take_residuals() if self.hook_state is not None else {}
+
+    def carry_in(self, residuals: dict) -> None:
+        if residuals:
+            self.hook_state.carry_in(residuals)
+
     def close(self) -> None:
         self.module = self.hook_state = None  # drops the reducer and its autograd hooks
 
 
-def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str) -> DDPExchange:
-    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``.
+def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
+                       carry: bool = False) -> DDPExchange:
+    """Wrap ``model`` in DDP; algorithms other than ``dense`` run as ``comm.register_sparse_hook``
+    (asynchronous), and so does ``dense`` when ``carry`` (a residual from the previous phase
+    to apply: NOTE [residual at a phase switch] in comm/engine.py).
 
     Raises:
         ValueError: for ``omgs`` (it has its own backward pipeline: use the standalone
@@ -209,7 +206,7 @@ def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float,
 
     device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
     ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
-    if name == "dense":
+    if name == "dense" and not carry:
         return DDPExchange(ddp)
     from comm import register_sparse_hook
 

@@ -87,8 +87,12 @@ class _Run:
         if index == self.phase_index:
             return
         self.phase_index = index
+        carry = {}  # NOTE [residual at a phase switch] in comm/engine.py: applied by the next phase
         if self.exchanger is not None:
+            carry = self.exchanger.take_residuals()
             self.exchanger.close()
+        elif self.local is not None and self.local["phase"] != index:
+            carry = self._saved_residuals()
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
@@ -96,7 +100,7 @@ class _Run:
         self.cache_seen = loader_counts(self.loader)
         if self.cfg.ddp and self.world > 1:
             self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                                selector=phase.selector)
+                                                selector=phase.selector, carry=bool(carry))
             self.forward_model = self.exchanger.module
         else:
             saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None
@@ -106,7 +110,24 @@ class _Run:
                                                 hybrid_bytes=phase.hybrid_bytes, layout=saved,
                                                 probe=probe if phase.omgs_plan == "auto" else None)
             self.forward_model = self.model
+        self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
+
+    def _saved_residuals(self) -> dict:
+        """Resuming into a later phase than the checkpoint's: the residuals the checkpoint
+        holds for its own phase, per parameter, to carry into this one (as an uninterrupted
+        run does at the phase switch). The ``--ddp`` hook's residuals are not recovered."""
+        old = self.recipe.phases[self.local["phase"]]
+        state = self.local["exchanger"]
+        if self.cfg.ddp or not state.get("exchange"):
+            return {}
+        saved = build_exchange(old.comm, self.model, self.topology, density=old.density, selector=old.selector,
+                               pipelined=False, hybrid_bytes=old.hybrid_bytes, layout=state.get("layout"))
+        try:
+            saved.load_state_dict(state)
+            return saved.take_residuals()
+        finally:
+            saved.close()
 
     @contextlib.contextmanager
     def _probing(self, phase):
@@ -191,7 +212,9 @@ class _Run:
             elapsed = time.perf_counter() - start
             split = getattr(self.exchanger, "last_timings", None) or {}
             compress = min(float(split.get("compress", 0.0)), elapsed)
-            times.add("compress", compress)
+            overlapped = float(split.get("compress_overlapped", 0.0))  # selection inside backward
+            times.add("compute", -overlapped)
+            times.add("compress", compress + overlapped)
             times.add("communicate", elapsed - compress)
         with times.part("update"):
             if self.scaler is not None:

@@ -2,8 +2,11 @@
 
 The breakdown follows Figure 1 of the MLSys 2021 paper: the elapsed time of each part of
 an iteration that is not overlapped by another part. Parts: ``data`` (waiting for the
-next batch), ``compute`` (forward + backward), ``compress`` (top-k selection),
-``communicate`` (gradient exchange) and ``update`` (LARS / optimiser step).
+next batch), ``compute`` (forward + backward, less the top-k selection run inside it),
+``compress`` (top-k selection, during backward or after it), ``communicate`` (the
+gradient exchange not hidden behind backward: the rest of the time in the exchanger's
+``synchronize()``, waiting for what is still in flight) and ``update`` (LARS / optimiser
+step).
 """
 from __future__ import annotations
 

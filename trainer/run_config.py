@@ -76,9 +76,13 @@ class RunConfig:
 
     def settings(self) -> dict:
         """What decides the run's result and must not change silently on resume: the recipe
-        (epochs, lr, density, comm, ... of every phase), the data root, the loader and DDP."""
-        return {"recipe": self.recipe.to_dict(), "data": os.path.abspath(self.data), "loader": self.loader,
-                "ddp": self.ddp}
+        (epochs, lr, density, comm, ... of every phase), the data root, the loader, DDP and
+        ``follow_external_links`` when set."""
+        out = {"recipe": self.recipe.to_dict(), "data": os.path.abspath(self.data), "loader": self.loader,
+               "ddp": self.ddp}
+        if self.follow_external_links:  # it changes which files are the data
+            out["follow_external_links"] = True
+        return out
 
     def changes(self, saved: dict) -> list[str]:
         """``"key: saved -> now"`` for every setting that differs from ``saved`` (a

@@ -2,23 +2,37 @@
 
 An exchanger turns one worker's flat gradient into the average over all workers (as
 DDP's all-reduce hook would), possibly sparsified, keeping its own residual memory.
+
+NOTE [exchange stages]: an algorithm is written as a generator (``_stages``) that yields
+each asynchronous ``Work`` it must wait for before going on, and returns the averaged
+tensor. :meth:`Exchanger.exchange` drives it to the end at once (wait, resume);
+the engine (:mod:`comm.engine`) runs it up to its first yield while backward goes on, so
+several buckets can have their collectives in flight, and resumes it in
+``synchronize()``. Whoever drives the stages of several buckets resumes them in the same
+order on every rank, since collectives on one group must be issued in the same order;
+for that every rank yields at the same points of an algorithm (``None`` where it has
+nothing in flight there, as a non-leader in ``hier`` or an idle rank in a ``gtopk``
+round), so the stage boundaries line up across ranks.
 """
 from __future__ import annotations
 
 import math
 from typing import ClassVar
 
+from collections.abc import Generator
+
 import torch
 import torch.distributed as dist
 
+from comm import collective_ops as ops
 from comm.residual import ResidualMemory
 from comm.topology import Topology
 
-__all__ = ["Exchanger", "WIRE_DTYPES", "all_gather_flat", "all_gather_async", "reduce_scatter_flat",
-           "nonfinite_anywhere", "k_for", "index_dtype", "pack_pairs", "add_pairs_", "pad_to_multiple"]
+__all__ = ["Exchanger", "Stages", "WIRE_DTYPES", "drive", "all_gather_flat", "all_gather_async",
+           "reduce_scatter_flat", "nonfinite_anywhere", "k_for", "index_dtype", "pack_pairs", "add_pairs_",
+           "pad_to_multiple"]
 
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+Stages = Generator[object, None, torch.Tensor]  # yields Work handles, returns the result
 
 WIRE_DTYPES = {None: None, "fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
                "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -71,12 +85,20 @@ class Exchanger:
         Raises:
             ValueError: if ``flat`` is not a floating-point tensor.
         """
+        return drive(self.stages(flat))
+
+    def stages(self, flat: torch.Tensor) -> Stages:
+        """:meth:`exchange` as a generator of the ``Work`` handles to wait for (NOTE [exchange stages]).
+
+        Raises:
+            ValueError: if ``flat`` is not a floating-point tensor.
+        """
         if not flat.is_floating_point():
             raise ValueError(f"gradient exchange needs a float tensor, got {flat.dtype}")
-        out = self._exchange(flat.detach().reshape(-1))
+        out = yield from self._stages(flat.detach().reshape(-1))
         return out.to(flat.dtype).view(flat.shape)
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - protocol
+    def _stages(self, x: torch.Tensor) -> Stages:  # pragma: no cover - protocol
         raise NotImplementedError
 
     def wire_dtype(self, x: torch.Tensor) -> torch.dtype:
@@ -87,6 +109,12 @@ class Exchanger:
         values, indices = self.select(acc, k, generator=self.generator)
         return values, indices.long()
 
+    def placed_residual(self, numel: int) -> torch.Tensor:
+        """This worker's residual as a ``numel``-element vector over the exchanged tensor
+        (zeros when there is none): adding it to the next input applies it."""
+        res = self.memory.residual
+        return torch.zeros(numel) if res is None else res[:numel]
+
     def state_dict(self) -> dict:
         return {"algorithm": self.name, "memory": self.memory.state_dict()}
 
@@ -94,6 +122,18 @@ class Exchanger:
         if state.get("algorithm") != self.name:
             raise ValueError(f"state of algorithm {state.get('algorithm')!r} cannot load into {self.name!r}")
         self.memory.load_state_dict(state["memory"])
+
+
+def drive(stages: Stages) -> torch.Tensor:
+    """Run an exchange's stages to the end, waiting on each yielded ``Work``; its result."""
+    try:
+        work = next(stages)
+        while True:
+            if work is not None:
+                work.wait()
+            work = stages.send(None)
+    except StopIteration as stop:
+        return stop.value
 
 
 def k_for(numel: int, density: float) -> int:
@@ -118,7 +158,7 @@ def all_gather_flat(x: torch.Tensor, group, size: int, shm=None, *, out: torch.T
             return out
     out, work = all_gather_async(x, group, size, out=out)
     if work is not None:
-        work.wait()
+        work.wait()  # intra-node: fast, waited on at once
     return out
 
 
@@ -135,7 +175,7 @@ def reduce_scatter_flat(x: torch.Tensor, group, size: int, shm=None) -> torch.Te
             return out
     x = pad_to_multiple(x, size) if x.numel() % size else x.contiguous()
     out = torch.empty(x.numel() // size, dtype=x.dtype, device=x.device)
-    _REDUCE_SCATTER(out, x, group=group)
+    ops.reduce_scatter_into(out, x, group=group)
     return out
 
 
@@ -166,7 +206,7 @@ def all_gather_async(x: torch.Tensor, group, size: int, *, out: torch.Tensor | N
         out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
     if size == 1:
         return out.copy_(x), None
-    return out, _ALL_GATHER(out, x.contiguous(), group=group, async_op=True)
+    return out, ops.all_gather_into(out, x, group=group, async_op=True)
 
 
 def pad_to_multiple(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -177,7 +217,11 @@ def pad_to_multiple(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def nonfinite_anywhere(t: torch.Tensor, group=None) -> bool:
-    """Whether any worker's ``t`` holds inf/NaN (one 1-element all-reduce; collective)."""
-    flag = torch.tensor([0.0 if bool(torch.isfinite(t).all()) else 1.0], device=t.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    """Whether any worker's ``t`` holds inf/NaN (one 1-element all-reduce; collective).
+
+    A sparse ``t`` (``torch.sparse``) is judged by its stored values.
+    """
+    values = t.coalesce().values() if t.is_sparse else t
+    flag = torch.tensor([0.0 if bool(torch.isfinite(values).all()) else 1.0], device=t.device)
+    ops.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item() > 0)

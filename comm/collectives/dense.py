@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from comm.collectives.base import Exchanger
+from comm import collective_ops as ops
+from comm.collectives.base import Exchanger, Stages
 
 __all__ = ["DenseExchanger"]
 
@@ -14,8 +14,7 @@ class DenseExchanger(Exchanger):
 
     name = "dense"
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+    def _stages(self, x: torch.Tensor) -> Stages:
         buf = x.to(self.wire_dtype(x), copy=True)
-        if self.topology.world_size > 1:
-            dist.all_reduce(buf)
+        yield ops.all_reduce(buf, async_op=True) if self.topology.world_size > 1 else None
         return buf.to(x.dtype).div_(self.topology.world_size)

@@ -18,9 +18,9 @@ the broadcast adds those notes to its residual at indices inside the global mask
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from comm.collectives.base import Exchanger, index_dtype, k_for
+from comm import collective_ops as ops
+from comm.collectives.base import Exchanger, Stages, index_dtype, k_for
 
 __all__ = ["GTopKExchanger", "merge_topk"]
 
@@ -40,13 +40,27 @@ def merge_topk(idx_a, val_a, idx_b, val_b, k: int):
     return uniq[keep], summed[keep], uniq[~keep], summed[~keep]
 
 
+class _Both:
+    """Two ``Work`` handles waited on as one."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def wait(self) -> bool:
+        self.a.wait()
+        return self.b.wait()
+
+    def is_completed(self) -> bool:
+        return self.a.is_completed() and self.b.is_completed()
+
+
 class GTopKExchanger(Exchanger):
     """gTopKAllReduce over the default group: tree of pairwise top-k merges + broadcast."""
 
     name = "gtopk"
     sparse = True
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+    def _stages(self, x: torch.Tensor) -> Stages:
         t = self.topology
         rank, world = t.rank, t.world_size
         acc = self.memory.compensate(x)
@@ -59,22 +73,22 @@ class GTopKExchanger(Exchanger):
             residual[indices] = values - local_sent                 # Alg. 4 line 8 (+ rounding)
         notes: list[tuple[torch.Tensor, torch.Tensor]] = []          # NOTE [gtopk error feedback]
         cur_idx, cur_val = indices, local_sent
-        step = 1
-        while step < world:
-            if rank % (2 * step) == 0 and rank + step < world:
+        step, active = 1, True
+        while step < world:  # one yield per round on every rank (NOTE [exchange stages])
+            if active and rank % (2 * step) == 0 and rank + step < world:
                 r_val = torch.empty(k, dtype=wire, device=acc.device)
                 r_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
-                dist.recv(r_val, src=rank + step)
-                dist.recv(r_idx, src=rank + step)
+                yield _Both(ops.irecv(r_val, src=rank + step), ops.irecv(r_idx, src=rank + step))
                 cur_idx, cur_val, drop_idx, drop_val = merge_topk(
                     cur_idx, cur_val, r_idx.long(), r_val.to(acc.dtype), k)
                 notes.append((drop_idx, drop_val))
-            elif rank % (2 * step) == step:
+            elif active and rank % (2 * step) == step:
                 sent = cur_val.to(wire)
-                dist.send(sent, dst=rank - step)
-                dist.send(cur_idx.to(idx_wire), dst=rank - step)
+                yield _Both(ops.isend(sent, dst=rank - step), ops.isend(cur_idx.to(idx_wire), dst=rank - step))
                 notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
-                break
+                active = False
+            else:
+                yield None
             step *= 2
         g_val = torch.empty(k, dtype=wire, device=acc.device)
         g_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
@@ -83,8 +97,7 @@ class GTopKExchanger(Exchanger):
             g_idx.copy_(cur_idx)
             notes.append((cur_idx, cur_val - g_val.to(acc.dtype)))
         if world > 1:
-            dist.broadcast(g_val, src=0)
-            dist.broadcast(g_idx, src=0)
+            yield _Both(ops.broadcast(g_val, src=0, async_op=True), ops.broadcast(g_idx, src=0, async_op=True))
         g_idx = g_idx.long()
         out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
         out.index_add_(0, g_idx, g_val.to(acc.dtype).div_(world))

@@ -2,17 +2,17 @@
 
 Intra-node reduce to the node leader, all-reduce among the leaders, intra-node broadcast:
 ``4(n-1) + 2(m-1)`` steps instead of ``2(mn-1)``, so it wins on small (latency-bound)
-tensors; the hybrid choice in :mod:`comm.fusion` sends small buckets here. Large tensors
-are pipelined in segments as in NOTE [2dtar pipelining] (comm/collectives/torus2d.py):
-the leaders' all-reduce of one segment runs in the background while the node reduces
-the next and broadcasts the previous one.
+tensors; the hybrid choice of the ``size`` plan (:mod:`comm.plans.size`) sends small
+buckets here. Large tensors are pipelined in segments as in NOTE [2dtar pipelining]
+(comm/collectives/torus2d.py): the leaders' all-reduce of one segment runs in the
+background while the node reduces the next and broadcasts the previous one.
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from comm.collectives.base import Exchanger
+from comm import collective_ops as ops
+from comm.collectives.base import Exchanger, Stages
 
 __all__ = ["HierExchanger"]
 
@@ -27,23 +27,22 @@ class HierExchanger(Exchanger):
     name = "hier"
     segment_bytes = 8 * 2**20
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+    def _stages(self, x: torch.Tensor) -> Stages:
         t = self.topology
         buf = x.to(self.wire_dtype(x), copy=True)
         pending = []  # (leaders' all-reduce, segment)
         for seg in buf.split(max(1, self.segment_bytes // buf.element_size())):
             self._intra(seg, "reduce")
-            work = dist.all_reduce(seg, group=t.leader_group, async_op=True) if t.is_leader and t.nodes > 1 else None
+            work = ops.all_reduce(seg, group=t.leader_group, async_op=True) if t.is_leader and t.nodes > 1 else None
             pending.append((work, seg))
             if len(pending) > 1:
-                self._broadcast(*pending.pop(0))
+                yield from self._broadcast(*pending.pop(0))
         for p in pending:
-            self._broadcast(*p)
+            yield from self._broadcast(*p)
         return buf.to(x.dtype).div_(t.world_size)
 
-    def _broadcast(self, work, seg: torch.Tensor) -> None:
-        if work is not None:
-            work.wait()
+    def _broadcast(self, work, seg: torch.Tensor) -> Stages:
+        yield work  # None on non-leaders: the same stage boundary on every rank
         self._intra(seg, "broadcast")
 
     def _intra(self, seg: torch.Tensor, op: str) -> None:
@@ -55,6 +54,6 @@ class HierExchanger(Exchanger):
             if (t.shm.reduce_ if op == "reduce" else t.shm.broadcast_)(seg) is not None:
                 return
         if op == "reduce":
-            dist.reduce(seg, dst=t.intra_ranks[0], group=t.intra_group)
+            ops.reduce(seg, dst=t.intra_ranks[0], group=t.intra_group)
         else:
-            dist.broadcast(seg, src=t.intra_ranks[0], group=t.intra_group)
+            ops.broadcast(seg, src=t.intra_ranks[0], group=t.intra_group)

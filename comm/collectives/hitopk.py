@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from comm.collectives.base import (Exchanger, add_pairs_, all_gather_async, all_gather_flat, index_dtype, k_for,
-                                   pack_pairs, reduce_scatter_flat)
+from comm.collectives.base import (Exchanger, Stages, add_pairs_, all_gather_async, all_gather_flat, index_dtype,
+                                   k_for, pack_pairs, reduce_scatter_flat)
 
 __all__ = ["HiTopKExchanger"]
 
@@ -34,7 +34,7 @@ class HiTopKExchanger(Exchanger):
     name = "hitopk"
     sparse = True
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+    def _stages(self, x: torch.Tensor) -> Stages:
         t = self.topology
         n, m = t.local_size, t.nodes
         acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -53,10 +53,20 @@ class HiTopKExchanger(Exchanger):
             acc[indices] = values - sent.to(acc.dtype)
             self.memory.update(acc)
         out = torch.zeros(n * c, dtype=acc.dtype, device=acc.device)
-        if work is not None:
-            work.wait()
+        yield work
         # step 4: intra-node all-gather of the gathered pairs; row i * m + j: chunk i, node j
         rows = all_gather_flat(node_pairs, t.intra_group, n, t.shm)
         offsets = torch.arange(n, device=acc.device).repeat_interleave(m) * c
         add_pairs_(out, rows, k, sent.dtype, index_dtype(c), t.world_size, offsets)
         return out[: x.numel()]
+
+    def placed_residual(self, numel: int) -> torch.Tensor:
+        """The chunk residual (NOTE [hitopk error feedback]) at its chunk's offset: the node
+        sum of the next inputs then carries it once."""
+        res = self.memory.residual
+        if res is None:
+            return torch.zeros(numel)
+        c, j = res.numel(), self.topology.local_rank
+        full = res.new_zeros(self.topology.local_size * c)
+        full[j * c:(j + 1) * c] = res
+        return full[:numel]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from comm.collectives.base import Exchanger, add_pairs_, all_gather_async, index_dtype, k_for, pack_pairs
+from comm.collectives.base import Exchanger, Stages, add_pairs_, all_gather_async, index_dtype, k_for, pack_pairs
 
 __all__ = ["TopKAllGatherExchanger"]
 
@@ -26,7 +26,7 @@ class TopKAllGatherExchanger(Exchanger):
     name = "topk_ag"
     sparse = True
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+    def _stages(self, x: torch.Tensor) -> Stages:
         t = self.topology
         acc = self.memory.compensate(x)
         d, k = acc.numel(), k_for(acc.numel(), self.density)
@@ -37,6 +37,5 @@ class TopKAllGatherExchanger(Exchanger):
             acc[indices] = values - sent.to(acc.dtype)
             self.memory.update(acc)
         out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
-        if work is not None:
-            work.wait()
+        yield work
         return add_pairs_(out, gathered, k, sent.dtype, index_dtype(d), t.world_size)

@@ -14,9 +14,9 @@ The result is the same as the unsegmented algorithm.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from comm.collectives.base import Exchanger, all_gather_flat, reduce_scatter_flat
+from comm import collective_ops as ops
+from comm.collectives.base import Exchanger, Stages, all_gather_flat, reduce_scatter_flat
 
 __all__ = ["Torus2DExchanger"]
 
@@ -31,7 +31,7 @@ class Torus2DExchanger(Exchanger):
     name = "2dtar"
     segment_bytes = 8 * 2**20
 
-    def _exchange(self, x: torch.Tensor) -> torch.Tensor:
+    def _stages(self, x: torch.Tensor) -> Stages:
         t = self.topology
         n = t.local_size
         buf = x.to(self.wire_dtype(x))
@@ -40,15 +40,14 @@ class Torus2DExchanger(Exchanger):
         pending = []  # (inter-node all-reduce, its chunk, where the segment's result goes)
         for start in range(0, buf.numel(), per_segment):
             chunk = reduce_scatter_flat(buf[start: start + per_segment], t.intra_group, n, t.shm)
-            work = dist.all_reduce(chunk, group=t.inter_group, async_op=True) if t.nodes > 1 else None
+            work = ops.all_reduce(chunk, group=t.inter_group, async_op=True) if t.nodes > 1 else None
             pending.append((work, chunk, out[start: start + n * chunk.numel()]))
             if len(pending) > 1:
-                self._gather(*pending.pop(0))
+                yield from self._gather(*pending.pop(0))
         for p in pending:
-            self._gather(*p)
+            yield from self._gather(*p)
         return out[: x.numel()].to(x.dtype).div_(t.world_size)
 
-    def _gather(self, work, chunk: torch.Tensor, dst: torch.Tensor) -> None:
-        if work is not None:
-            work.wait()
+    def _gather(self, work, chunk: torch.Tensor, dst: torch.Tensor) -> Stages:
+        yield work
         all_gather_flat(chunk, self.topology.intra_group, self.topology.local_size, self.topology.shm, out=dst)

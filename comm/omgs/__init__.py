@@ -1,17 +1,15 @@
-"""OMGS-SGD: layer-wise top-k sparsification pipelined with backward, with merged layers.
+"""OMGS-SGD's merged-layer planner: which neighbouring layers to exchange together.
 
-Plan which neighbouring layers to merge (:func:`find_merged_layers`: the paper's greedy
-Algorithm 1 or the exact optimum), predict the iteration time of any plan
-(:func:`predict_iteration_time`), measure the inputs (:mod:`comm.omgs.profile`) and
-exchange the sparsified groups while backward still runs (:class:`OMGSExchanger`, or the
-DDP comm hook :func:`omgs_hook`). Conventions: NOTE [OMGS conventions] in
-``comm/omgs/model.py``.
+Plan which layers to merge (:func:`find_merged_layers`: the paper's greedy Algorithm 1 or
+the exact optimum), predict the iteration time of any plan
+(:func:`predict_iteration_time`), measure the inputs (:mod:`comm.omgs.profile`) and do it
+all in one call (:func:`plan_omgs`). The plan runs on the engine: ``comm.GradientExchanger(
+params, "topk_ag", topo, plan="omgs", merged=plan)`` exchanges each merged group as soon as
+backward has produced it. Conventions: NOTE [OMGS conventions] in ``comm/omgs/model.py``.
 """
-from comm.omgs.autoplan import build_omgs_exchanger
-from comm.omgs.ddp_hook import OMGSHookState, omgs_hook
+from comm.omgs.autoplan import broadcast_plan, plan_omgs
 from comm.omgs.model import (BYTES_PER_SELECTED, CostModel, groups_from_plan, plan_from_groups,
                              predict_iteration_time, selected_count, simulate)
-from comm.omgs.pipeline import OMGSExchanger, broadcast_plan
 from comm.omgs.planner import (PLANNERS, find_merged_layers, lags_plan, single_bucket_plan,
                                threshold_plan)
 from comm.omgs.profile import (BackwardProfile, fit_alpha_beta, fit_gamma, fit_sparsify_cost,
@@ -21,7 +19,7 @@ __all__ = [
     "BYTES_PER_SELECTED", "CostModel", "groups_from_plan", "plan_from_groups",
     "predict_iteration_time", "selected_count", "simulate",
     "PLANNERS", "find_merged_layers", "lags_plan", "single_bucket_plan", "threshold_plan",
-    "OMGSExchanger", "broadcast_plan", "OMGSHookState", "omgs_hook", "build_omgs_exchanger",
+    "broadcast_plan", "plan_omgs",
     "BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",
     "save_profile", "load_profile",
 ]

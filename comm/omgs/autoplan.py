@@ -1,70 +1,87 @@
-"""One call from a model to a planned, pipelined OMGS exchanger (the trainer's ``--comm omgs``)."""
+"""One call from a model to an OMGS plan (the trainer's ``--comm omgs``): profile backward,
+fit the costs, plan the merged layers and share rank 0's plan. The plan then runs on the
+engine (:class:`comm.GradientExchanger` with ``plan="omgs"``)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
+from comm import collective_ops as ops
 from comm.omgs.model import CostModel, selected_count
-from comm.omgs.pipeline import OMGSExchanger, broadcast_plan, resolve_group
 from comm.omgs.planner import find_merged_layers
 from comm.omgs.profile import BackwardProfile, fit_alpha_beta, fit_gamma, measure_backward_times
 
-__all__ = ["build_omgs_exchanger"]
+__all__ = ["plan_omgs", "broadcast_plan"]
 
 
-def _mean(values: list[float], group) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, group=group)
-    return (t / dist.get_world_size(group)).tolist()
+def broadcast_plan(plan: Sequence[bool], topology=None, src: int = 0) -> list[bool]:
+    """Rank ``src``'s plan on every rank (plans computed from per-rank timings differ).
+
+    Collective: every rank calls it with a plan of the same length.
+    """
+    flags = torch.tensor([bool(m) for m in plan], dtype=torch.uint8, device=_device(topology))
+    ops.broadcast(flags, src=src)
+    return [bool(f) for f in flags.tolist()]
 
 
-def build_omgs_exchanger(model: torch.nn.Module, closure: Callable[[], torch.Tensor], topology=None, *,
-                         density: float, selector: str = "exact", method: str = "optimal",
-                         repeats: int = 3) -> tuple[OMGSExchanger, CostModel, BackwardProfile]:
-    """Profile, fit, plan and build: everything ``--comm omgs`` needs. Collective.
+def _device(topology) -> torch.device:
+    return getattr(topology, "device", None) or torch.device("cpu")
+
+
+def _mean(values: list[float], device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    ops.all_reduce(t)
+    return (t / dist.get_world_size()).tolist()
+
+
+def plan_omgs(model: torch.nn.Module, closure: Callable[[], torch.Tensor], topology=None, *,
+              density: float, selector: str = "exact", method: str = "optimal",
+              repeats: int = 3) -> tuple[list[bool], list[int], CostModel, BackwardProfile]:
+    """Profile, fit and plan: everything ``--comm omgs`` needs. Collective.
 
     Steps: measure per-layer backward times with ``closure`` (rank 0's layer order, times
-    averaged over ranks), fit alpha/beta on the process group and gamma with the chosen
-    selector, plan with ``method``, share rank 0's plan, and build the exchanger.
+    averaged over ranks), fit alpha/beta on the default group and gamma with the chosen
+    selector (on the topology's device), plan with ``method`` and share rank 0's plan.
 
     Args:
         model: the model (its parameters become the layers).
         closure: runs a forward pass on a representative batch and returns the loss.
-        topology: ``None`` (default group), a ProcessGroup or an object with ``world_group``.
+        topology: a :class:`comm.Topology` (its ``device`` is where the fits run) or None (CPU).
         density: fraction of entries sent, in (0, 1].
         selector: top-k selector name (default ``"exact"``).
         method: ``"optimal"`` (default) or ``"paper"``.
         repeats: timed backward passes for the profile (default 3).
 
     Returns:
-        ``(exchanger, cost_model, profile)``.
+        ``(merged, order, cost_model, profile)``: the plan over the layers in ``order``
+        (indices into the model's trainable parameters, forward order).
 
     Raises:
         ValueError: on a bad density, selector or method.
 
     Example:
-        >>> ex, cost, prof = build_omgs_exchanger(model, lambda: loss_fn(model(x), y),
+        >>> merged, order, cost, prof = plan_omgs(model, lambda: loss_fn(model(x), y), topo,
         ...                                       density=0.001)  # doctest: +SKIP
+        >>> params = [p for p in model.parameters() if p.requires_grad]  # doctest: +SKIP
+        >>> ex = comm.GradientExchanger([params[i] for i in order], "topk_ag", topo, density=0.001,
+        ...                             plan="omgs", merged=merged)   # doctest: +SKIP
     """
-    group = resolve_group(topology)
+    device = _device(topology)
     prof = measure_backward_times(model, closure, repeats=repeats)
-    order = torch.tensor(prof.order, dtype=torch.int64)
-    dist.broadcast(order, src=0, group=group)  # rank 0's layer order everywhere
+    order = torch.tensor(prof.order, dtype=torch.int64, device=device)
+    ops.broadcast(order, src=0)  # rank 0's layer order everywhere
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     mine = dict(zip(prof.order, prof.tb))
     order = order.tolist()
-    tb = _mean([mine[i] for i in order], group)
+    tb = _mean([mine[i] for i in order], device)
     prof = BackwardProfile(names=[named[i][0] for i in order], tb=tb,
                            d=[named[i][1].numel() for i in order], order=order)
     total = sum(prof.d)
     alpha, beta = fit_alpha_beta(sorted({1, 64, 1024, selected_count(total, density)} | {2}), topology)
     sizes = sorted(set(prof.d) | {total})
-    gamma = _mean([fit_gamma(sizes, density, selector, repeats=2)], group)[0]
+    gamma = _mean([fit_gamma(sizes, density, selector, repeats=2, device=device)], device)[0]
     cost = CostModel(alpha, beta, gamma, density)
-    plan = find_merged_layers(tb, prof.d, alpha, beta, gamma, density, method=method)
-    plan = broadcast_plan(plan, topology)
-    exchanger = OMGSExchanger([named[i][1] for i in order], topology, density=density,
-                              selector=selector, plan=plan)
-    return exchanger, cost, prof
+    plan = broadcast_plan(find_merged_layers(tb, prof.d, alpha, beta, gamma, density, method=method), topology)
+    return plan, order, cost, prof

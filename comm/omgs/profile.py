@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from comm.omgs.codec import compress
+from comm import collective_ops as ops
+from comm.collectives.base import pack_pairs
 from comm.omgs.model import BYTES_PER_SELECTED, CostModel, selected_count
-from comm.omgs.pipeline import resolve_group
 from comm.topk import get_selector
 
 __all__ = ["BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",
@@ -67,14 +67,21 @@ def measure_backward_times(model: torch.nn.Module, closure: Callable[[], torch.T
         raise ValueError(f"unknown statistic {statistic!r}; valid: ['fastest', 'median']")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     stamps: dict[int, float] = {}
-    handles = [p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, time.perf_counter()))
-               for i, (_, p) in enumerate(named)]
+
+    def stamp(p: torch.Tensor, i: int) -> None:
+        if p.is_cuda:  # the gradient is ready when its kernels are done, not when they are queued
+            torch.cuda.synchronize(p.device)
+        stamps[i] = time.perf_counter()
+
+    handles = [p.register_post_accumulate_grad_hook(lambda p, i=i: stamp(p, i)) for i, (_, p) in enumerate(named)]
     runs: list[dict[int, float]] = []
     try:
         for r in range(warmup + repeats):
             model.zero_grad(set_to_none=set_to_none)
             loss = closure()
             stamps.clear()
+            if loss.is_cuda:
+                torch.cuda.synchronize(loss.device)
             start = time.perf_counter()
             loss.backward()
             if len(stamps) != len(named):
@@ -141,27 +148,36 @@ def fit_sparsify_cost(sizes: Sequence[int], times: Sequence[float], rho: float) 
 
 
 def fit_gamma(sizes: Sequence[int], rho: float, selector: str = "exact", repeats: int = 3,
-              error_feedback: bool = True) -> float:
-    """Fit ``gamma`` by timing the exchanger's own compression step (accumulate, top-k,
-    residual update, packing) on flat tensors of each size; see :func:`gamma_from_timings`.
-    (:class:`comm.omgs.OMGSExchanger` also records each group's compression time in
-    ``groups[i].compress_s``, to fit from a real run.)
+              error_feedback: bool = True, device: torch.device | str = "cpu") -> float:
+    """Fit ``gamma`` by timing the engine's compression step for ``topk_ag`` (accumulate,
+    top-k, residual update, packing) on flat tensors of each size on ``device``; see
+    :func:`gamma_from_timings`. (:class:`comm.GradientExchanger` also records each
+    bucket's launch time in ``bucket_compress_s``, to fit from a real run.)
 
     Raises:
         ValueError: if no size is larger than 1.
     """
     sel = get_selector(selector)
+    device = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # noqa: E731
     ns, ts = [], []
     for n in sizes:
         if n <= 1:
             continue
-        acc, grad = torch.zeros(n), torch.randn(n)
+        acc, grad = torch.zeros(n, device=device), torch.randn(n, device=device)
         k = selected_count(n, rho)
         times = []
         for _ in range(repeats):
+            sync()
             t0 = time.perf_counter()
             acc.add_(grad)
-            compress(acc, k, sel, error_feedback)
+            values, indices = sel(acc, k)
+            pack_pairs(values.to(torch.float32), indices.to(torch.int32))
+            if error_feedback:
+                acc[indices.long()] = 0.0
+            else:
+                acc.zero_()
+            sync()
             times.append(time.perf_counter() - t0)
         ns.append(n)
         ts.append(statistics.median(times))
@@ -169,29 +185,32 @@ def fit_gamma(sizes: Sequence[int], rho: float, selector: str = "exact", repeats
 
 
 def fit_alpha_beta(ks: Sequence[int], topology=None, repeats: int = 5) -> tuple[float, float]:
-    """Fit ``t_c = alpha + beta * 8 * k`` by timing the OMGS sparse all-gather of ``k``
-    selected entries (NOTE [OMGS wire format]) on the process group. Collective: every
-    rank must call it with the same arguments. Each point is the median over repeats of
-    the slowest rank's time; the line is a Theil-Sen fit (median of pairwise slopes).
+    """Fit ``t_c = alpha + beta * 8 * k`` by timing the sparse all-gather of ``k`` selected
+    entries (``topk_ag``'s packed fp32 values and int32 indices) over the default group,
+    on the topology's device (``topology.device``; CPU for None). Collective: every rank
+    must call it with the same arguments. Each point is the median over repeats of the
+    slowest rank's time; the line is a Theil-Sen fit (median of pairwise slopes).
 
     Raises:
         ValueError: with fewer than two distinct ``k``.
     """
     if len(set(ks)) < 2:
         raise ValueError("need at least two distinct message sizes")
-    group = resolve_group(topology)
-    world = dist.get_world_size(group)
+    device = getattr(topology, "device", None) or torch.device("cpu")
+    world = dist.get_world_size()
     xs, ts = [], []
     for k in ks:
-        send = torch.randn(2 * k)
-        out = [torch.empty_like(send) for _ in range(world)]
+        send = torch.randn(2 * k, device=device)
+        out = torch.empty(world * 2 * k, device=device)
         times = []
         for r in range(repeats + 1):
-            dist.barrier(group=group)
+            ops.barrier()
             t0 = time.perf_counter()
-            dist.all_gather(out, send, group=group, async_op=True).wait()
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            ops.all_gather_into(out, send, async_op=True).wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+            ops.all_reduce(t, op=dist.ReduceOp.MAX)
             if r:  # the first one warms the connections up
                 times.append(float(t))
         xs.append(BYTES_PER_SELECTED * k)

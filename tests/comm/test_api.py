@@ -52,3 +52,18 @@ def test_cost_model_fit_recovers_parameters():
         cost_model.fit([])
     with pytest.raises(ValueError, match="alpha_inter"):
         cost_model.LinkParams(alpha_inter=-1)
+
+
+@pytest.mark.parametrize("form", ["ring", "rd"])
+def test_allgather_latency_form_is_fitted_and_the_better_one_kept(form):
+    steps = cost_model.coefficients("topk_ag", 10_000, 0.01, 4, 2, allgather=form)["alpha_inter"]
+    assert steps == {"ring": 7, "rd": 3}[form]  # P - 1 ring steps, log2 P doublings
+    true = cost_model.LinkParams(alpha_intra=1e-5, beta_intra=2e-10, alpha_inter=3e-3, beta_inter=4e-8, gamma=5e-9)
+    rows = [dict(algorithm=a, numel=n, density=0.01, nodes=m, local_size=l,
+                 median_s=cost_model.predict(a, n, 0.01, m, l, true, allgather=form))
+            for a in comm.ALGORITHMS for n in (1_000, 100_000, 20_000_000) for m, l in ((2, 2), (4, 2), (8, 1))]
+    chosen, params, errors = cost_model.fit_allgather(rows)
+    assert chosen == form and errors[form] < 1e-6 < max(errors.values())
+    assert params.alpha_inter == pytest.approx(true.alpha_inter, rel=1e-3)
+    with pytest.raises(ValueError, match="all-gather form"):
+        cost_model.coefficients("topk_ag", 10, 0.5, 2, 2, allgather="tree")

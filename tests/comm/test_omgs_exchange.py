@@ -1,14 +1,20 @@
-"""OMGS pipelined exchange in real gloo process groups."""
+"""OMGS plans on the engine (``plan="omgs"``, topk_ag) in real gloo process groups."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from comm.omgs import (CostModel, OMGSExchanger, OMGSHookState, build_omgs_exchanger, fit_alpha_beta,
-                       fit_gamma, groups_from_plan, load_profile, measure_backward_times, omgs_hook,
-                       save_profile)
+from comm import GradientExchanger, Topology
+from comm.omgs import (CostModel, fit_alpha_beta, fit_gamma, groups_from_plan, load_profile, measure_backward_times,
+                       plan_omgs, save_profile)
 from tests.distributed import run_distributed
+
+
+def _engine(model, plan, density, overlap=True):
+    topo = Topology(nodes=1, local_size=dist.get_world_size(), shared_memory=False)
+    return GradientExchanger(model.parameters() if isinstance(model, torch.nn.Module) else model, "topk_ag", topo,
+                             density=density, selector="exact", plan="omgs", merged=plan, overlap=overlap,
+                             skip_nonfinite=False)
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -53,8 +59,8 @@ def _exchange_worker(rank, world):
     plan = [False, True, False, False, True, True, False, False]  # 8 tensors, 4 groups
     density = 0.25
     piped, plain, ref = _model(), _model(), _model()
-    ex_p = OMGSExchanger(piped, density=density, plan=plan)
-    ex_n = OMGSExchanger(plain, density=density, plan=plan, pipelined=False)
+    ex_p = _engine(piped, plan, density)
+    ex_n = _engine(plain, plan, density, overlap=False)
     residuals = [torch.zeros(sum(p.numel() for p in list(ref.parameters())[s:e]))
                  for s, e in groups_from_plan(plan)]
     launched_in_backward = []
@@ -62,7 +68,7 @@ def _exchange_worker(rank, world):
         for model in (piped, plain):
             model.zero_grad()
             _loss(model, rank, step).backward()
-        launched_in_backward.append(ex_p._next == -1 and ex_n._next == len(ex_n.groups) - 1)
+        launched_in_backward.append(ex_p.launched == len(ex_p.buckets) and ex_n.launched == 0)
         ex_p.synchronize()
         ex_n.synchronize()
         gp = torch.cat([p.grad.reshape(-1) for p in piped.parameters()])
@@ -72,11 +78,12 @@ def _exchange_worker(rank, world):
         torch.testing.assert_close(gp, gr, rtol=1e-6, atol=1e-7)
         assert (gp != 0).sum() < gp.numel()  # really sparse
     state = ex_p.state_dict()
-    for got, want in zip(state["residuals"], residuals):
+    saved = [s["memory"]["residual"] for s in reversed(state["exchangers"])]  # buckets run last group first
+    for got, want in zip(saved, residuals):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-    fresh = OMGSExchanger(_model(), density=density, plan=plan, pipelined=False)
+    fresh = _engine(_model(), plan, density, overlap=False)
     fresh.load_state_dict(state)
-    assert all(torch.equal(a.acc, b) for a, b in zip(fresh.groups, state["residuals"]))
+    assert all(torch.equal(a.memory.residual, b) for a, b in zip(reversed(fresh.exchangers), saved))
     return launched_in_backward
 
 
@@ -85,30 +92,7 @@ def test_pipelined_equals_non_pipelined_and_reference():
         assert launched == [True, True, True]
 
 
-def _ddp_worker(rank, world, tmp):
-    plan = [False, True, True, True, False, True, False, True]
-    # the DDP hook with one bucket and the plan's groups == the exchanger with that plan
-    ddp = DDP(_model(), bucket_cap_mb=1000)
-    ddp.register_comm_hook(OMGSHookState(ddp.module, density=0.3, plan=plan), omgs_hook)
-    plain = _model()
-    ex = OMGSExchanger(plain, density=0.3, plan=plan, pipelined=False)
-    for step in range(2):
-        ddp.zero_grad()
-        plain.zero_grad()
-        _loss(ddp, rank, step).backward()
-        _loss(plain, rank, step).backward()
-        ex.synchronize()
-        for a, b in zip(ddp.module.parameters(), plain.parameters()):
-            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
-    # density 1 is a plain average
-    dense = DDP(_model(), bucket_cap_mb=0.0001)
-    dense.register_comm_hook(OMGSHookState(dense.module, density=1.0), omgs_hook)
-    ref = _model()
-    _loss(dense, rank, 5).backward()
-    _loss(ref, rank, 5).backward()
-    for a, b in zip(dense.module.parameters(), ref.parameters()):
-        dist.all_reduce(b.grad)
-        torch.testing.assert_close(a.grad, b.grad / world, rtol=1e-5, atol=1e-6)
+def _profile_worker(rank, world, tmp):
     # profiling and cost fits, saved and loaded back
     model = _model()
     prof = measure_backward_times(model, lambda: _loss(model, rank, 0), repeats=2)
@@ -123,8 +107,8 @@ def _ddp_worker(rank, world, tmp):
     return alpha, beta, gamma, prof.names
 
 
-def test_ddp_hook_profile_and_fits(tmp_path):
-    results = run_distributed(_ddp_worker, 2, str(tmp_path))
+def test_profile_and_fits(tmp_path):
+    results = run_distributed(_profile_worker, 2, str(tmp_path))
     for alpha, beta, gamma, names in results:
         assert alpha >= 0 and beta >= 0 and gamma > 0
         # backward produces the last Linear's gradients first: forward order starts at layer 0
@@ -136,13 +120,15 @@ def _train_worker(rank, world):
     model = _model(1)
     teacher = _model(2)
     params = list(model.parameters())
-    try:  # per-rank timings give per-rank plans: the exchanger refuses to mix them
-        OMGSExchanger(params, density=0.2, plan=[False] + [rank == 1] * (len(params) - 1))
+    try:  # per-rank timings give per-rank plans: the engine refuses to mix them
+        _engine(params, [False] + [rank == 1] * (len(params) - 1), 0.2)
         raise AssertionError("mismatched plans were accepted")
     except ValueError as exc:
         assert "disagree" in str(exc)
-    ex, cost, prof = build_omgs_exchanger(model, lambda: _loss(model, rank, 0), density=0.2, repeats=2)
-    assert cost.gamma > 0 and sorted(prof.order) == list(range(len(params)))
+    topo = Topology(nodes=1, local_size=world, shared_memory=False)
+    plan, order, cost, prof = plan_omgs(model, lambda: _loss(model, rank, 0), topo, density=0.2, repeats=2)
+    assert cost.gamma > 0 and sorted(prof.order) == list(range(len(params))) and order == prof.order
+    ex = _engine([params[i] for i in order], plan, 0.2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(60):

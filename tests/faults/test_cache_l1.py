@@ -83,18 +83,21 @@ def test_truncated_l1_is_moved_aside_and_reads_come_from_l2(source, tmp_path, re
     assert len(bad) == 1 and (bad[0] / "data.mdb").stat().st_size == 16384  # kept, not deleted
 
 
-def test_garbage_header_without_l2_reads_the_source(source, tmp_path):
+@pytest.mark.parametrize("with_l2", [True, False])
+def test_garbage_header_reads_l2_or_the_source(source, tmp_path, redis_servers, with_l2):
     cache_dir = tmp_path / "cache"
-    _, l1 = _fill(source, cache_dir, False)
+    url = redis_servers(1)[0].url if with_l2 else None
+    _, l1 = _fill(source, cache_dir, [url] if url else False)
     with open(l1 / "data.mdb", "r+b") as f:
         f.write(os.urandom(4096))
-    r = _stats(source, cache_dir, "--no-l2")
+    r = _stats(source, cache_dir, *(["--redis", url] if url else ["--no-l2"]))
     assert r.returncode == 0 and "not an LMDB file" in r.stdout, r.stderr
-    counts, messages = _read_all(source, cache_dir, None)
+    counts, messages = _read_all(source, cache_dir, url)
     assert counts.split()[2:] == ["1", "0", "24"] and "not an LMDB file" in messages
-    # the new mirror was refilled: a second pass reads L1 only
-    counts, _ = _read_all(source, cache_dir, None)
-    assert counts.split()[:2] == ["0", "24"]
+    assert counts.split()[0] == ("24" if url else "0")  # L2 held every sample
+    if not url:  # the new mirror was refilled from the source: a second pass reads L1 only
+        counts, _ = _read_all(source, cache_dir, None)
+        assert counts.split()[:2] == ["0", "24"]
 
 
 @needs_root()

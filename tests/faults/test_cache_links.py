@@ -123,3 +123,14 @@ def test_non_utf8_names(source, tmp_path):
         assert m.classes[m.targets[i]] == os.fsdecode(b"caf\xe9") and len(m) == 25
         np.testing.assert_array_equal(cache.get(i), decode_and_resize(some.read_bytes(), SIZE))
         assert cache.stats()["l1_hits"] == 1  # it was warmed under that name
+
+
+def test_resume_with_another_link_setting_is_a_change(tmp_path):
+    from trainer.recipes import load_recipe
+    from trainer.run_config import RunConfig
+
+    plain = RunConfig(recipe=load_recipe("demo"), data=str(tmp_path), out=str(tmp_path / "run"))
+    following = RunConfig(recipe=load_recipe("demo"), data=str(tmp_path), out=str(tmp_path / "run"),
+                          follow_external_links=True)
+    assert plain.changes(plain.settings()) == []
+    assert following.changes(plain.settings()) == ["follow_external_links: '(unset)' -> True"]

@@ -105,3 +105,43 @@ def _check_identical(tmp_path):
 
     keys = ("epoch", "train_loss", "val_top1", "val_top5", "val_loss", "steps")
     assert [{k: json.loads(r)[k] for k in keys} for r in rows_a] == [{k: json.loads(r)[k] for k in keys} for r in rows_b]
+
+
+def _two_phases():
+    """hitopk for one epoch, then 2dtar: a phase switch that must apply hitopk's residual."""
+    from trainer.recipes import recipe_from_dict
+
+    data = _recipe(1, "hitopk", density=0.05).to_dict()
+    data["phases"] = [dict(data["phases"][0]), dict(data["phases"][0], comm="2dtar")]
+    return recipe_from_dict(data, "demo")
+
+
+class _Crash(Exception):
+    pass
+
+
+def _resume_at_the_phase_switch(rank, world, data, out):
+    from trainer.loop import train
+
+    common = dict(recipe=_two_phases(), data=str(data), loader="memory", nodes=1, local_size=2, device="cpu")
+    train(RunConfig(out=f"{out}/straight", **common))
+
+    def crash(row):  # the run dies right after epoch 0's checkpoint, the last of phase 0
+        raise _Crash
+
+    try:
+        train(RunConfig(out=f"{out}/broken", **common), on_epoch=crash)
+    except _Crash:
+        pass
+    rows = train(RunConfig(out=f"{out}/broken", resume=f"{out}/broken", **common))
+    return [r["epoch"] for r in rows]
+
+
+def test_resume_into_the_next_phase_carries_the_residual_like_an_uninterrupted_run(small_dataset, tmp_path):
+    epochs = run_distributed(_resume_at_the_phase_switch, 2, small_dataset, tmp_path, timeout=240)
+    assert epochs == [[1], [1]]  # resumed in phase 1, from the checkpoint of phase 0
+    a = load_state(tmp_path / "straight/checkpoints/last.npz")
+    b = load_state(tmp_path / "broken/checkpoints/last.npz")
+    assert a["step"] == b["step"] == 12
+    for key in a["model"]:
+        assert np.array_equal(a["model"][key].numpy(), b["model"][key].numpy()), key

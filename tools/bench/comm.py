@@ -4,7 +4,8 @@ Starts ``--nodes`` network namespaces joined by links limited to ``--inter-mbit`
 (tools/cluster.py) with ``--local-size`` workers in each, times every algorithm on every
 size (median of ``--reps`` exchanges after ``--warmup``, each the slowest worker's
 time) and prints it beside the alpha-beta cost model: ``predicted_s`` uses parameters
-fitted to this run's measurements (``comm.cost_model.fit``), ``nominal_s`` the nominal
+fitted to this run's measurements (``comm.cost_model.fit_allgather``: the better of the ring
+and recursive-doubling forms of the all-gather latency), ``nominal_s`` the nominal
 link rate with the selector speed measured on rank 0. Without root (or iproute2) it
 says so and runs every worker on loopback, without a rate limit.
 """
@@ -116,14 +117,16 @@ def _with_predictions(rows: list[dict], gamma: float | None, inter_mbit: float |
     from comm import cost_model
 
     value_bytes = 2 if rows and rows[0].get("value_dtype") in ("fp16", "bf16") else 4
-    fitted = cost_model.fit(rows, value_bytes=value_bytes)
+    form, fitted, errors = cost_model.fit_allgather(rows, value_bytes=value_bytes)
     nominal = cost_model.LinkParams.from_bandwidth(inter_mbit or 10_000.0, gamma=gamma or 0.0)
     dense = {r["numel"]: r["median_s"] for r in rows if r["algorithm"] == "dense"}
     for r in rows:
         args = (r["algorithm"], r["numel"], r["density"], r["nodes"], r["local_size"])
-        r["predicted_s"] = cost_model.predict(*args, fitted, value_bytes=value_bytes)
+        r["predicted_s"] = cost_model.predict(*args, fitted, value_bytes=value_bytes, allgather=form)
         r["nominal_s"] = cost_model.predict(*args, nominal, value_bytes=value_bytes)
         r["gamma_measured"] = gamma
+        r["allgather_form"] = form
+        r.update({f"fit_error_{f}": e for f, e in errors.items()})
         if r["numel"] in dense:
             r["speedup_vs_dense"] = dense[r["numel"]] / r["median_s"]
     for k, v in vars(fitted).items():

@@ -4,8 +4,9 @@
 2. Compares the paper's greedy planner with the optimal one on random layer profiles.
 3. On the emulated cluster of tools/cluster.py (2 nodes x 2 workers, ``--rate-mbit``
    between nodes) every rank replays the measured backward (NOTE [emulated backward]),
-   fits alpha, beta, gamma in place, plans, and times each mode with the real pipelined
-   exchanger; the table puts each measured iteration time next to the model's prediction.
+   fits alpha, beta, gamma in place, plans, and times each mode with the real engine
+   (``comm.GradientExchanger``, topk_ag on each plan's merged layers); the table puts
+   each measured iteration time next to the model's prediction.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ with the usual torch.distributed environment variables set.
 NOTE [bench calibration]
 alpha and beta come from timing the OMGS all-gather alone; ts0 and gamma, and the
 decompression time ``tu = tu0 + tu1 * groups``, come from runs of the three baseline
-plans (TopK-SGD, LAGS, fusion: 1, 161 and ~19 groups) with the real pipelined exchanger:
-every group's measured compression time is a point of the (ts0, gamma) fit, so the fit
+plans (TopK-SGD, LAGS, fusion: 1, 161 and ~19 groups) with the real engine (topk_ag):
+every bucket's measured launch (compression) time is a point of the (ts0, gamma) fit, so the fit
 sees the same contention (four workers on a shared machine) as the timed runs. The
 planners get ``ts0 + tu1`` as the per-group overhead (decompression is charged to the
 group's sparsification). A calibration run gives the coefficients the OMGS plans are made with. Timed
@@ -27,10 +27,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from comm.omgs import (OMGSExchanger, fit_alpha_beta, find_merged_layers, fit_sparsify_cost, lags_plan,
+from comm import GradientExchanger, Topology
+from comm.omgs import (broadcast_plan, fit_alpha_beta, find_merged_layers, fit_sparsify_cost, lags_plan,
                        measure_backward_times, predict_iteration_time, single_bucket_plan,
                        threshold_plan)
-from comm.omgs.pipeline import broadcast_plan
 from tools.omgs.emulate import SleepChain
 
 __all__ = ["run"]
@@ -66,8 +66,11 @@ def _line(xs, ys) -> tuple[float, float]:
 
 def _reset(ex) -> None:
     ex.stats = dict.fromkeys(ex.stats, 0.0)
-    for g in ex.groups:
-        g.compress_s = 0.0
+    ex.bucket_compress_s = [0.0] * len(ex.buckets)
+
+
+def _sizes(ex) -> list[int]:
+    return [sum(ex.params[i].numel() for i in b.params) for b in ex.buckets]
 
 
 def run(spec: dict) -> dict:
@@ -82,8 +85,17 @@ def run(spec: dict) -> dict:
     tb = [_mean(t) for t in prof.tb]  # effective per-layer backward of the emulated model
     alpha, beta = fit_alpha_beta(sorted({1, 4, 16, 64, 256, 1024, 4096, max(2, int(rho * sum(d)))}),
                                  repeats=spec["fit_repeats"])
-    make = lambda plan: OMGSExchanger(params, density=rho, selector=spec["selector"],  # noqa: E731
-                                      plan=broadcast_plan(plan))
+    topo = Topology(nodes=1, local_size=dist.get_world_size(), shared_memory=False)
+
+    plan_of = {}  # exchanger -> its merged-layer plan
+
+    def make(plan):  # the engine on the plan's merged layers, as the trainer's --comm omgs
+        plan = broadcast_plan(plan)
+        ex = GradientExchanger(params, "topk_ag", topo, density=rho, selector=spec["selector"], plan="omgs",
+                               merged=plan, skip_nonfinite=False)
+        plan_of[ex] = plan
+        return ex
+
     exchangers = {"topk-sgd (1 bucket)": make(single_bucket_plan(len(d))),
                   "lags (per layer)": make(lags_plan(len(d))),
                   f"fusion {spec['fusion_mb']:g} MiB": make(threshold_plan(d, int(spec["fusion_mb"] * 2**20)))}
@@ -94,11 +106,11 @@ def run(spec: dict) -> dict:
         _reset(ex)
         for _ in range(spec["fit_repeats"]):
             _iteration(model, exchangers, name)
-        sizes += [g.numel for g in ex.groups]
-        times += [g.compress_s / spec["fit_repeats"] for g in ex.groups]
+        sizes += _sizes(ex)
+        times += [t / spec["fit_repeats"] for t in ex.bucket_compress_s]
         decompress.append((ex.stats["sync_s"] - ex.stats["wait_s"]) / spec["fit_repeats"])
     ts0, gamma = (_mean(v) for v in fit_sparsify_cost(sizes, times, rho))
-    tu0, tu1 = (_mean(v) for v in _line([len(ex.groups) for ex in exchangers.values()], decompress))
+    tu0, tu1 = (_mean(v) for v in _line([len(ex.buckets) for ex in exchangers.values()], decompress))
     coeffs = dict(alpha=alpha, beta=beta, gamma=gamma, rho=rho)
     for method in ("paper", "optimal"):  # decompression's per-group cost is charged to ts0
         exchangers[f"omgs {method}"] = make(find_merged_layers(tb, d, **coeffs, method=method, ts0=ts0 + tu1))
@@ -112,10 +124,10 @@ def run(spec: dict) -> dict:
         for m in modes:
             measured[m].append(_iteration(model, exchangers, m))
     baselines = [ex for name, ex in exchangers.items() if not name.startswith("omgs")]
-    ts0_t, gamma_t = (_mean(v) for v in fit_sparsify_cost([g.numel for ex in baselines for g in ex.groups],
-                                                          [g.compress_s / iters for ex in baselines for g in ex.groups],
+    ts0_t, gamma_t = (_mean(v) for v in fit_sparsify_cost([n for ex in baselines for n in _sizes(ex)],
+                                                          [t / iters for ex in baselines for t in ex.bucket_compress_s],
                                                           rho))
-    tu0_t, tu1_t = (_mean(v) for v in _line([len(ex.groups) for ex in baselines],
+    tu0_t, tu1_t = (_mean(v) for v in _line([len(ex.buckets) for ex in baselines],
                                             [(ex.stats["sync_s"] - ex.stats["wait_s"]) / iters for ex in baselines]))
     scale = statistics.median(measured[None]) / sum(tb)
     tb_t = [t * scale for t in tb]
@@ -125,14 +137,14 @@ def run(spec: dict) -> dict:
     rows = [dict(mode="backward only", groups=0, measured_ms=1e3 * statistics.median(measured[None]),
                  min_ms=1e3 * min(measured[None]), max_ms=1e3 * max(measured[None]), predicted_ms=1e3 * sum(tb_t))]
     for name, ex in exchangers.items():
-        rows.append(dict(mode=name, groups=len(ex.groups), measured_ms=1e3 * statistics.median(measured[name]),
+        rows.append(dict(mode=name, groups=len(ex.buckets), measured_ms=1e3 * statistics.median(measured[name]),
                          min_ms=1e3 * min(measured[name]), max_ms=1e3 * max(measured[name]),
-                         predicted_ms=1e3 * predict_iteration_time(tb_t, d, ex.plan, **coeffs, ts0=ts0_t,
-                                                                   tu=tu0_t + tu1_t * len(ex.groups)),
-                         planned_pred_ms=1e3 * predict_iteration_time(tb, d, ex.plan, **coeffs_p,
-                                                                      tu=tu0 + tu1 * len(ex.groups)),
-                         **{k[:-2] + "_ms": 1e3 * _mean(v) / iters for k, v in ex.stats.items()}))
-    plans = {name: ex.plan for name, ex in exchangers.items()}
+                         predicted_ms=1e3 * predict_iteration_time(tb_t, d, plan_of[ex], **coeffs, ts0=ts0_t,
+                                                                   tu=tu0_t + tu1_t * len(ex.buckets)),
+                         planned_pred_ms=1e3 * predict_iteration_time(tb, d, plan_of[ex], **coeffs_p,
+                                                                      tu=tu0 + tu1 * len(ex.buckets)),
+                         **{k[:-2] + "_ms": 1e3 * _mean(v) / iters for k, v in ex.stats.items() if k != "select_s"}))
+    plans = {name: plan_of[ex] for name, ex in exchangers.items()}
     return {"rows": rows, "coeffs": dict(coeffs, ts0=ts0_t), "tu0": tu0_t, "tu1": tu1_t, "tb_effective": tb_t,
             "plans": plans, "planned_with": planned_with}
 

@@ -1,0 +1,379 @@
+"""The gradient-exchange engine: a bucket plan, one algorithm (with its selector and
+residual memory) per bucket, and a scheduler that starts each bucket's exchange as soon as
+backward has produced its last gradient.
+
+Parts, as GRACE separates them: the *plan* (:mod:`comm.plans`) says which parameters
+travel together; per bucket an *algorithm* from ``comm.ALGORITHMS`` (the communicator)
+holds the *selector* (``comm.topk``, the compressor) and the *residual memory*
+(:class:`comm.ResidualMemory`); the *scheduler* here runs the algorithms' stages (NOTE
+[exchange stages] in comm/collectives/base.py).
+
+NOTE [launch order]: buckets are launched strictly in plan order. A bucket whose
+gradients are all ready waits for the buckets before it, so every rank issues the same
+sequence of collectives whatever order autograd fires the hooks in. A launch runs the
+bucket's stages up to the first collective in flight and returns to backward;
+``synchronize()`` resumes the buckets in the same order. Parameters that got no gradient
+in a backward count as zero there; every rank must leave the same parameters without
+gradient (as DDP requires).
+
+NOTE [overflow steps]: with mixed precision GradScaler skips a step whose gradients
+hold inf/NaN; a sparse exchange of such gradients would fold the overflow into the
+residuals and poison every later step. With ``skip_nonfinite`` the engine agrees with a
+1-element all-reduce whether any worker's gradients are non-finite before it exchanges
+(once per step without overlap, once per bucket with it); a non-finite bucket is not
+exchanged, its residual is untouched, its gradients become NaN (so GradScaler skips the
+step on every worker alike) and ``synchronize()`` returns False.
+
+NOTE [residual at a phase switch]: when training moves from one exchange to another
+(``dawnbench28``: hitopk, then 2dtar), what the sparse exchange still owes is not
+dropped: :meth:`GradientExchanger.take_residuals` hands every rank's residual back per
+parameter and :meth:`GradientExchanger.carry_in` adds it to the next gradients the new
+exchanger sends, so it is applied (averaged like a gradient) by the first exchange of the
+new phase. Per rank, ``sum(gradients) + sum(residual taken) ==`` what the next exchanges
+receive, and over all ranks nothing is lost.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+from comm import collective_ops as ops
+from comm.collectives import build_exchanger, get_algorithm
+from comm.collectives.base import Stages, nonfinite_anywhere
+from comm.plans import Bucket, make_plan
+
+__all__ = ["GradientExchanger", "InFlight"]
+
+
+class InFlight:
+    """One exchange in progress: its stages run up to the first yield (NOTE [exchange stages]).
+
+    ``finish()`` waits on each yielded ``Work`` and resumes until the result is there.
+    """
+
+    __slots__ = ("_stages", "_work", "result", "waited_s")
+
+    def __init__(self, stages: Stages):
+        self._stages, self._work, self.result, self.waited_s = stages, None, None, 0.0
+        self._advance()
+
+    def _advance(self) -> None:
+        try:
+            self._work = self._stages.send(None)
+        except StopIteration as stop:
+            self._work, self.result, self._stages = None, stop.value, None
+
+    @property
+    def done(self) -> bool:
+        return self._stages is None
+
+    def finish(self) -> torch.Tensor:
+        """Run the remaining stages; the exchange's result."""
+        while not self.done:
+            if self._work is not None:
+                start = time.perf_counter()
+                self._work.wait()
+                self.waited_s += time.perf_counter() - start
+            self._advance()
+        return self.result
+
+
+class GradientExchanger:
+    """Average every ``p.grad`` over all workers by buckets, overlapped with backward.
+
+    Args:
+        params: the model parameters (those with ``requires_grad`` are kept), forward order.
+        algorithm: name in ``comm.ALGORITHMS`` for the buckets (a plan may pick others,
+            as ``size``'s hybrid choice does).
+        topology: a :class:`comm.Topology`.
+        density, selector, error_feedback, value_dtype: as in :func:`comm.build_exchanger`.
+        plan: a planner name from ``comm.plans.PLANNERS`` (``size``, ``layer``, ``omgs``) or
+            a list of :class:`comm.plans.Bucket` (default ``size``).
+        bucket_bytes, hybrid_threshold_bytes: options of the ``size`` plan: fusion threshold
+            theta (default 25 MiB) and the hybrid choice eta (default 1 MiB; 0 disables).
+        merged: option of the ``omgs`` plan (:func:`comm.omgs.find_merged_layers`).
+        skip_nonfinite: see NOTE [overflow steps] (default True).
+        overlap: start each bucket's exchange from a post-accumulate-grad hook as soon as
+            its gradients are ready (default True); False exchanges everything in
+            :meth:`synchronize`.
+
+    Attributes:
+        buckets: the plan (list of :class:`comm.plans.Bucket`, launch order).
+        exchangers: one algorithm instance per bucket (holding its residual).
+        stats: cumulative seconds: ``select_s`` (top-k selection), ``compress_s`` (launching
+            buckets: packing, compensation, selection, residual, starting the collective),
+            ``wait_s`` (blocked on collectives in :meth:`synchronize`) and ``sync_s`` (all
+            of :meth:`synchronize`).
+        bucket_compress_s: ``compress_s`` per bucket.
+        last_timings: the last step's ``select`` and ``select_overlapped`` (selection
+            inside :meth:`synchronize` and during backward), ``wait`` (the time in
+            :meth:`synchronize`) and ``launched_in_backward`` (buckets).
+
+    Raises:
+        ValueError: unknown algorithm or plan, bad plan options, bad density.
+
+    Example:
+        >>> ex = GradientExchanger(model.parameters(), "hitopk", topo, density=0.01)  # doctest: +SKIP
+        >>> loss.backward(); ex.synchronize(); optimizer.step()                    # doctest: +SKIP
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], algorithm: str, topology, *,
+                 density: float | None = None, selector: str = "mstopk", error_feedback: bool = True,
+                 plan: str | list[Bucket] = "size", bucket_bytes: int = 25 * 2**20,
+                 hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
+                 overlap: bool = True):
+        get_algorithm(algorithm)
+        self.params = [p for p in params if p.requires_grad]
+        self.topology, self.algorithm = topology, algorithm
+        self.skip_nonfinite, self.overlap = skip_nonfinite, overlap
+        self.skipped_steps = 0
+        if isinstance(plan, str):
+            options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes},
+                       "omgs": {"merged": merged}}.get(plan, {})
+            plan = make_plan(plan, self.params, algorithm, **options)
+        self.buckets = list(plan)
+        seen = sorted(i for b in self.buckets for i in b.params)
+        if seen != list(range(len(self.params))):
+            raise ValueError("a bucket plan must hold every parameter exactly once")
+        _check_same_layout([sum(self.params[i].numel() for i in b.params) for b in self.buckets], topology)
+        self.stats = dict.fromkeys(("select_s", "compress_s", "wait_s", "sync_s"), 0.0)
+        self.bucket_compress_s = [0.0] * len(self.buckets)
+        self.last_timings = {"select": 0.0, "select_overlapped": 0.0, "wait": 0.0, "launched_in_backward": 0}
+        self._select = _SelectTimer()
+        self.exchangers = []
+        for b in self.buckets:
+            ex = build_exchanger(b.algorithm, topology, density=density, selector=selector,
+                                 error_feedback=error_feedback, value_dtype=value_dtype)
+            if ex.sparse:
+                ex.select = self._select.wrap(ex.select)
+            self.exchangers.append(ex)
+        self._bucket_of = {i: bi for bi, b in enumerate(self.buckets) for i in b.params}
+        self._ready = [0] * len(self.buckets)
+        self._inflight: list[tuple[int, InFlight | None]] = []  # (bucket, exchange); None: skipped
+        self._carry: dict[int, torch.Tensor] = {}  # NOTE [residual at a phase switch]
+        self._skipped = False
+        self.enabled = True
+        self._handles = []
+        if overlap:
+            for i, p in enumerate(self.params):
+                self._handles.append(p.register_post_accumulate_grad_hook(
+                    lambda _p, b=self._bucket_of[i]: self._on_grad(b)))
+
+    @property
+    def bucket_algorithms(self) -> list[str]:
+        """The algorithm each bucket uses (after the plan's choice)."""
+        return [ex.name for ex in self.exchangers]
+
+    @property
+    def launched(self) -> int:
+        """Buckets whose exchange has started in the current step."""
+        return len(self._inflight)
+
+    # -- backward side -------------------------------------------------------------------
+    def _on_grad(self, bucket: int) -> None:
+        if not self.enabled:
+            return
+        self._ready[bucket] += 1
+        while self.launched < len(self.buckets):  # NOTE [launch order]
+            b = self.launched
+            if self._ready[b] < len(self.buckets[b].params):
+                break
+            self._launch(b, check=self.skip_nonfinite)
+
+    def _launch(self, b: int, check: bool) -> None:
+        start = time.perf_counter()
+        self._start(b, check)
+        took = time.perf_counter() - start
+        self.bucket_compress_s[b] += took
+        self.stats["compress_s"] += took
+
+    def _start(self, b: int, check: bool) -> None:
+        grads = [self._grad(i) for i in self.buckets[b].params]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+        if self._carry:
+            offset = 0
+            for i, g in zip(self.buckets[b].params, grads):
+                carried = self._carry.pop(i, None)
+                if carried is not None:
+                    flat[offset:offset + g.numel()] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
+                offset += g.numel()
+        if check and nonfinite_anywhere(flat):
+            self._skipped = True
+            self._inflight.append((b, None))
+            return
+        self._inflight.append((b, InFlight(self.exchangers[b].stages(flat))))
+
+    def _grad(self, i: int) -> torch.Tensor:
+        p = self.params[i]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        return p.grad
+
+    # -- optimiser side ------------------------------------------------------------------
+    def synchronize(self) -> bool:
+        """Finish every exchange and leave the averaged gradients in ``p.grad`` (collective).
+
+        Buckets not launched during backward (``overlap=False``, parameters without
+        gradient, :meth:`no_sync`) are launched now, in plan order.
+
+        Returns:
+            True if gradients were exchanged, False if the step was skipped because some
+            worker's gradients were non-finite (NOTE [overflow steps]).
+        """
+        start = time.perf_counter()
+        overlapped = self._select.take()
+        in_backward = self.launched
+        if self.skip_nonfinite and in_backward == 0 and self.params:
+            local = all(bool(torch.isfinite(self._grad(i)).all()) for i in range(len(self.params)))
+            if nonfinite_anywhere(torch.tensor([0.0 if local else float("nan")], device=self.params[0].device)):
+                self._skipped = True
+                self._inflight = [(b, None) for b in range(len(self.buckets))]
+        while self.launched < len(self.buckets):
+            self._launch(self.launched, check=self.skip_nonfinite and in_backward > 0)
+        for b, flight in self._inflight:
+            grads = [self._grad(i) for i in self.buckets[b].params]
+            if flight is None:
+                for g in grads:
+                    g.fill_(float("nan"))
+                continue
+            out, offset = flight.finish(), 0
+            self.stats["wait_s"] += flight.waited_s
+            for g in grads:
+                g.copy_(out[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        skipped = self._skipped
+        self.skipped_steps += skipped
+        self._inflight, self._ready, self._skipped = [], [0] * len(self.buckets), False
+        wait = time.perf_counter() - start
+        select = self._select.take()
+        self.stats["select_s"] += overlapped + select
+        self.stats["sync_s"] += wait
+        self.last_timings = {"select": select, "select_overlapped": overlapped, "wait": wait,
+                             "launched_in_backward": in_backward}
+        return not skipped
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients locally (hooks ignored); the next backward outside the
+        context exchanges the accumulated gradients."""
+        self.enabled = False
+        try:
+            yield
+        finally:
+            self.enabled = True
+
+    def remove(self) -> None:
+        """Remove the autograd hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    close = remove
+
+    # -- residuals -----------------------------------------------------------------------
+    def take_residuals(self) -> dict[torch.Tensor, torch.Tensor]:
+        """This rank's residuals per parameter (parameter -> tensor shaped like it), cleared
+        here (NOTE [residual at a phase switch]). Parameters without residual are left out."""
+        out = {}
+        for b, ex in zip(self.buckets, self.exchangers):
+            res = ex.memory.residual
+            if res is None:
+                continue
+            numel = sum(self.params[i].numel() for i in b.params)
+            full = ex.placed_residual(numel)
+            offset = 0
+            for i in b.params:
+                n = self.params[i].numel()
+                out[self.params[i]] = full[offset:offset + n].view_as(self.params[i]).clone()
+                offset += n
+            ex.memory.update(None)
+        return out
+
+    def carry_in(self, residuals: dict[torch.Tensor, torch.Tensor]) -> None:
+        """Add ``residuals`` (parameter -> tensor, as :meth:`take_residuals` gives) to the
+        next gradients this exchanger sends.
+
+        Raises:
+            ValueError: for a parameter this exchanger does not hold, or a wrong shape.
+        """
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for p, r in residuals.items():
+            if id(p) not in index or r.shape != p.shape:
+                raise ValueError(f"carried residual of shape {tuple(r.shape)} matches no parameter of this exchanger")
+            self._carry[index[id(p)]] = r
+
+    def state_dict(self) -> dict:
+        """Residuals of every bucket (for checkpoints), with the bucket layout."""
+        return {"algorithm": self.algorithm, "buckets": [list(b.params) for b in self.buckets],
+                "exchangers": [ex.state_dict() for ex in self.exchangers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore residuals saved by :meth:`state_dict`.
+
+        Raises:
+            ValueError: if the bucket layout differs (other model or plan options).
+        """
+        if [list(b.params) for b in self.buckets] != [list(b) for b in state["buckets"]]:
+            raise ValueError("saved gradient buckets differ from this model's: use the same model, plan, "
+                             "bucket_bytes and hybrid_threshold_bytes as when the state was saved")
+        for ex, s in zip(self.exchangers, state["exchangers"]):
+            ex.load_state_dict(s)
+
+
+class _SelectTimer:
+    """Time spent in top-k selection: the clock on CPU; CUDA events on a GPU, read only in
+    :meth:`take` (from ``synchronize()``), so selection inside backward never blocks the host."""
+
+    def __init__(self):
+        self.seconds, self.events = 0.0, []
+
+    def wrap(self, select):
+        @functools.wraps(select)
+        def run(x, k, *args, **kwargs):
+            if x.is_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = select(x, k, *args, **kwargs)
+                end.record()
+                self.events.append((start, end))
+                return out
+            start = time.perf_counter()
+            out = select(x, k, *args, **kwargs)
+            self.seconds += time.perf_counter() - start
+            return out
+
+        return run
+
+    def take(self) -> float:
+        """Seconds since the last call (waits for the recorded CUDA events)."""
+        total = self.seconds
+        for start, end in self.events:
+            end.synchronize()
+            total += start.elapsed_time(end) / 1e3
+        self.seconds, self.events = 0.0, []
+        return total
+
+
+def _check_same_layout(sizes: list[int], topology) -> None:
+    """NOTE [same plan everywhere]: every rank must exchange buckets of the same sizes in the
+    same order, or the collectives mismatch; a plan made from per-rank timings may differ.
+    Refuse to start when ranks disagree (two small all-reduces; collective)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    device = getattr(topology, "device", None) or torch.device("cpu")
+    mine = torch.tensor([len(sizes), *sizes], dtype=torch.int64, device=device)
+    length = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
+    ops.all_reduce(length, op=dist.ReduceOp.MAX)
+    hi = torch.full((int(length),), -1, dtype=torch.int64, device=device)
+    hi[:mine.numel()] = mine
+    lo = hi.clone()
+    ops.all_reduce(hi, op=dist.ReduceOp.MAX)
+    ops.all_reduce(lo, op=dist.ReduceOp.MIN)
+    if not torch.equal(hi, lo):
+        raise ValueError("ranks disagree on the gradient buckets (plan or parameter order); compute the "
+                         "plan once and share it, e.g. with comm.omgs.broadcast_plan()")
