@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cachepipe.config import CacheConfig
-from cachepipe.decode import DECODER_TAG, decode_and_resize, possible_shape
+from cachepipe.decode import decode_and_resize, possible_shape
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_guard import open_l1
