@@ -19,10 +19,11 @@ from PIL import Image
 from cachepipe.decode import resized_shape
 from cachepipe.l2_codec import encoded_size
 
-__all__ = ["estimate_sample_bytes", "l2_shortfalls", "check_l1_space"]
+__all__ = ["estimate_sample_bytes", "l2_fitting", "l2_shortfalls", "check_l1_space"]
 
 _KEY_OVERHEAD = 96
 _SAMPLE = 32
+_MARGIN = 1.05
 
 
 def estimate_sample_bytes(cache, indices: list[int]) -> int:
@@ -46,22 +47,25 @@ def estimate_sample_bytes(cache, indices: list[int]) -> int:
     return int(np.mean(sizes)) + _KEY_OVERHEAD + len(cache.namespace) + 8
 
 
+def _limit(row: dict) -> int:
+    return row["maxmemory"] or row.get("system_memory", 0)
+
+
+def _counts(store, info: list[dict], indices: list[int]) -> list[int]:
+    if hasattr(store, "owners"):
+        return np.bincount(store.owners(indices).ravel(), minlength=len(info)).tolist()
+    return [-(-len(indices) // max(1, len(info)))] * len(info)  # a cluster spreads keys evenly
+
+
 def l2_shortfalls(store, indices: list[int], per_sample: int) -> list[str]:
     """One message per shard that cannot take its share of ``indices`` (empty: fits)."""
     info = store.shard_info()
-    if hasattr(store, "owners"):
-        owners = store.owners(indices)
-        counts = np.bincount(owners.ravel(), minlength=len(info))
-    else:  # a cluster spreads keys over its primaries evenly
-        counts = np.full(len(info), -(-len(indices) // max(1, len(info))))
     problems = []
-    for row, count in zip(info, counts.tolist()):
-        if not row["reachable"] or count == 0:
+    for row, count in zip(info, _counts(store, info, indices)):
+        if not row["reachable"] or count == 0 or not _limit(row):
             continue
-        need = int(count * per_sample * 1.05)
-        limit = row["maxmemory"] or row.get("system_memory", 0)
-        if not limit:
-            continue
+        need = int(count * per_sample * _MARGIN)
+        limit = _limit(row)
         free = limit - row["used_memory"]
         if need > free:
             problems.append(
@@ -71,6 +75,28 @@ def l2_shortfalls(store, indices: list[int], per_sample: int) -> list[str]:
                 f"{-(-(row['used_memory'] + need) // 2**20)}mb (--l2-memory for the embedded "
                 f"server), or more shards")
     return problems
+
+
+def l2_fitting(store, indices: list[int], per_sample: int) -> list[int]:
+    """The fixed subset of ``indices`` that L2 has room for (NOTE [fixed L2 subset]):
+    each shard takes its samples in the order of ``indices`` while its free memory lasts
+    (a sample with replicas needs room on all its shards)."""
+    info = store.shard_info()
+    # a write needs room for its value twice while Redis holds it in the query buffer too
+    room = [None if not _limit(row) else
+            max(0, int((_limit(row) - row["used_memory"] - per_sample) / (per_sample * _MARGIN)))
+            if row["reachable"] else 0 for row in info]
+    if not hasattr(store, "owners"):  # a cluster: keys spread evenly over its primaries
+        known = [r for r in room if r is not None]
+        return list(indices) if not known else list(indices)[:min(known) * len(room)]
+    keep = []
+    for i, owners in zip(indices, store.owners(indices).tolist()):
+        if all(room[s] is None or room[s] > 0 for s in owners):
+            for s in owners:
+                if room[s] is not None:
+                    room[s] -= 1
+            keep.append(i)
+    return keep
 
 
 def check_l1_space(path: str | os.PathLike, need_bytes: int) -> str | None:

@@ -8,7 +8,7 @@ import argparse
 
 from cachepipe.two_level import TwoLevelCache
 
-__all__ = ["add_cache_arguments", "cache_from_args", "check_args", "redis_from_args"]
+__all__ = ["add_cache_arguments", "cache_from_args", "cache_sizes_from_args", "check_args", "redis_from_args"]
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,8 +25,11 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a Redis Cluster seed node, redis://host:port (same as "
                              "--redis redis-cluster://host:port)")
     parser.add_argument("--no-l2", action="store_true", help="use no L2 (L1 + source only)")
-    parser.add_argument("--cache-size", type=int, default=256,
-                        help="shorter side of cached samples in pixels")
+    parser.add_argument("--cache-size", default=None, metavar="N[,N...]",
+                        help="shorter side of cached samples in pixels; a list such as 128,256 "
+                             "for several sizes, each under its own L2 namespace (warmup: "
+                             "warmed in that order; bench cache: one size). Default: 256; "
+                             "stats: every size found in L2")
     parser.add_argument("--replicas", type=int, default=1,
                         help="copies of every L2 value on distinct shards")
     parser.add_argument("--prefix", default="cachepipe", help="first part of every L2 key")
@@ -61,6 +64,27 @@ def redis_from_args(args: argparse.Namespace):
     return urls or None
 
 
+def cache_sizes_from_args(args: argparse.Namespace, default: tuple[int, ...] = (256,)) -> tuple[int, ...]:
+    """The sizes of ``--cache-size`` (``"128,256"`` -> ``(128, 256)``), ``default`` when unset.
+
+    Raises:
+        ValueError: one line naming the flag (not a list of positive ints, or a repeat).
+    """
+    text = args.cache_size
+    if text is None:
+        return default
+    try:
+        sizes = tuple(int(part) for part in str(text).split(","))
+    except ValueError:
+        raise ValueError(f"--cache-size {text!r}: expected shorter sides in pixels separated by "
+                         f"commas, e.g. 256 or 128,256") from None
+    if min(sizes) < 1:
+        raise ValueError(f"--cache-size {text!r}: sizes must be positive pixel counts")
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"--cache-size {text!r}: a size is listed twice")
+    return sizes
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Validate the cache flags without touching the source or Redis.
 
@@ -69,17 +93,26 @@ def check_args(args: argparse.Namespace) -> None:
     """
     from cachepipe.config import CacheConfig
 
-    CacheConfig(args.source, args.cache_dir, redis_from_args(args), args.cache_size, args.prefix,
+    size = cache_sizes_from_args(args)[0]
+    CacheConfig(args.source, args.cache_dir, redis_from_args(args), size, args.prefix,
                 args.replicas, args.l2_memory, args.timeout)
 
 
-def cache_from_args(args: argparse.Namespace, *, save_manifest: bool = True) -> TwoLevelCache:
-    """Open the :class:`TwoLevelCache` the flags describe (``save_manifest`` as there).
+def cache_from_args(args: argparse.Namespace, cache_size: int | None = None, *,
+                    save_manifest: bool = True) -> TwoLevelCache:
+    """Open the :class:`TwoLevelCache` the flags describe, at ``cache_size`` (default: the
+    one size of ``--cache-size``, or 256; ``save_manifest`` as there).
 
     Raises:
-        FileNotFoundError, ValueError: as :class:`TwoLevelCache`.
+        FileNotFoundError, ValueError: as :class:`TwoLevelCache`; several ``--cache-size``
+            values and no ``cache_size``.
     """
-    return TwoLevelCache(args.source, args.cache_dir, redis_from_args(args), args.cache_size,
+    if cache_size is None:
+        sizes = cache_sizes_from_args(args)
+        if len(sizes) > 1:
+            raise ValueError(f"--cache-size {args.cache_size}: this command takes one size")
+        cache_size = sizes[0]
+    return TwoLevelCache(args.source, args.cache_dir, redis_from_args(args), cache_size,
                          prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
                          timeout=args.timeout, verify="files" if args.verify_files else "dirs",
                          rescan=args.rescan, save_manifest=save_manifest,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import redis
@@ -14,7 +14,7 @@ from redis.retry import Retry
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.l2_shards import make_client
-from cachepipe.l2_store import is_oom, warn_once
+from cachepipe.l2_store import PARTIAL_KEY, is_oom, warn_once
 from cachepipe.placement import LocalityError, node_of_hosts
 from cachepipe.redis_url import redact
 
@@ -174,6 +174,33 @@ class ClusterStore:
                 raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
             out.extend(i for i, f in zip(chunk, found) if not f)
         return out
+
+    def mark_partial(self, node: str, uncached: int) -> None:
+        try:
+            if uncached > 0:
+                self.client.hset(self.namespace + PARTIAL_KEY, node, uncached)
+            else:
+                self.client.hdel(self.namespace + PARTIAL_KEY, node)
+        except _ERRORS as exc:
+            self._client = None
+            raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
+
+    def partial(self) -> dict[str, int]:
+        if not self.health.available():
+            return {}
+        try:
+            fields = self.client.hgetall(self.namespace + PARTIAL_KEY)
+        except _ERRORS:
+            self._client = None
+            return {}
+        return {k.decode(errors="replace"): int(v) for k, v in fields.items() if v.isdigit()}
+
+    def scan(self, match: str) -> Iterator[bytes]:
+        try:  # redis-py scans every primary in turn
+            yield from self.client.scan_iter(match=match, count=_CHUNK * 4)
+        except _ERRORS as exc:
+            self._client = None
+            raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
 
     def shard_info(self) -> list[dict]:
         try:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import redis
@@ -12,7 +12,7 @@ from redis.retry import Retry
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError
 from cachepipe.hashing import rendezvous_owners, shard_seed
-from cachepipe.l2_store import is_oom, warn_once
+from cachepipe.l2_store import PARTIAL_KEY, is_oom, warn_once
 from cachepipe.placement import first_live_owner
 from cachepipe.redis_url import canonical, redact
 from cachepipe.resp_mget import MGetConnection
@@ -217,6 +217,35 @@ class ShardedRedisStore:
                 row["error"] = _why(exc)
             info.append(row)
         return info
+
+    def mark_partial(self, node: str, uncached: int) -> None:
+        for name, client in zip(self.names, self.clients):  # on every shard: any one answers readers
+            try:
+                if uncached > 0:
+                    client.hset(self.namespace + PARTIAL_KEY, node, uncached)
+                else:
+                    client.hdel(self.namespace + PARTIAL_KEY, node)
+            except (*_NET_ERRORS, redis.RedisError) as exc:
+                raise L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}") from None
+
+    def partial(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s, client in enumerate(self.clients):
+            if not self.health[s].available():
+                continue
+            try:
+                fields = client.hgetall(self.namespace + PARTIAL_KEY)
+            except (*_NET_ERRORS, redis.RedisError):
+                continue
+            out.update({k.decode(errors="replace"): int(v) for k, v in fields.items() if v.isdigit()})
+        return out
+
+    def scan(self, match: str) -> Iterator[bytes]:
+        for name, client in zip(self.names, self.clients):
+            try:
+                yield from client.scan_iter(match=match, count=_CHUNK * 4)
+            except (*_NET_ERRORS, redis.RedisError) as exc:
+                raise L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}") from None
 
     def close(self) -> None:
         for c in [*self.clients, *filter(None, self.readers)]:

@@ -1,7 +1,10 @@
 """L2 store protocol and the registry that picks an implementation from the Redis URLs.
 
 A store maps sample indices to encoded values (see NOTE [L2 value format]) under one key
-namespace ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:``. Implementations never raise on a
+namespace ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` (:func:`namespace`);
+each cached size has its own, so several sizes coexist in one Redis. Besides the values,
+a namespace holds one hash ``<namespace>partial`` (NOTE [fixed L2 subset] in
+``cachepipe/warmup.py``). Implementations never raise on a
 failed read or write: they count it in ``counters`` (a ``collections.Counter``), warn,
 and report a miss. Only the explicit checks (``missing``, ``shard_info``) raise
 :class:`~cachepipe.errors.L2UnavailableError`.
@@ -10,15 +13,24 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from cachepipe.decode import DECODER_TAG
 from cachepipe.errors import CacheWarning
 from cachepipe.redis_url import redact
 
-__all__ = ["STORES", "SampleStore", "is_oom", "open_store", "store_kind", "warn_once"]
+__all__ = ["PARTIAL_KEY", "STORES", "SampleStore", "is_oom", "namespace", "open_store", "store_kind", "warn_once"]
+
+PARTIAL_KEY = "partial"  # <namespace>partial: NOTE [fixed L2 subset]
+
+
+def namespace(prefix: str, fingerprint: str, cache_size: int) -> str:
+    """The key prefix ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` of one cached
+    size of a source (NOTE [decoder tag] in ``cachepipe/decode.py``)."""
+    return f"{prefix}:{fingerprint}:{cache_size}:{DECODER_TAG}:"
 
 
 @runtime_checkable
@@ -45,6 +57,17 @@ class SampleStore(Protocol):
 
     def shard_info(self) -> list[dict]:
         """Per shard: ``url``, ``reachable``, ``used_memory``, ``maxmemory``, ``keys``, ``error``."""
+
+    def mark_partial(self, node: str, uncached: int) -> None:
+        """Record that warm-up of ``node`` left ``uncached`` samples out of L2 (0 clears it);
+        see NOTE [fixed L2 subset] in ``cachepipe/warmup.py`` (raises if a shard is down)."""
+
+    def partial(self) -> dict[str, int]:
+        """``{node: uncached}`` as recorded by :meth:`mark_partial` on the reachable shards
+        (empty: L2 is not a fixed subset; never raises)."""
+
+    def scan(self, match: str) -> Iterator[bytes]:
+        """Keys matching the glob ``match`` on every shard (or primary); raises if one is down."""
 
     def close(self) -> None:
         """Drop connections."""

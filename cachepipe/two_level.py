@@ -19,14 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from cachepipe.config import CacheConfig
-from cachepipe.decode import DECODER_TAG, decode_and_resize, possible_shape
+from cachepipe.decode import decode_and_resize, possible_shape
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
-from cachepipe.l2_store import SampleStore, open_store, warn_once
+from cachepipe.l2_store import SampleStore, namespace, open_store, warn_once
 from cachepipe.manifest import Manifest
+from cachepipe.private_files import private_dir
 from cachepipe.raw_levels import RawLevels
 from cachepipe.redis_url import redact_all
 from cachepipe.source import STAT_KEYS
@@ -41,8 +42,10 @@ _SOURCE_THREADS = 8
 class TwoLevelCache:
     """Decoded, resized RGB samples of an ImageFolder tree, read L2 -> L1 -> source.
 
-    Each miss fills the levels above it. Failures of a level (shard down, OOM, corrupt
-    value) are counted, warned about once and bypassed; they never give a wrong sample.
+    Each miss fills the levels above it, except L2 when warm-up left it a fixed subset of a
+    source larger than its memory (NOTE [fixed L2 subset]). Failures of a level (shard down,
+    OOM, corrupt value) are counted, warned about once and bypassed; they never give a
+    wrong sample.
 
     Args:
         source: ImageFolder root, or a :class:`~cachepipe.Manifest`.
@@ -86,8 +89,8 @@ class TwoLevelCache:
         root = source.root if isinstance(source, Manifest) else source
         self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
                                   l2_memory, timeout, use_l1, l1_map_size, follow_external_links)
-        if save_manifest and not os.path.isdir(self.config.cache_dir):
-            os.makedirs(self.config.cache_dir, mode=0o700)  # NOTE [private cache files]
+        if save_manifest:  # ranks race to create it: private_dir tolerates that
+            private_dir(self.config.cache_dir)  # NOTE [private cache files]
         if isinstance(source, Manifest):
             if save_manifest:
                 source.save(self.config.cache_dir)
@@ -106,6 +109,7 @@ class TwoLevelCache:
         self._store: SampleStore | None = None
         self._raw: RawLevels | None = None
         self._warned: set = set()
+        self._write_back: bool | None = None  # NOTE [fixed L2 subset]: asked once per process
         self.counters: Counter = Counter()
 
     def __getstate__(self) -> dict:
@@ -150,7 +154,7 @@ class TwoLevelCache:
     @property
     def namespace(self) -> str:
         """L2 key prefix ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` (NOTE [decoder tag])."""
-        return f"{self.config.prefix}:{self._fingerprint}:{self.config.cache_size}:{DECODER_TAG}:"
+        return namespace(self.config.prefix, self._fingerprint, self.config.cache_size)
 
     @property
     def l1_path(self) -> Path:
@@ -254,7 +258,7 @@ class TwoLevelCache:
                 result[i] = arr
                 if self._store is not None and i not in self._raw.changed:
                     encoded.append((i, encode_sample(i, arr)))
-            if encoded:
+            if encoded and self._writes_back():
                 c["l2_writes"] += self._store.put_many(encoded)
         if errors_seen and errors == "raise":
             raise errors_seen[0]
@@ -264,6 +268,13 @@ class TwoLevelCache:
             out.append(arr.copy() if arr is not None and i in seen else arr)
             seen.add(i)
         return out
+
+    def _writes_back(self) -> bool:
+        """Whether misses are written to L2: not when warm-up left L2 a fixed subset of the
+        source (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``); the rest is read from L1."""
+        if self._write_back is None:
+            self._write_back = not self._store.partial()
+        return self._write_back
 
     def _revive_embedded(self) -> None:
         """Restart the embedded server when it died and its backoff window is over

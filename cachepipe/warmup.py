@@ -16,6 +16,23 @@ is reported as such and simply stays missing from the levels: the next warm-up t
 again. Recorded files are re-checked by every warm-up: their L1 entries are dropped,
 they are read from the source again, and a file that now decodes is cleared from the
 record and cached. So a restored file never stays "corrupt".
+
+NOTE [fixed L2 subset]
+A source larger than L2 (ImageNet decoded at 256 px is ~300 GB) is cached in part: the
+warm-up writes as many samples of this node's partition as the shards have room for,
+each shard taking its samples in index order (``capacity.l2_fitting``), and they stay.
+Training reads every sample once per epoch in a new order, so a policy that replaces
+cached samples (LRU, or loaders writing their misses back) moves data in and out of L2
+every epoch without raising the hit rate above the fraction that fits; a fixed subset
+gives that fraction with no churn (CoorDL's MinIO policy, Mohan et al., VLDB 2021). The
+warm-up records how many samples of its partition it left out for lack of room in the
+hash ``<namespace>partial`` (field ``"<node_rank>/<num_nodes>"``) on every shard, and
+clears its field once a later run covers the partition. A ``TwoLevelCache`` that finds
+the hash non-empty never writes its misses to L2: they are read from L1 and decoded,
+with no warning. Writes refused for ``maxmemory`` during the warm-up (the size estimate
+was low, or another node filled the room first) leave those samples out like the rest;
+they are not errors. ``require_full`` (``--require-full``) refuses to start when the
+partition does not fit, as before, and the CLI then exits 5.
 """
 from __future__ import annotations
 
@@ -23,18 +40,19 @@ import json
 import multiprocessing
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 
-from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_shortfalls
+from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.decode import decode_and_resize
-from cachepipe.errors import CorruptSampleError, L1FullError
+from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
 from cachepipe.l2_codec import encode_sample
 from cachepipe.private_files import write_private
 
 __all__ = ["L2TooSmallError", "known_corrupt", "plan_warmup", "warm_chunk", "warmup"]
 
-_SUMMED = ("l1_written", "l2_written", "bytes_read", "l2_write_errors")
+_SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors")
 
 
 class L2TooSmallError(MemoryError):
@@ -87,8 +105,9 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
     """Mirror ``indices`` into L1 and decode ``l2_indices`` into L2 (one batch each).
 
     Returns:
-        Counts (``done``, ``l1_written``, ``l2_written``, ``bytes_read``,
-        ``l2_write_errors``) and index lists: ``corrupt`` (stable, unchanged bytes that do
+        Counts (``done``, ``l1_written``, ``l2_written``, ``l2_full`` (refused for
+        maxmemory: NOTE [fixed L2 subset]), ``bytes_read``, ``l2_write_errors`` (other
+        failures)) and index lists: ``corrupt`` (stable, unchanged bytes that do
         not decode), ``unreadable`` (read errors after retries), ``changed`` (the file
         differs from the manifest), ``decoded``.
 
@@ -111,12 +130,15 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
             encoded.append((i, encode_sample(i, decode_and_resize(data, cache.config.cache_size, index=i))))
         except CorruptSampleError:
             corrupt.append(i)
-    l2_written = cache.store.put_many(encoded) if encoded and cache.store is not None else 0
+    with warnings.catch_warnings():  # NOTE [fixed L2 subset]: a full shard is expected here
+        warnings.filterwarnings("ignore", "L2 shard .* is out of memory", CacheWarning)
+        l2_written = cache.store.put_many(encoded) if encoded and cache.store is not None else 0
     after = cache.counters
+    oom = after["l2_oom"] - before["l2_oom"]  # NOTE [fixed L2 subset]: left out, not an error
     return {"done": len(indices), "l1_written": after["l1_writes"] - before["l1_writes"],
             "l2_written": l2_written, "bytes_read": after["source_bytes"] - before["source_bytes"],
-            "l2_write_errors": after["l2_write_errors"] - before["l2_write_errors"],
-            "corrupt": corrupt, "unreadable": unreadable, "changed": sorted(changed),
+            "l2_write_errors": after["l2_write_errors"] - before["l2_write_errors"] - oom,
+            "l2_full": oom, "corrupt": corrupt, "unreadable": unreadable, "changed": sorted(changed),
             "decoded": [i for i, _ in encoded]}
 
 
@@ -139,7 +161,7 @@ def _run_chunk(args) -> dict:
 def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
            l1_scope: str = "all", batch_size: int = 64, progress: bool = True,
            check_capacity: bool = True, on_progress: Callable[[int], None] | None = None,
-           limit: int | None = None) -> dict:
+           limit: int | None = None, require_full: bool = False) -> dict:
     """Fill ``cache`` (a :class:`~cachepipe.TwoLevelCache`) for this node.
 
     Args:
@@ -148,13 +170,19 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         l1_scope: ``"all"`` or ``"partition"``.
         batch_size: samples per LMDB transaction / Redis pipeline.
         progress: show a tqdm bar on stderr.
-        check_capacity: refuse to start when L1 disk or L2 memory is too small.
+        check_capacity: refuse to start when the L1 disk is too small, and write to L2 only
+            the fixed subset of the partition that fits (NOTE [fixed L2 subset]).
         on_progress: called with the number of samples finished after every batch.
         limit: only warm the first ``limit`` samples (benchmarks, smoke tests).
+        require_full: refuse to start (``L2TooSmallError``) when L2 cannot hold the partition.
 
     Returns:
-        Summary dict: ``samples``, ``partition``, ``l1_todo``, ``l2_todo``, ``l1_written``,
-        ``l2_written``, ``bytes_read``, ``l2_write_errors``, ``corrupt`` (relpaths found
+        Summary dict: ``samples``, ``partition``, ``cache_size``, ``l1_todo``, ``l2_todo``,
+        ``l1_written``, ``l2_written``, ``l2_cached`` / ``l2_uncached`` (samples of the
+        partition in L2 / left out for lack of room), ``l2_coverage`` (their fraction in
+        L2), ``l2_full`` (writes refused for maxmemory), ``l2_bytes_per_sample`` (growth of
+        the shards' used memory per sample written, 0 when none), ``bytes_read``,
+        ``l2_write_errors`` (other failed writes), ``corrupt`` (relpaths found
         corrupt for the first time), ``known_corrupt`` (relpaths still recorded after the
         re-check), ``recovered`` (recorded ones that now decode), ``unreadable`` and
         ``changed`` (relpaths not cached this time; see NOTE [corrupt files]),
@@ -171,22 +199,28 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
                          "partitions would never reach it")
     t0 = time.perf_counter()
     m = cache.manifest
-    l1_todo, l2_todo = plan_warmup(cache, node_rank=node_rank, num_nodes=num_nodes,
-                                   l1_scope=l1_scope, limit=limit)
+    l1_todo, l2_missing = plan_warmup(cache, node_rank=node_rank, num_nodes=num_nodes,
+                                      l1_scope=l1_scope, limit=limit)
     known = known_corrupt(cache)
-    recheck = {i for i in known if i % num_nodes == node_rank} & set(l2_todo)
-    report = {"samples": len(m), "partition": len(range(node_rank, len(m), num_nodes)),
-              "fingerprint": m.fingerprint, "l1_todo": len(l1_todo), "l2_todo": len(l2_todo),
-              "l1_written": 0, "l2_written": 0, "bytes_read": 0, "l2_write_errors": 0,
-              "corrupt": [], "nothing_to_do": set(l1_todo) | set(l2_todo) <= recheck}
+    recheck = {i for i in known if i % num_nodes == node_rank} & set(l2_missing)
     if check_capacity and l1_todo:
         problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo))
         if problem:
             raise L1FullError(28, problem)
+    l2_todo = l2_missing
     if check_capacity and l2_todo:
-        problems = l2_shortfalls(cache.store, l2_todo, estimate_sample_bytes(cache, l2_todo))
-        if problems:
+        per_sample = estimate_sample_bytes(cache, l2_todo)
+        problems = l2_shortfalls(cache.store, l2_todo, per_sample)
+        if problems and require_full:
             raise L2TooSmallError("; ".join(problems))
+        if problems:
+            l2_todo = l2_fitting(cache.store, l2_todo, per_sample)
+    report = {"samples": len(m), "partition": len(range(node_rank, len(m), num_nodes)),
+              "cache_size": cache.config.cache_size, "fingerprint": m.fingerprint,
+              "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
+              "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
+              "nothing_to_do": set(l1_todo) | set(l2_todo) <= recheck}
+    used_before = _l2_used(cache) if l2_todo else 0
     if recheck and cache.l1 is not None and cache._raw.l1_writable:
         cache.l1.delete(sorted(recheck))  # read them from the source again
     l2_set = set(l2_todo)
@@ -229,6 +263,32 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     report["recovered"] = _names(m, recovered)
     report["unreadable"] = _names(m, found["unreadable"])
     report["changed"] = _names(m, found["changed"])
+    part = range(node_rank, len(m) if limit is None else min(limit, len(m)), num_nodes)
+    report.update(_l2_coverage(cache, report, len(part), len(l2_missing), len(l2_missing) - len(l2_todo)))
+    report["l2_bytes_per_sample"] = ((_l2_used(cache) - used_before) / report["l2_written"]
+                                     if report["l2_written"] else 0.0)
+    if cache.store is not None:
+        cache.store.mark_partial(f"{node_rank}/{num_nodes}", report["l2_uncached"])
     report["seconds"] = time.perf_counter() - t0
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0
     return report
+
+
+def _l2_used(cache) -> int:
+    """Memory used by the reachable L2 shards together (0 without L2)."""
+    if cache.store is None:
+        return 0
+    return sum(row["used_memory"] for row in cache.store.shard_info() if row["reachable"])
+
+
+def _l2_coverage(cache, report: dict, part: int, missing: int, left_out: int) -> dict:
+    """``l2_cached``, ``l2_uncached`` and ``l2_coverage`` of the partition after this run
+    (NOTE [fixed L2 subset]): uncached are the samples left out for lack of room, before
+    writing or refused while writing; corrupt, unreadable or changed files count in
+    neither (they are reported as such)."""
+    if cache.store is None:
+        return {"l2_cached": 0, "l2_uncached": 0, "l2_coverage": 0.0}
+    cached = part - missing + report["l2_written"]
+    uncached = left_out + report["l2_full"]
+    return {"l2_cached": cached, "l2_uncached": uncached,
+            "l2_coverage": cached / (cached + uncached) if cached + uncached else 1.0}

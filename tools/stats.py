@@ -1,5 +1,8 @@
 """``cachepipe stats SRC --cache-dir DIR``: how much of the source each cache level holds.
 
+L2 is reported per cached size: every size found under the source's keys, or the sizes of
+``--cache-size`` when given.
+
 Exit status: 0, 2 bad flag values, 3 missing or invalid source, 4 L2 unreachable (the rest is still shown).
 """
 from __future__ import annotations
@@ -27,9 +30,16 @@ def format_coverage(c: dict) -> str:
     lines = [f"source  {s['root']}: {s['samples']} samples, {s['classes']} classes, "
              f"{_mib(s['bytes'])}, fingerprint {s['fingerprint']}",
              f"L1      {l1['entries']}/{s['samples']} ({l1['percent']:.1f} %), {_mib(l1['disk_bytes'])} "
-             f"on disk at {l1['path']}" + (f"; {l1['error']}" if l1.get("error") else ""),
-             f"L2      {l2['kind']}: {l2['present']}/{s['samples']} ({l2['percent']:.1f} %) under "
-             f"{l2['namespace']}*"]
+             f"on disk at {l1['path']}" + (f"; {l1['error']}" if l1.get("error") else "")]
+    if not l2["sizes"]:
+        lines.append(f"L2      {l2['kind']}: nothing cached for this source")
+    for row in l2["sizes"]:
+        line = (f"L2      {l2['kind']} {row['size']} px: {row['present']}/{s['samples']} "
+                f"({row['percent']:.1f} %) under {row['namespace']}*")
+        if row["partial"]:
+            left = ", ".join(f"{count} of node {node}" for node, count in sorted(row["partial"].items()))
+            line += f"; a fixed subset (warm-up left out {left}: read from L1)"
+        lines.append(line)
     for sh in l2["shards"]:
         if sh["reachable"]:
             limit = _mib(sh["maxmemory"]) if sh["maxmemory"] else "no limit"
@@ -46,21 +56,22 @@ def format_coverage(c: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_from_args, check_args
+    from cachepipe.cli_options import cache_from_args, cache_sizes_from_args, check_args
     from cachepipe.coverage import coverage
 
     try:
         check_args(args)
+        sizes = cache_sizes_from_args(args, default=None)
     except ValueError as exc:
         print(f"cachepipe stats: error: {exc}", file=sys.stderr)
         return 2
     try:
-        cache = cache_from_args(args, save_manifest=False)  # stats never writes
+        cache = cache_from_args(args, sizes[0] if sizes else 256, save_manifest=False)  # stats never writes
     except (FileNotFoundError, ValueError) as exc:
         print(f"cachepipe stats: error: {exc}", file=sys.stderr)
         return 3
     with cache:
-        cov = coverage(cache)
+        cov = coverage(cache, sizes)
     print(json.dumps(cov, indent=1) if args.json else format_coverage(cov))
     unreachable = cov["l2"]["error"] and "not running" not in cov["l2"]["error"]
     if unreachable or any(not sh["reachable"] for sh in cov["l2"]["shards"]):

@@ -1,10 +1,15 @@
 """``cachepipe warmup SRC --cache-dir DIR``: fill L1 (LMDB mirror) and L2 (Redis) before training.
 
-Exit status: 0 done (corrupt files are listed), 1 corrupt files with ``--strict``, L2
-writes that failed, or files that could not be read (after retries; the next run tries
-them again), 2 bad usage (flag values, URL schemes), 3 missing or invalid source, 4 unreachable Redis,
-5 L2 too small (the message says how much memory it needs), 6 L1 disk or map full, or the
-cache dir cannot be written.
+``--cache-size 128,256`` warms each size in turn (L1 is shared; each size has its own L2
+namespace). When L2 cannot hold this node's partition, as many samples as fit are cached
+and kept (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``) and the coverage is reported.
+
+Exit status: 0 done (corrupt files are listed; L2 may hold a fixed subset), 1 corrupt
+files with ``--strict``, L2 writes that failed, or files that could not be read (after
+retries; the next run tries them again), 2 bad usage (flag values, URL schemes), 3
+missing or invalid source, 4 unreachable Redis, 5 L2 too small with ``--require-full``
+(the message says how much memory it needs), 6 L1 disk or map full, or the cache dir
+cannot be written.
 """
 from __future__ import annotations
 
@@ -31,6 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--l1-scope", choices=["all", "partition"], default="all",
                         help="mirror the whole source into L1, or only this node's partition")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any file is corrupt")
+    parser.add_argument("--require-full", action="store_true",
+                        help="exit 5 when L2 cannot hold this node's whole partition (checked before "
+                             "writing); without it, as many samples as fit are cached")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -40,19 +48,37 @@ def fail(message: str, code: int) -> int:
     return code
 
 
-def _summary(r: dict, node: str) -> str:
+def _coverage(r: dict, node: str) -> str:
+    cached, total = r["l2_cached"], r["l2_cached"] + r["l2_uncached"]
+    line = f"L2 holds {cached}/{total} samples of {node} at {r['cache_size']} px ({100 * r['l2_coverage']:.1f} %)"
+    if r["l2_uncached"]:
+        line += (f"; {r['l2_uncached']} did not fit and are read from L1 (a fixed subset: "
+                 f"more L2 memory and another warmup raise it)")
+    return line
+
+
+def _summary(r: dict, node: str, l2: bool) -> str:
     if r["nothing_to_do"] and not (r["recovered"] or r["unreadable"] or r["changed"]):
-        line = (f"warmup: nothing to do: L1 and L2 already hold all {r['partition']} samples of "
-                f"{node} ({r['samples']} in total, fingerprint {r['fingerprint']}); "
-                f"checked in {r['seconds']:.2f} s")
+        if not r["l2_uncached"]:
+            line = (f"warmup: nothing to do: L1 and L2 already hold all {r['partition']} samples of "
+                    f"{node} at {r['cache_size']} px ({r['samples']} in total, fingerprint "
+                    f"{r['fingerprint']})")
+        else:
+            line = f"warmup: nothing to do at {r['cache_size']} px: {_coverage(r, node)}"
+        line += f"; checked in {r['seconds']:.2f} s"
         if r["known_corrupt"]:
             line += f"; {len(r['known_corrupt'])} known corrupt file(s) re-checked, still corrupt"
         return line
-    lines = [f"warmup: {r['samples']} samples, {r['partition']} in {node} "
+    lines = [f"warmup: {r['samples']} samples, {r['partition']} in {node}, {r['cache_size']} px "
              f"(fingerprint {r['fingerprint']})",
              f"  L1 written: {r['l1_written']} entries   L2 written: {r['l2_written']} entries",
              f"  read {r['bytes_read'] / 2**20:.2f} MB from the source in {r['seconds']:.2f} s "
              f"({r['mb_per_s']:.2f} MB/s)"]
+    if l2:
+        lines.append(f"  {_coverage(r, node)}")
+    if r["l2_bytes_per_sample"]:
+        lines.append(f"  L2 memory: ~{r['l2_bytes_per_sample'] / 1024:.1f} KiB per sample at "
+                     f"{r['cache_size']} px (growth of the shards' used_memory)")
     if r["l2_write_errors"]:
         lines.append(f"  L2 write errors: {r['l2_write_errors']} (see warnings above)")
     for key, title in (("corrupt", "corrupt files"),
@@ -68,19 +94,35 @@ def _summary(r: dict, node: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_from_args, check_args, redis_from_args
-    from cachepipe.errors import L1FullError, L2UnavailableError
-    from cachepipe.warmup import L2TooSmallError, warmup
+    from cachepipe.cli_options import cache_sizes_from_args, check_args, redis_from_args
 
     try:
         check_args(args)
+        sizes = cache_sizes_from_args(args)
         if args.num_nodes > 1 and redis_from_args(args) is None:
             raise ValueError("--num-nodes > 1 needs a shared L2 (--redis URL ... or --redis-cluster "
                              "URL): the embedded server is private to one node")
     except ValueError as exc:
         return fail(str(exc), EXIT_USAGE)
+    reports: list[dict] = []
+    code = 0
+    for size in sizes:
+        code = _warm_one(args, size, reports)
+        if code:
+            break
+    if args.json and reports:
+        _write_json(args.json, reports[0] if len(sizes) == 1 else reports)
+    return code
+
+
+def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
+    """Warm one cache size and print its summary; returns a non-zero exit status on failure."""
+    from cachepipe.cli_options import cache_from_args
+    from cachepipe.errors import L1FullError, L2UnavailableError
+    from cachepipe.warmup import L2TooSmallError, warmup
+
     try:
-        cache = cache_from_args(args)
+        cache = cache_from_args(args, size)
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         return fail(str(exc), EXIT_SOURCE)
     except OSError as exc:  # read-only or full cache dir
@@ -99,27 +141,31 @@ def main(args: argparse.Namespace) -> int:
                                 + (f" and {len(down) - 1} more" if len(down) > 1 else ""), EXIT_REDIS)
             report = warmup(cache, workers=args.workers, node_rank=args.node_rank,
                             num_nodes=args.num_nodes, l1_scope=args.l1_scope,
-                            batch_size=args.batch_size, progress=not args.quiet)
+                            batch_size=args.batch_size, progress=not args.quiet,
+                            require_full=args.require_full)
     except L2UnavailableError as exc:
         return fail(str(exc), EXIT_REDIS)
     except L2TooSmallError as exc:
-        return fail(str(exc), EXIT_L2_SMALL)
+        return fail(f"{exc} (--require-full)", EXIT_L2_SMALL)
     except L1FullError as exc:
         return fail(exc.strerror or str(exc), EXIT_L1_FULL)
     except ValueError as exc:
         return fail(str(exc), EXIT_USAGE)
-    print(_summary(report, node))
+    reports.append(report)
+    print(_summary(report, node, cache.config.redis is not False))
     if cache.config.redis is None:
         print(f"  L2 is the embedded Redis at {cache.embedded_server().url}; it keeps running for "
               f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")
-    if args.json:
-        _write_json(args.json, report)
     if report["l2_write_errors"]:
-        return fail(f"{report['l2_write_errors']} L2 writes failed (out of memory or shard down)",
+        return fail(f"{report['l2_write_errors']} L2 writes failed (shard down or refused)",
                     EXIT_CORRUPT)
     if report["unreadable"]:
         return fail(f"{len(report['unreadable'])} file(s) could not be read, e.g. "
                     f"{report['unreadable'][0]!r}; run the warm-up again", EXIT_CORRUPT)
+    if args.require_full and report["l2_uncached"]:
+        return fail(f"{report['l2_uncached']} samples of {node} at {size} px did not fit in L2 "
+                    f"({100 * report['l2_coverage']:.1f} % cached; --require-full): raise "
+                    f"maxmemory (--l2-memory for the embedded server) or add shards", EXIT_L2_SMALL)
     if args.strict and report["corrupt"] + report.get("known_corrupt", []):
         return fail(f"{len(set(report['corrupt']) | set(report['known_corrupt']))} corrupt file(s) "
                     f"(--strict)", EXIT_CORRUPT)

@@ -103,6 +103,8 @@ class PhaseConfig:
     and plans merged layers at the start of the phase; ``lags`` keeps every layer alone
     (deterministic, no profiling). ``powersgd_rank`` (``comm: powersgd`` only): the
     matrix approximation rank of torch's PowerSGD hook (``comm.powersgd``).
+    ``cache_size``: shorter side of the cached samples
+    this phase reads (0 = ``train.cache_size``); see NOTE [cache size per phase].
     """
 
     epochs: int = 1
@@ -114,10 +116,14 @@ class PhaseConfig:
     hybrid_bytes: int = 2**20
     omgs_plan: str = "auto"
     powersgd_rank: int = 2
+    cache_size: int = 0
 
     def __post_init__(self):
         _need(self.epochs >= 1, f"phase epochs must be >= 1; got {self.epochs}")
         _need(16 <= self.size <= 1024, f"phase size must be in [16, 1024] px; got {self.size}")
+        _need(self.cache_size == 0 or self.cache_size >= self.size,
+              f"phase cache_size must be 0 (train.cache_size) or >= the phase's size ({self.size} px), "
+              f"or every crop is upscaled; got {self.cache_size}")
         _need(self.batch_size >= 1, f"phase batch_size must be >= 1; got {self.batch_size}")
         _need(self.comm in COMM_NAMES, f"phase comm {self.comm!r} is unknown; valid: {list(COMM_NAMES)}")
         _need(0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
@@ -181,6 +187,26 @@ class Recipe:
     @property
     def total_epochs(self) -> int:
         return sum(p.epochs for p in self.phases)
+
+    def cache_size_of(self, phase: PhaseConfig) -> int:
+        """Shorter side of the cached samples ``phase`` reads.
+
+        NOTE [cache size per phase]: random-resized crops are taken after the cache, so a
+        phase that trains at 96 or 128 px can read a cache whose shorter side is 128
+        instead of 320: a quarter or less of the L2 memory and of the bytes per sample read
+        (over the network when the shard is on another node). Its crops are upscaled about
+        as much as 224 px crops of a 256 px cache, the usual ImageNet setting. Each size
+        has its own L2 namespace (``<prefix>:<fingerprint>:<size>:``), so the phases'
+        caches coexist; ``cachepipe warmup --cache-size`` takes the list of
+        :attr:`cache_sizes`.
+        """
+        return phase.cache_size or self.train.cache_size
+
+    @property
+    def cache_sizes(self) -> tuple[int, ...]:
+        """Every cached size the recipe reads, smallest first (the phases', and
+        ``train.cache_size`` for evaluation)."""
+        return tuple(sorted({self.cache_size_of(p) for p in self.phases} | {self.train.cache_size}))
 
     def phase_of(self, epoch: int) -> tuple[int, PhaseConfig]:
         """Return ``(index, phase)`` that trains 0-based ``epoch``."""

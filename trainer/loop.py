@@ -100,7 +100,8 @@ class _Run:
             carry = self._saved_residuals()
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
-        self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size)
+        self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
+                                  cache_size=self.recipe.cache_size_of(phase))
         self.cache_seen = loader_counts(self.loader)
         if (self.cfg.ddp or phase.comm in DDP_COMMS) and self.world > 1:
             self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
@@ -293,6 +294,7 @@ class _Run:
                        self.device)
         broadcast_buffers(self.model)
         row = {"epoch": self.epoch, "phase": index, "size": phase.size, "batch_size": phase.batch_size,
+               "cache_size": self.recipe.cache_size_of(phase),
                "comm": phase.comm, "density": phase.density if phase.comm in ("topk_ag", "gtopk", "hitopk", "omgs") else 1.0,
                "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss[0].item() / max(loss[1].item(), 1.0),
                "images_per_s": self.accum["images"] / max(self.accum["seconds"], 1e-9),

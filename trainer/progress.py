@@ -1,6 +1,11 @@
 """What rank 0 prints: the per-epoch table (loss, accuracy, throughput, breakdown, cache
 hits, bad samples skipped and replaced), a progress bar within an epoch, and the
-configuration and final lines around them (the same for ``train`` and ``train --demo``)."""
+configuration and final lines around them (the same for ``train`` and ``train --demo``).
+
+The cache column counts the epoch's reads served by L2, L1 and the source, and the share
+served by L2: the coverage the epoch saw (below 100 % when L2 holds a fixed subset of a
+larger dataset, NOTE [fixed L2 subset] in ``cachepipe/warmup.py``).
+"""
 from __future__ import annotations
 
 import sys
@@ -11,15 +16,16 @@ __all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "p
 # time per training iteration (the MLSys paper's Figure 1 parts) and which to the cache
 # (hits per level, and bad samples skipped and replaced).
 _GROUPS = (f"{'':>5} {'':>4} {'':>7} {'train':^15} | {'validation':^21} | "
-           f"{'train: ms per iteration':^34} | {'train reads':^19}").rstrip()
+           f"{'train: ms per iteration':^34} | {'train reads':^28}").rstrip()
 HEADER = (f"{'epoch':>5} {'px':>4} {'comm':>7} {'loss':>7} {'img/s':>7} | {'loss':>7} {'top1':>6} {'top5':>6} | "
-          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} | {'L2/L1/src':>13} {'skip':>5}")
+          f"{'data':>6} {'fwdbwd':>6} {'compr':>6} {'comm':>6} {'update':>6} | {'L2/L1/src (L2 %)':>22} {'skip':>5}")
 
 
 def _hits(cache: dict | None) -> str:
     if not cache:
         return "-"
-    return f"{cache.get('l2_hits', 0)}/{cache.get('l1_hits', 0)}/{cache.get('source_reads', 0)}"
+    l2, l1, src = cache.get("l2_hits", 0), cache.get("l1_hits", 0), cache.get("source_reads", 0)
+    return f"{l2}/{l1}/{src} ({100 * l2 / max(l2 + l1 + src, 1):.0f} %)"
 
 
 def format_row(row: dict) -> str:
@@ -29,7 +35,7 @@ def format_row(row: dict) -> str:
             f"{row['images_per_s']:>7.1f} | {row.get('val_loss', float('nan')):>7.3f} {row['val_top1']:>6.1f} "
             f"{row['val_top5']:>6.1f} | {t.get('data', 0):>6.1f} {t.get('compute', 0):>6.1f} "
             f"{t.get('compress', 0):>6.1f} {t.get('communicate', 0):>6.1f} {t.get('update', 0):>6.1f} | "
-            f"{_hits(row.get('cache')):>13} {row.get('skipped', 0):>5}")
+            f"{_hits(row.get('cache')):>22} {row.get('skipped', 0):>5}")
 
 
 def print_row(row: dict, header: bool = False) -> None:

@@ -29,3 +29,20 @@ def test_cluster_round_trip_and_spread(source, cache_dir, redis_cluster):
         st = cache.stats()
         assert st["l2_errors"] >= 1 and st["l1_hits"] > 0 and st["source_reads"] == n
         assert all(np.array_equal(a, b) for a, b in zip(got, after))
+
+
+def test_cluster_holds_several_sizes_and_the_fixed_subset_record(source, cache_dir, redis_cluster):
+    from cachepipe.coverage import coverage
+
+    url, clients, _ = redis_cluster
+    for size in (32, 48):
+        with TwoLevelCache(source, cache_dir, url, size) as cache:
+            assert warmup(cache, progress=False)["l2_written"] == len(cache)
+    with TwoLevelCache(source, cache_dir, url, 48) as cache:
+        rows = coverage(cache)["l2"]["sizes"]  # one scan of every primary finds both sizes
+        assert [(r["size"], r["present"], r["partial"]) for r in rows] == [(32, 24, {}), (48, 24, {})]
+        cache.store.mark_partial("1/2", 5)
+        assert cache.store.partial() == {"1/2": 5}
+        assert [r["partial"] for r in coverage(cache, [48, 64])["l2"]["sizes"]] == [{"1/2": 5}, {}]
+        cache.store.mark_partial("1/2", 0)
+        assert cache.store.partial() == {}

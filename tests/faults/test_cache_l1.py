@@ -73,7 +73,7 @@ def test_truncated_l1_is_moved_aside_and_reads_come_from_l2(source, tmp_path, re
     before = _snapshot(cache_dir)
     r = _stats(source, cache_dir, "--redis", redis_server.url)
     assert r.returncode == 0, r.stderr
-    assert "truncated to 16384 bytes" in r.stdout and "L2      shards: 24/24" in r.stdout
+    assert "truncated to 16384 bytes" in r.stdout and "L2      shards 32 px: 24/24" in r.stdout
     assert _snapshot(cache_dir) == before  # stats wrote nothing
     counts, messages = _read_all(source, cache_dir, redis_server.url)
     l2_hits, l1_hits, quarantined, l1_errors, n = map(int, counts.split())

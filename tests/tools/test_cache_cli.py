@@ -51,17 +51,57 @@ def test_warmup_embedded_then_nothing_to_do_then_stats_and_server(src, cache_dir
     assert report["seconds"] > 0
     assert main(args + ["--workers", "1"]) == 0
     assert "nothing to do" in capsys.readouterr().out
-    assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--cache-size", "32", "--json"]) == 0
+    assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--json"]) == 0  # finds the size
     cov = json.loads(capsys.readouterr().out)
-    assert cov["l1"]["entries"] == 24 and cov["l2"]["present"] == 24 and cov["l2"]["kind"] == "embedded"
+    assert cov["l1"]["entries"] == 24 and cov["l2"]["kind"] == "embedded"
+    assert [(r["size"], r["present"], r["partial"]) for r in cov["l2"]["sizes"]] == [(32, 24, {})]
     assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--cache-size", "64"]) == 0
-    assert "L2      embedded: 0/24 (0.0 %)" in capsys.readouterr().out  # another size: another namespace
+    assert "L2      embedded 64 px: 0/24 (0.0 %)" in capsys.readouterr().out  # another size: another namespace
     assert main(["server", "status", "--cache-dir", str(cache_dir)]) == 0
     assert "running: pid" in capsys.readouterr().out
     assert main(["server", "stop", "--cache-dir", str(cache_dir)]) == 0
     assert main(["server", "status", "--cache-dir", str(cache_dir)]) == 1
     assert main(["server", "start", "--cache-dir", str(cache_dir), "--l2-memory", "16mb"]) == 0
     assert "started: pid" in capsys.readouterr().out
+
+
+def test_several_sizes_warm_in_turn_and_stats_finds_each(src, cache_dir, redis_servers, tmp_path, capsys):
+    server = redis_servers(1)[0]
+    base = ["--cache-dir", str(cache_dir), "--redis", server.url]
+    assert main(["stats", str(src), *base]) == 0
+    assert "L2      shards: nothing cached for this source" in capsys.readouterr().out
+    assert main(["warmup", str(src), *base, "--cache-size", "40,24", "--quiet", "--workers", "1",
+                 "--json", str(tmp_path / "w.json")]) == 0
+    out = capsys.readouterr().out
+    assert "24 in this node, 40 px" in out and "24 in this node, 24 px" in out
+    reports = json.loads((tmp_path / "w.json").read_text())
+    assert [(r["cache_size"], r["l1_written"], r["l2_written"]) for r in reports] == [(40, 24, 24), (24, 0, 24)]
+    assert main(["stats", str(src), *base]) == 0
+    out = capsys.readouterr().out
+    assert "L2      shards 24 px: 24/24 (100.0 %)" in out and "L2      shards 40 px: 24/24 (100.0 %)" in out
+    big = redis_servers(1, maxmemory="3mb")[0]
+    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", big.url, "--quiet",
+                 "--cache-size", "256", "--workers", "1"]) == 0
+    capsys.readouterr()
+    assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--redis", big.url, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["l2"]["sizes"]
+    assert row["size"] == 256 and 0 < row["present"] < 24 and row["partial"] == {"0/1": 24 - row["present"]}
+    assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--redis", big.url]) == 0
+    assert f"a fixed subset (warm-up left out {24 - row['present']} of node 0/1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["warmup", "stats", "bench"])
+@pytest.mark.parametrize("value", ["128,x", "128,,256", "0", "128,128", ""])
+def test_bad_cache_size_list_is_one_line_naming_the_flag(src, cache_dir, command, value, capsys):
+    argv = ["bench", "cache"] if command == "bench" else [command]
+    assert main([*argv, str(src), "--cache-dir", str(cache_dir), "--cache-size", value, "--no-l2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"cachepipe {' '.join(argv)}: error: --cache-size {value!r}")
+
+
+def test_bench_cache_takes_one_size(src, cache_dir, capsys):
+    assert main(["bench", "cache", str(src), "--cache-dir", str(cache_dir), "--cache-size", "32,64"]) == 2
+    assert _err_line(capsys).endswith("--cache-size 32,64: the benchmark takes one size")
 
 
 def test_missing_or_invalid_source(tmp_path, cache_dir, capsys):
@@ -91,14 +131,25 @@ def test_unreachable_redis(src, cache_dir, redis_server, capsys):
     assert "unknown Redis URL scheme" in _err_line(capsys)
 
 
-def test_l2_too_small_says_how_much_it_needs(src, cache_dir, redis_servers, capsys):
+def test_l2_too_small_caches_a_fixed_subset_or_exits_5_with_require_full(src, cache_dir, redis_servers,
+                                                                          tmp_path, capsys):
     server = redis_servers(1, maxmemory="3mb")[0]
-    assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", server.url,
-                 "--workers", "1", "--quiet"]) == 5
+    args = ["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", server.url, "--workers", "1", "--quiet"]
+    assert main(args + ["--require-full"]) == 5
     line = _err_line(capsys)
     assert f"L2 shard {server.url} is too small: 24 samples need ~" in line
-    assert "needs maxmemory >=" in line
+    assert "needs maxmemory >=" in line and line.endswith("(--require-full)")
     assert server.client().dbsize() == 0  # refused before writing anything
+    assert main(args + ["--json", str(tmp_path / "w.json")]) == 0
+    report = json.loads((tmp_path / "w.json").read_text())
+    cached = report["l2_cached"]
+    assert 0 < cached < 24 and report["l2_uncached"] == 24 - cached and report["l2_write_errors"] == 0
+    out = capsys.readouterr().out
+    assert f"L2 holds {cached}/24 samples of this node at 256 px" in out and "did not fit" in out
+    assert main(args) == 0  # the subset stays: nothing more fits
+    assert f"L2 holds {cached}/24 samples" in capsys.readouterr().out
+    assert main(args + ["--require-full"]) == 5
+    assert "(--require-full)" in _err_line(capsys)
 
 
 def test_strict_makes_corrupt_files_an_error(src, cache_dir, redis_server, capsys):

@@ -87,7 +87,7 @@ def _measure(pool, cache, level: str, batches: list, cold: bool) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_from_args
+    from cachepipe.cli_options import cache_from_args, cache_sizes_from_args
     from cachepipe.warmup import warmup
     from tools.bench.table import format_table, machine_description, write_json
 
@@ -100,6 +100,12 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
+        if len(cache_sizes_from_args(args)) > 1:
+            raise ValueError(f"--cache-size {args.cache_size}: the benchmark takes one size")
+    except ValueError as exc:
+        print(f"cachepipe bench cache: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         cache = cache_from_args(args)
     except (FileNotFoundError, ValueError) as exc:
         print(f"cachepipe bench cache: error: {exc}", file=sys.stderr)
@@ -109,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     n = min(args.samples, len(cache))
     print(f"warming the cache for {n} of {len(cache)} samples ...", file=sys.stderr)
-    warmup(cache, workers=max(workers), progress=False, limit=n)
+    warmup(cache, workers=max(workers), progress=False, limit=n, require_full=True)
     batches = [list(range(s, min(n, s + args.batch_size))) for s in range(0, n, args.batch_size)]
     l2 = cache.config.redis or ["embedded " + cache.embedded_server().url]
     rows = []

@@ -94,17 +94,19 @@ def count_classes(root: str | Path) -> int:
 _DECODED: dict = {}
 
 
-def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
-    """Build ``spec.kind``'s loader for the train or val split at ``size`` px.
+def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int, cache_size: int | None = None):
+    """Build ``spec.kind``'s loader for the train or val split at ``size`` px, reading samples
+    cached at ``cache_size`` (default ``spec.cache_size``; NOTE [cache size per phase]).
 
     Raises:
         ValueError: when the chosen loader's package is missing (names the alternative).
     """
+    cache_size = cache_size or spec.cache_size
     if spec.kind == "memory":
         split = "train" if train else "val"
-        key = (spec.root, split, spec.cache_size)
+        key = (spec.root, split, cache_size)
         if key not in _DECODED:
-            _DECODED[key] = load_split(spec.root, split, spec.cache_size)[:2]
+            _DECODED[key] = load_split(spec.root, split, cache_size)[:2]
         images, labels = _DECODED[key]
         return MemoryLoader(images, labels, batch_size=batch_size, train=train, size=size,
                             rank=spec.rank, world_size=spec.world_size, seed=spec.seed)
@@ -119,7 +121,7 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
     if spec.kind == "torch":
         return loaders.cached_dataloader(split, batch_size=batch_size, train=train, size=size, workers=spec.workers,
                                          cache_dir=cache_dir, redis=redis, distributed=(spec.rank, spec.world_size),
-                                         seed=spec.seed, cache_size=spec.cache_size, on_error=spec.on_error,
+                                         seed=spec.seed, cache_size=cache_size, on_error=spec.on_error,
                                          channels_last=spec.device.startswith("cuda"),
                                          follow_external_links=spec.follow_external_links, locality=spec.locality,
                                          local_size=spec.local_size, exchange_fraction=spec.exchange_fraction)
@@ -129,7 +131,7 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int):
     return loaders.build_dali_loader(split, batch_size=batch_size, train=train, size=size,
                                      device="gpu" if on_gpu else "cpu", shard_id=spec.rank,
                                      num_shards=spec.world_size, seed=spec.seed, cache_dir=cache_dir, redis=redis,
-                                     workers=max(spec.workers, 1), cache_size=spec.cache_size,
+                                     workers=max(spec.workers, 1), cache_size=cache_size,
                                      on_error=spec.on_error,
                                      device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None,
                                      follow_external_links=spec.follow_external_links,
