@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from tools.bench.table import format_table, machine_description, write_json
+from trainer.launch import free_port
 
 __all__ = ["configure", "main", "spawned_children"]
 
@@ -77,9 +78,7 @@ class _Shard:
         from cachepipe.redis_binary import find_redis_server
 
         workdir.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.argv = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                      "--appendonly", "no", "--dir", str(workdir)]
         self.url = f"redis://127.0.0.1:{self.port}/0"

@@ -125,7 +125,7 @@ def _resnet_profile(args) -> tuple[list[float], list[int]]:
 
 
 def _launch(spec: dict, args, tmp: Path) -> tuple[dict, str]:
-    from tests.redis_servers import free_port  # a free TCP port, shared helper
+    from trainer.launch import free_port
 
     world = args.nodes * args.workers_per_node
     spec_path, out_path = tmp / "spec.json", tmp / "result.json"

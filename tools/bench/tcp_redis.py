@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from trainer.launch import free_port
 
 __all__ = ["TcpRedis", "describe_server", "resolve_binary"]
 
@@ -63,9 +64,7 @@ class TcpRedis:
 
         from cachepipe.redis_binary import server_env
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = self.workdir / f"redis-{self.port}.log"
