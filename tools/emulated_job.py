@@ -33,13 +33,24 @@ from pathlib import Path
 
 from tools.cluster import EmulatedCluster
 
-__all__ = ["NodeRedis", "JobFailed", "launch", "link_bytes", "run_on_node"]
+__all__ = ["NodeRedis", "JobFailed", "launch", "link_bytes", "run_on_node", "stop_child"]
 
 REDIS_PORT = 6379
 
 
 class JobFailed(RuntimeError):
     """A rank of an emulated job failed or the job timed out; the message names the rank and its log."""
+
+
+def stop_child(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop a child process this program started: terminate, then kill after ``timeout`` s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class NodeRedis:
@@ -91,13 +102,7 @@ class NodeRedis:
 
     def stop(self) -> None:
         """Stop the server (our own child process: terminate, then kill after 10 s)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
 
     def __enter__(self) -> "NodeRedis":
         return self

@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tools.emulated_job import stop_child
 from trainer.launch import free_port
 
 __all__ = ["TcpRedis", "describe_server", "resolve_binary"]
@@ -92,13 +93,7 @@ class TcpRedis:
 
     def stop(self) -> None:
         """Stop the server this object started (and only it)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
 
     def __enter__(self) -> TcpRedis:
         return self
