@@ -35,7 +35,6 @@ receive, and over all ranks nothing is lost.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Iterable
 
@@ -46,6 +45,7 @@ from comm import collective_ops as ops
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives.base import Stages, nonfinite_anywhere
 from comm.plans import Bucket, make_plan
+from comm.select_timer import SelectTimer
 
 __all__ = ["GradientExchanger", "InFlight"]
 
@@ -144,7 +144,7 @@ class GradientExchanger:
         self.stats = dict.fromkeys(("select_s", "compress_s", "wait_s", "sync_s"), 0.0)
         self.bucket_compress_s = [0.0] * len(self.buckets)
         self.last_timings = {"select": 0.0, "select_overlapped": 0.0, "wait": 0.0, "launched_in_backward": 0}
-        self._select = _SelectTimer()
+        self._select = SelectTimer()
         self.exchangers = []
         for b in self.buckets:
             ex = build_exchanger(b.algorithm, topology, density=density, selector=selector,
@@ -323,40 +323,6 @@ class GradientExchanger:
                              "bucket_bytes and hybrid_threshold_bytes as when the state was saved")
         for ex, s in zip(self.exchangers, state["exchangers"]):
             ex.load_state_dict(s)
-
-
-class _SelectTimer:
-    """Time spent in top-k selection: the clock on CPU; CUDA events on a GPU, read only in
-    :meth:`take` (from ``synchronize()``), so selection inside backward never blocks the host."""
-
-    def __init__(self):
-        self.seconds, self.events = 0.0, []
-
-    def wrap(self, select):
-        @functools.wraps(select)
-        def run(x, k, *args, **kwargs):
-            if x.is_cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = select(x, k, *args, **kwargs)
-                end.record()
-                self.events.append((start, end))
-                return out
-            start = time.perf_counter()
-            out = select(x, k, *args, **kwargs)
-            self.seconds += time.perf_counter() - start
-            return out
-
-        return run
-
-    def take(self) -> float:
-        """Seconds since the last call (waits for the recorded CUDA events)."""
-        total = self.seconds
-        for start, end in self.events:
-            end.synchronize()
-            total += start.elapsed_time(end) / 1e3
-        self.seconds, self.events = 0.0, []
-        return total
 
 
 def _check_same_layout(sizes: list[int], topology) -> None:
