@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["LocalTopology", "topology_for", "build_exchange", "build_ddp_exchange", "PhaseExchange", "DDPExchange"]
+__all__ = ["LocalTopology", "topology_for", "build_exchange", "build_ddp_exchange", "PhaseExchange", "DDPExchange",
+           "saved_residuals"]
 
 
 @dataclass(frozen=True)
@@ -217,3 +218,19 @@ def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float,
     from comm import register_sparse_hook
 
     return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))
+
+
+def saved_residuals(phase, model: nn.Module, topology, state: dict) -> dict:
+    """The residuals a checkpoint's exchanger ``state`` holds for its own ``phase``, per
+    parameter: what a run resuming into a later phase carries into it, as an uninterrupted
+    run does at the phase switch (NOTE [residual at a phase switch] in comm/engine.py).
+    The ``--ddp`` hook's residuals are not recovered (the caller passes nothing then)."""
+    if not state.get("exchange"):
+        return {}
+    saved = build_exchange(phase.comm, model, topology, density=phase.density, selector=phase.selector,
+                           pipelined=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"))
+    try:
+        saved.load_state_dict(state)
+        return saved.take_residuals()
+    finally:
+        saved.close()

@@ -25,7 +25,7 @@ from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loade
 from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts,
                                  pick_device, world)
 from trainer.evaluate import evaluate
-from trainer.exchange import build_ddp_exchange, build_exchange, topology_for
+from trainer.exchange import build_ddp_exchange, build_exchange, saved_residuals, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
 from trainer.progress import epoch_bar
@@ -97,7 +97,8 @@ class _Run:
             carry = self.exchanger.take_residuals()
             self.exchanger.close()
         elif self.local is not None and self.local["phase"] != index:
-            carry = self._saved_residuals()
+            carry = {} if self.cfg.ddp else saved_residuals(self.recipe.phases[self.local["phase"]], self.model,
+                                                            self.topology, self.local["exchanger"])
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
@@ -118,22 +119,6 @@ class _Run:
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
-
-    def _saved_residuals(self) -> dict:
-        """Resuming into a later phase than the checkpoint's: the residuals the checkpoint
-        holds for its own phase, per parameter, to carry into this one (as an uninterrupted
-        run does at the phase switch). The ``--ddp`` hook's residuals are not recovered."""
-        old = self.recipe.phases[self.local["phase"]]
-        state = self.local["exchanger"]
-        if self.cfg.ddp or not state.get("exchange"):
-            return {}
-        saved = build_exchange(old.comm, self.model, self.topology, density=old.density, selector=old.selector,
-                               pipelined=False, hybrid_bytes=old.hybrid_bytes, layout=state.get("layout"))
-        try:
-            saved.load_state_dict(state)
-            return saved.take_residuals()
-        finally:
-            saved.close()
 
     @contextlib.contextmanager
     def _probing(self, phase):
