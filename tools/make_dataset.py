@@ -18,7 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.demo_data import make_dataset
+    from tools.demo_dataset import make_dataset
 
     try:
         root = make_dataset(args.root, classes=args.classes, per_class=args.per_class,

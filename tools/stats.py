@@ -15,7 +15,7 @@ __all__ = ["configure", "main"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from cachepipe.cli_options import add_cache_arguments
+    from tools.cache_flags import add_cache_arguments
 
     add_cache_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -56,7 +56,7 @@ def format_coverage(c: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_from_args, cache_sizes_from_args, check_args
+    from tools.cache_flags import cache_from_args, cache_sizes_from_args, check_args
     from cachepipe.coverage import coverage
 
     try:

@@ -182,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
 
     _check_flags(args)
     if args.demo:
-        from trainer.demo import run_demo
+        from tools.demo import run_demo
 
         try:
             recipe = _recipe(args, "demo")

@@ -24,7 +24,7 @@ EXIT_CORRUPT, EXIT_USAGE, EXIT_SOURCE, EXIT_REDIS, EXIT_L2_SMALL, EXIT_L1_FULL =
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from cachepipe.cli_options import add_cache_arguments
+    from tools.cache_flags import add_cache_arguments
 
     add_cache_arguments(parser)
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
@@ -94,7 +94,7 @@ def _summary(r: dict, node: str, l2: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_sizes_from_args, check_args, redis_from_args
+    from tools.cache_flags import cache_sizes_from_args, check_args, redis_from_args
 
     try:
         check_args(args)
@@ -117,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
     """Warm one cache size and print its summary; returns a non-zero exit status on failure."""
-    from cachepipe.cli_options import cache_from_args
+    from tools.cache_flags import cache_from_args
     from cachepipe.errors import L1FullError, L2UnavailableError
     from cachepipe.warmup import L2TooSmallError, warmup
 

@@ -5,5 +5,5 @@ trust ratios), ``schedules`` (warm-up + poly/cosine/step), ``config`` and ``reci
 (validated YAML recipes and overrides), ``loop`` (``train(RunConfig)``), ``exchange``
 (per-phase gradient exchange), ``checkpoint`` / ``serialize`` (atomic, pickle-free),
 ``metrics`` (time breakdown, metrics.jsonl), ``report`` (plots), ``launch`` (local
-processes that fail fast), ``demo``. The parallel tensor operator lives in ``comm.pto``.
+processes that fail fast). The parallel tensor operator lives in ``comm.pto``.
 """

@@ -25,8 +25,8 @@ def compare_convergence(out: str | Path, *, algorithms=("dense", "hitopk", "gtop
     Raises:
         ValueError: for unknown algorithm names.
     """
-    from cachepipe.demo_data import make_dataset
-    from trainer.demo import DEMO_LOCAL_SIZE, DEMO_NODES
+    from tools.demo_dataset import make_dataset
+    from tools.demo import DEMO_LOCAL_SIZE, DEMO_NODES
     from trainer.launch import launch_local
     from trainer.loop import run_rank
     from trainer.recipes import load_recipe, override

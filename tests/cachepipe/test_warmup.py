@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from cachepipe import Manifest, TwoLevelCache
-from cachepipe.demo_data import make_dataset
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.warmup import warmup
 from tests.cachepipe.conftest import reference_pixels, truncate
+from tools.demo_dataset import make_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

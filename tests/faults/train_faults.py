@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cachepipe.demo_data import make_dataset
+from tools.demo_dataset import make_dataset
 from trainer.recipes import load_recipe, override
 
 __all__ = ["train_dataset", "small_recipe", "copy_dataset", "train_files", "run_ranks"]

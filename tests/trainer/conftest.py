@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachepipe.demo_data import make_dataset
+from tools.demo_dataset import make_dataset
 
 
 @pytest.fixture(scope="session")

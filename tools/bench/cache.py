@@ -24,7 +24,7 @@ _CACHE = None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from cachepipe.cli_options import add_cache_arguments
+    from tools.cache_flags import add_cache_arguments
 
     add_cache_arguments(parser)
     parser.add_argument("--workers", default=f"1,{min(4, os.cpu_count() or 1)}",
@@ -87,7 +87,7 @@ def _measure(pool, cache, level: str, batches: list, cold: bool) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.cli_options import cache_from_args, cache_sizes_from_args
+    from tools.cache_flags import cache_from_args, cache_sizes_from_args
     from cachepipe.warmup import warmup
     from tools.bench.table import format_table, machine_description, write_json
 

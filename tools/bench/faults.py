@@ -118,8 +118,8 @@ def _shm() -> set[str]:
 
 class _Bench:
     def __init__(self, args, work: Path):
-        from cachepipe.demo_data import make_dataset
-        from trainer.demo import prepare_cache
+        from tools.demo_dataset import make_dataset
+        from tools.demo import prepare_cache
 
         self.args, self.work = args, work
         (work / "logs").mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ def _rank_argv(root: str, cache_dir: Path, urls: list[str], args, locality: str,
 
 
 def run(args) -> int:
-    from cachepipe.demo_data import make_dataset
+    from tools.demo_dataset import make_dataset
     from tools.bench.table import format_table, machine_description, write_json
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
     from tools.emulated_job import NodeRedis, launch, link_bytes, run_on_node

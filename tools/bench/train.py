@@ -134,7 +134,7 @@ def main(args: argparse.Namespace) -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cachepipe-bench-train-")))
         data = Path(args.data) if args.data else tmp / "data"
         if not args.data:
-            from cachepipe.demo_data import make_dataset
+            from tools.demo_dataset import make_dataset
 
             per_class = max(2, (args.images or 4 * batch) // 10)
             make_dataset(data, classes=10, per_class=per_class, val_per_class=0, size=cache_size, seed=0)

@@ -101,7 +101,7 @@ def _prepare_data(args, out: Path) -> Path:
         return Path(args.data)
     data = out / "data"
     if not (data / "val").is_dir():
-        from cachepipe.demo_data import make_dataset
+        from tools.demo_dataset import make_dataset
 
         make_dataset(data, classes=10, per_class=args.per_class, val_per_class=DEFAULTS["val_per_class"],
                      size=_cache_size(args), seed=0)

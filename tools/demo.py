@@ -1,6 +1,6 @@
 """``cachepipe train --demo``: the whole system on one CPU machine in a few minutes.
 
-Steps: make a small demo dataset if absent (``cachepipe.demo_data.make_dataset``),
+Steps: make a small demo dataset if absent (``tools.demo_dataset.make_dataset``),
 start the embedded Redis and warm the two-level cache, then train the ``demo`` recipe
 on 4 local processes arranged as 2 nodes x 2 workers (gloo) with ``hitopk`` + MSTopK,
 printing one table row per epoch.
@@ -46,7 +46,7 @@ def stop_embedded(cache_dir: Path) -> None:
 
 def run_demo(args: argparse.Namespace, recipe) -> int:
     """Run the demo described in the module docstring; returns the exit status."""
-    from cachepipe.demo_data import make_dataset
+    from tools.demo_dataset import make_dataset
     from trainer.launch import launch_local
     from trainer.loop import run_rank
     from trainer.progress import describe_run, final_line, resume_command
