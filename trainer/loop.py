@@ -7,7 +7,7 @@ schedule at fractional epochs; phases change image size, batch size and algorith
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
 import random
 import time
@@ -27,6 +27,7 @@ from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_bu
 from trainer.evaluate import evaluate
 from trainer.exchange import build_ddp_exchange, build_exchange, saved_residuals, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
+from trainer.omgs_probe import probing
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
 from trainer.progress import epoch_bar
 from trainer.run_config import RunConfig
@@ -111,7 +112,9 @@ class _Run:
             self.forward_model = self.exchanger.module
         else:
             saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None
-            with self._probing(phase) as probe:
+            with probing(self.model, self.optimizer, self.criterion, self.autocast, batch_size=phase.batch_size,
+                         size=phase.size, num_classes=self.identity["num_classes"], seed=self.recipe.train.seed,
+                         device=self.device) as probe:
                 self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
                                                 selector=phase.selector, pipelined=self.scaler is None,
                                                 hybrid_bytes=phase.hybrid_bytes, layout=saved,
@@ -119,26 +122,6 @@ class _Run:
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
-
-    @contextlib.contextmanager
-    def _probing(self, phase):
-        """A probe batch (random, the phase's shape) for OMGS planning; the model's BN
-        statistics and gradients are restored afterwards, so planning leaves no trace."""
-        g = torch.Generator(device=self.device).manual_seed(self.recipe.train.seed)
-
-        def probe():
-            x = torch.randn(phase.batch_size, 3, phase.size, phase.size, generator=g, device=self.device)
-            y = torch.randint(0, self.identity["num_classes"], (phase.batch_size,), generator=g, device=self.device)
-            with self.autocast():
-                return self.criterion(self.model(x), y)
-
-        buffers = [b.detach().clone() for b in self.model.buffers()]
-        try:
-            yield probe
-        finally:
-            for b, saved in zip(self.model.buffers(), buffers):
-                b.data.copy_(saved)
-            self.optimizer.zero_grad(set_to_none=True)
 
     def _check_out(self, nccl) -> None:
         """Rank 0 checks ``--out`` (NOTE [refusing a used --out]); every rank learns the verdict."""
@@ -180,7 +163,7 @@ class _Run:
     def _step(self, images, labels, fraction: float, times: TimeBreakdown) -> float:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.epoch + fraction, lr=self.peak, total_epochs=self.recipe.total_epochs,
-                                **_schedule_kwargs(self.recipe.schedule))
+                                **dataclasses.asdict(self.recipe.schedule))
         with times.part("compute"):
             images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
             if self.channels_last:
@@ -200,13 +183,7 @@ class _Run:
             start = time.perf_counter()
             self.exchanger.synchronize()
             self._sync()
-            elapsed = time.perf_counter() - start
-            split = getattr(self.exchanger, "last_timings", None) or {}
-            compress = min(float(split.get("compress", 0.0)), elapsed)
-            overlapped = float(split.get("compress_overlapped", 0.0))  # selection inside backward
-            times.add("compute", -overlapped)
-            times.add("compress", compress + overlapped)
-            times.add("communicate", elapsed - compress)
+            times.add_exchange(time.perf_counter() - start, getattr(self.exchanger, "last_timings", None))
         with times.part("update"):
             if self.scaler is not None:
                 if finite:
@@ -307,11 +284,6 @@ class _Run:
 def _local_world(world: int) -> int:
     """Ranks sharing this machine: torchrun's LOCAL_WORLD_SIZE, else the whole world."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", world))
-
-
-def _schedule_kwargs(s) -> dict:
-    return {"warmup_epochs": s.warmup_epochs, "warmup_start": s.warmup_start, "decay": s.decay,
-            "final_lr": s.final_lr, "power": s.power, "milestones": s.milestones, "gamma": s.gamma}
 
 
 def train(cfg: RunConfig, on_epoch=None, on_step=None) -> list[dict]:

@@ -44,6 +44,18 @@ class TimeBreakdown:
     def add(self, name: str, seconds: float) -> None:
         self.totals[name] += seconds
 
+    def add_exchange(self, seconds: float, timings: dict | None) -> None:
+        """Charge ``seconds`` spent in an exchanger's ``synchronize()``: its ``compress``
+        share (``timings``, the exchanger's ``last_timings``) to compress and the rest to
+        communicate; selection run inside backward (``compress_overlapped``) moves from
+        compute to compress."""
+        timings = timings or {}
+        compress = min(float(timings.get("compress", 0.0)), seconds)
+        overlapped = float(timings.get("compress_overlapped", 0.0))
+        self.totals["compute"] -= overlapped
+        self.totals["compress"] += compress + overlapped
+        self.totals["communicate"] += seconds - compress
+
     def per_iteration(self) -> dict[str, float]:
         """Mean seconds per iteration of each part."""
         n = max(self.iterations, 1)
