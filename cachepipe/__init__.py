@@ -8,6 +8,7 @@ Example:
     >>> with TwoLevelCache("demo/train", "demo/cache") as cache:  # doctest: +SKIP
     ...     image = cache.get(0)
 """
+from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CacheWarning, CorruptSampleError, EmptyFolderError, L1FullError, L2UnavailableError
@@ -15,6 +16,7 @@ from cachepipe.manifest import IMG_EXTENSIONS, Manifest
 from cachepipe.two_level import TwoLevelCache
 
 __all__ = [
+    "CacheConfig",
     "CacheWarning",
     "CorruptSampleError",
     "EmbeddedRedis",

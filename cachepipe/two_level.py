@@ -102,6 +102,29 @@ class TwoLevelCache:
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
 
+    @classmethod
+    def from_config(cls, config: CacheConfig, manifest: Manifest | None = None, *, verify: str = "dirs",
+                    rescan: bool = False, save_manifest: bool = True) -> TwoLevelCache:
+        """Open the cache ``config`` describes (settings resolved once, e.g. from the command
+        line, and handed down as one object).
+
+        Args:
+            config: the cache's settings; ``config.source`` is the ImageFolder root.
+            manifest: a scan of ``config.source`` to serve (e.g. ``Manifest.scan`` with
+                ``extensions=``); default: the saved manifest, or a new scan.
+            verify, rescan, save_manifest: as the constructor's.
+
+        Raises:
+            ValueError: ``manifest`` is of another root; otherwise as the constructor.
+        """
+        if manifest is not None and manifest.root != config.source:
+            raise ValueError(f"the manifest is of {manifest.root!r}, the cache config of {config.source!r}")
+        c = config
+        return cls(manifest or c.source, c.cache_dir, c.redis, c.cache_size, prefix=c.prefix, replicas=c.replicas,
+                   l2_memory=c.l2_memory, timeout=c.timeout, use_l1=c.use_l1, l1_map_size=c.l1_map_size,
+                   verify=verify, rescan=rescan, save_manifest=save_manifest,
+                   follow_external_links=c.follow_external_links)
+
     # -- pickling and per-process state -----------------------------------------------
     def _reset_process_state(self) -> None:
         self._pid: int | None = None

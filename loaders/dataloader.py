@@ -252,7 +252,9 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         distributed: None (use torch.distributed when initialised), False, or (rank, world_size).
         seed: shuffling and augmentation seed; must be equal on every rank.
         drop_last: default True for training and False for validation.
-        cache: None (build a cache), a ``TwoLevelCache`` to share, or False (decode files).
+        cache: None (build a cache from ``cache_dir``, ``redis``, ``cache_size``), a
+            ``cachepipe.CacheConfig`` of ``root`` (all cache settings in one object), a
+            ``TwoLevelCache`` to share, or False (decode files).
         on_error: "raise" or "skip" bad samples: replaced by others so every batch stays
             full (NOTE [replacing bad samples]; counted in ``loader.skipped``).
         cache_size: shorter side of cached samples (default 256).

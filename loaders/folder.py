@@ -10,7 +10,7 @@ import numpy as np
 import torch.utils.data
 from PIL import Image
 
-from cachepipe import CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
+from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
 from loaders.replacement import fill_batch
 
 __all__ = ["CachedImageFolder", "ON_ERROR", "OUTPUTS"]
@@ -45,13 +45,16 @@ class CachedImageFolder(torch.utils.data.Dataset):
         allow_empty: keep class folders without a valid file instead of raising.
         extensions: file endings to keep (default: torchvision's ``IMG_EXTENSIONS``),
             as ``DatasetFolder(extensions=)``; not together with ``is_valid_file``.
-        cache: ``None`` builds a ``TwoLevelCache`` for ``root``; a ``TwoLevelCache`` to
-            share one; ``False`` reads and decodes the files every time (no cache, same
+        cache: ``None`` builds a ``TwoLevelCache`` for ``root`` from ``cache_dir``,
+            ``redis`` and ``cache_size``; a ``CacheConfig`` (``source`` = ``root``) opens
+            the cache it describes, all settings in one object; a ``TwoLevelCache`` to share
+            one; ``False`` reads and decodes the files every time (no cache, same
             ``decode_and_resize`` pixels).
         cache_dir: L1 directory when ``cache`` is None (required then).
         redis: L2 shards: ``None`` embedded server in ``cache_dir``, a list of URLs, or
-            ``False`` for no L2.
-        cache_size: shorter side of cached samples in pixels (default 256).
+            ``False`` for no L2 (when ``cache`` is None).
+        cache_size: shorter side of cached samples in pixels (default 256; a given
+            ``cache`` has its own).
         on_error: ``"raise"`` (default): a corrupt or unreadable file raises
             ``CorruptSampleError`` naming it (a custom ``loader``'s errors pass through,
             as torchvision's); ``"skip"``: in a batch (``load_many``, ``__getitems__``)
@@ -104,13 +107,17 @@ class CachedImageFolder(torch.utils.data.Dataset):
                           "not used (it holds decode_and_resize pixels, not the loader's). Pass cache=False to "
                           "say so and silence this.", UserWarning, stacklevel=2)
             cache = False
-        self._owns_cache = cache is None
+        self._owns_cache = cache is None or isinstance(cache, CacheConfig)
         if cache is None:
             if cache_dir is None:
-                raise ValueError("pass cache_dir (the local L1 directory), a TwoLevelCache as cache=, "
-                                 "or cache=False to read the files directly")
-            cache = TwoLevelCache(manifest or os.fspath(root), os.fspath(cache_dir), redis=redis,
-                                  cache_size=cache_size, follow_external_links=follow_external_links)
+                raise ValueError("pass cache_dir (the local L1 directory), a CacheConfig or TwoLevelCache as "
+                                 "cache=, or cache=False to read the files directly")
+            cache = CacheConfig(os.fspath(root), os.fspath(cache_dir), redis, cache_size,
+                                follow_external_links=follow_external_links)
+        if isinstance(cache, CacheConfig):
+            if cache.source != os.path.abspath(root):
+                raise ValueError(f"the cache config given is of {cache.source!r}, not {os.path.abspath(root)!r}")
+            cache = TwoLevelCache.from_config(cache, manifest)
         if cache is False:
             self.cache = None
             self.manifest = manifest

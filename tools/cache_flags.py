@@ -1,35 +1,52 @@
-"""Command-line flags shared by ``cachepipe warmup``, ``stats`` and ``bench cache``.
+"""The cache flags, defined once for ``cachepipe warmup``, ``stats``, ``train`` and ``bench cache``,
+and resolved once into a :class:`cachepipe.CacheConfig` that is handed down.
 
-Only argparse here (no torch), so every command that opens a cache has the same flags.
+Only argparse here (no torch), so ``warmup`` and ``stats`` start fast.
 """
 from __future__ import annotations
 
 import argparse
 
+from cachepipe.config import CacheConfig
 from cachepipe.two_level import TwoLevelCache
 
-__all__ = ["add_cache_arguments", "cache_from_args", "cache_sizes_from_args", "check_args", "redis_from_args"]
+__all__ = ["DEFAULT_CACHE_DIR", "add_cache_arguments", "cache_config", "cache_from_args", "cache_sizes_from_args",
+           "check_args", "redis_from_args"]
+
+DEFAULT_CACHE_DIR = "cachepipe-cache"  # train's --cache-dir when none is given
 
 
-def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``SRC --cache-dir --redis --redis-cluster --no-l2 --cache-size --replicas
-    --prefix --l2-memory --timeout --rescan --follow-external-links --verify-files``."""
-    parser.add_argument("source", metavar="SRC", help="ImageFolder root: SRC/<class>/<image file>")
-    parser.add_argument("--cache-dir", required=True,
-                        help="local directory for the manifest, the L1 LMDB mirror and the embedded Redis")
+def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
+    """Add ``--cache-dir --redis --redis-cluster --no-l2 --replicas --prefix --l2-memory
+    --timeout --follow-external-links``.
+
+    Args:
+        parser: the command's parser.
+        source: also add ``SRC --cache-size --rescan --verify-files`` (commands that open
+            one source at the sizes given) and make ``--cache-dir`` required; ``train``
+            (False) reads the splits of its ``--data`` at its recipe's sizes, and its
+            ``--cache-dir`` defaults to ``./cachepipe-cache``.
+    """
+    if source:
+        parser.add_argument("source", metavar="SRC", help="ImageFolder root: SRC/<class>/<image file>")
+    parser.add_argument("--cache-dir", required=source, default=None,
+                        help="local directory for the manifests, the L1 LMDB mirror and the embedded Redis"
+                             + ("" if source else f" (default: ./{DEFAULT_CACHE_DIR}; --demo: DEMO_DIR/cache)"))
     parser.add_argument("--redis", action="append", metavar="URL", default=None,
                         help="an L2 shard (redis://host:port/db, unix:///path.sock); repeat for "
-                             "several (client-side rendezvous sharding); redis-cluster://host:port "
-                             "names a Redis Cluster; unset: the embedded server in --cache-dir")
+                             "several (client-side rendezvous sharding; one per node, in node order); "
+                             "redis-cluster://host:port names a Redis Cluster; unset: the embedded server "
+                             "in --cache-dir")
     parser.add_argument("--redis-cluster", metavar="URL", default=None,
                         help="a Redis Cluster seed node, redis://host:port (same as "
                              "--redis redis-cluster://host:port)")
     parser.add_argument("--no-l2", action="store_true", help="use no L2 (L1 + source only)")
-    parser.add_argument("--cache-size", default=None, metavar="N[,N...]",
-                        help="shorter side of cached samples in pixels; a list such as 128,256 "
-                             "for several sizes, each under its own L2 namespace (warmup: "
-                             "warmed in that order; bench cache: one size). Default: 256; "
-                             "stats: every size found in L2")
+    if source:
+        parser.add_argument("--cache-size", default=None, metavar="N[,N...]",
+                            help="shorter side of cached samples in pixels; a list such as 128,256 "
+                                 "for several sizes, each under its own L2 namespace (warmup: "
+                                 "warmed in that order; bench cache: one size). Default: 256; "
+                                 "stats: every size found in L2")
     parser.add_argument("--replicas", type=int, default=1,
                         help="copies of every L2 value on distinct shards")
     parser.add_argument("--prefix", default="cachepipe", help="first part of every L2 key")
@@ -37,14 +54,16 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
                         help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%%; unset: "
                              "keep a running server's, else 25%% of RAM")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
-    parser.add_argument("--rescan", action="store_true",
-                        help="rescan the source instead of reusing the saved manifest")
+    if source:
+        parser.add_argument("--rescan", action="store_true",
+                            help="rescan the source instead of reusing the saved manifest")
     parser.add_argument("--follow-external-links", action="store_true",
-                        help="follow symlinks in SRC that point outside it (default: skip them "
+                        help="follow symlinks in the source that point outside it (default: skip them "
                              "with a warning); pass it to warmup and train alike")
-    parser.add_argument("--verify-files", action="store_true",
-                        help="stat every file to decide whether the saved manifest is current "
-                             "(catches files edited in place; otherwise directories only)")
+    if source:
+        parser.add_argument("--verify-files", action="store_true",
+                            help="stat every file to decide whether the saved manifest is current "
+                                 "(catches files edited in place; otherwise directories only)")
 
 
 def redis_from_args(args: argparse.Namespace):
@@ -62,6 +81,18 @@ def redis_from_args(args: argparse.Namespace):
             raise ValueError("--no-l2 cannot be combined with --redis/--redis-cluster")
         return False
     return urls or None
+
+
+def cache_config(args: argparse.Namespace, source, cache_size: int = 256, cache_dir=None) -> CacheConfig:
+    """The :class:`CacheConfig` the flags describe for ``source`` at ``cache_size``
+    (``cache_dir`` when ``--cache-dir`` is unset: default ``./cachepipe-cache``).
+
+    Raises:
+        ValueError: a bad flag value (URL scheme, replicas, memory size, timeout, ...).
+    """
+    return CacheConfig(source, args.cache_dir or cache_dir or DEFAULT_CACHE_DIR, redis_from_args(args), cache_size,
+                       prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory, timeout=args.timeout,
+                       follow_external_links=args.follow_external_links)
 
 
 def cache_sizes_from_args(args: argparse.Namespace, default: tuple[int, ...] = (256,)) -> tuple[int, ...]:
@@ -86,16 +117,12 @@ def cache_sizes_from_args(args: argparse.Namespace, default: tuple[int, ...] = (
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Validate the cache flags without touching the source or Redis.
+    """Validate the cache flags of a ``SRC`` command without touching the source or Redis.
 
     Raises:
         ValueError: a bad flag value (URL scheme, replicas, cache size, memory size...).
     """
-    from cachepipe.config import CacheConfig
-
-    size = cache_sizes_from_args(args)[0]
-    CacheConfig(args.source, args.cache_dir, redis_from_args(args), size, args.prefix,
-                args.replicas, args.l2_memory, args.timeout)
+    cache_config(args, args.source, cache_sizes_from_args(args)[0])
 
 
 def cache_from_args(args: argparse.Namespace, cache_size: int | None = None, *,
@@ -112,8 +139,6 @@ def cache_from_args(args: argparse.Namespace, cache_size: int | None = None, *,
         if len(sizes) > 1:
             raise ValueError(f"--cache-size {args.cache_size}: this command takes one size")
         cache_size = sizes[0]
-    return TwoLevelCache(args.source, args.cache_dir, redis_from_args(args), cache_size,
-                         prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
-                         timeout=args.timeout, verify="files" if args.verify_files else "dirs",
-                         rescan=args.rescan, save_manifest=save_manifest,
-                         follow_external_links=args.follow_external_links)
+    return TwoLevelCache.from_config(cache_config(args, args.source, cache_size),
+                                     verify="files" if args.verify_files else "dirs", rescan=args.rescan,
+                                     save_manifest=save_manifest)

@@ -8,6 +8,7 @@ printing one table row per epoch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -16,10 +17,11 @@ __all__ = ["DEMO_NODES", "DEMO_LOCAL_SIZE", "run_demo", "prepare_cache", "stop_e
 DEMO_NODES, DEMO_LOCAL_SIZE = 2, 2
 
 
-def prepare_cache(data: Path, cache_dir: Path, redis: list[str] | None, cache_size: int) -> tuple[str, tuple | None]:
-    """Warm the two-level cache (both splits) and return ``(loader kind, redis URLs)``.
+def prepare_cache(cache) -> None:
+    """Warm the two-level cache that ``cache`` (a ``CacheConfig`` whose source is the data
+    root) describes, for both splits.
 
-    With ``redis`` None the embedded Redis server is started in ``cache_dir`` (it keeps
+    With ``cache.redis`` None the embedded Redis server is started in the cache dir (it keeps
     running for the training processes; NOTE [embedded server] in ``cachepipe.embedded``).
     """
     from cachepipe import TwoLevelCache
@@ -28,16 +30,13 @@ def prepare_cache(data: Path, cache_dir: Path, redis: list[str] | None, cache_si
     start = time.perf_counter()
     counts = []
     for split in ("train", "val"):
-        with TwoLevelCache(data / split, cache_dir, redis=list(redis) if redis else None,
-                           cache_size=cache_size) as cache:
-            report = warmup(cache, workers=1, progress=False)
-            counts.append(report["samples"])
+        with TwoLevelCache.from_config(dataclasses.replace(cache, source=Path(cache.source) / split)) as level:
+            counts.append(warmup(level, workers=1, progress=False)["samples"])
     print(f"demo: warmed L1 (LMDB) + L2 (Redis) with {counts[0]} train + {counts[1]} val samples at "
-          f"{cache_size} px in {time.perf_counter() - start:.1f} s ({cache_dir})")
-    return "torch", tuple(redis) if redis else None
+          f"{cache.cache_size} px in {time.perf_counter() - start:.1f} s ({cache.cache_dir})")
 
 
-def stop_embedded(cache_dir: Path) -> None:
+def stop_embedded(cache_dir: str | Path) -> None:
     """Stop the embedded Redis server the demo started in ``cache_dir``."""
     from cachepipe import EmbeddedRedis
 
@@ -46,6 +45,7 @@ def stop_embedded(cache_dir: Path) -> None:
 
 def run_demo(args: argparse.Namespace, recipe) -> int:
     """Run the demo described in the module docstring; returns the exit status."""
+    from tools.cache_flags import cache_config
     from tools.demo_dataset import make_dataset
     from trainer.launch import launch_local
     from trainer.loop import run_rank
@@ -59,14 +59,13 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
         make_dataset(data, classes=args.demo_classes, per_class=args.demo_per_class,
                      val_per_class=args.demo_val_per_class, size=recipe.train.cache_size, seed=0)
         print(f"demo: wrote the dataset to {data} in {time.perf_counter() - start:.1f} s")
-    cache_dir = Path(args.cache_dir) if args.cache_dir else base / "cache"
-    if args.loader == "memory":
-        loader, redis = "memory", None
-    else:
-        loader, redis = prepare_cache(data, cache_dir, args.redis, recipe.train.cache_size)
+    cache = cache_config(args, data, recipe.train.cache_size, cache_dir=base / "cache")
+    loader = "memory" if args.loader == "memory" else "torch"
+    if loader != "memory":
+        prepare_cache(cache)
     out = Path(args.out) if args.out else base / "run"
-    cfg = RunConfig(recipe=recipe, data=str(data), out=str(out), loader=loader, cache_dir=str(cache_dir),
-                    redis=redis, ckpt_every=args.ckpt_every, resume=args.resume, nodes=DEMO_NODES,
+    cfg = RunConfig(recipe=recipe, data=str(data), out=str(out), loader=loader, cache=cache,
+                    ckpt_every=args.ckpt_every, resume=args.resume, nodes=DEMO_NODES,
                     local_size=DEMO_LOCAL_SIZE, device="cpu", stop_after_steps=args.stop_after_steps,
                     ddp=args.ddp, on_error=args.on_error, allow_changes=args.allow_changes,
                     overwrite=args.overwrite or not args.out,  # the demo's own run/ is scratch
@@ -78,8 +77,8 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     try:
         rows = launch_local(run_rank, nprocs, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)
     finally:
-        if loader != "memory" and not redis:
-            stop_embedded(cache_dir)
+        if loader != "memory" and cache.redis is None:
+            stop_embedded(cache.cache_dir)
     if args.stop_after_steps and (not rows or rows[-1]["epoch"] < recipe.total_epochs - 1):
         print(f"demo: to resume: {resume_command(args, str(out))}")
     elif rows:

@@ -21,16 +21,15 @@ __all__ = ["configure", "main"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from tools.cache_flags import add_cache_arguments
+
     parser.add_argument("--data", help="ImageFolder root with train/ and val/ (default with --demo: DEMO_DIR/data)")
     parser.add_argument("--recipe", default=None,
                         help="shipped recipe name (dawnbench28, resnet50-90ep, demo) or a .yaml path (default: "
                              "dawnbench28 when training on a CUDA GPU, else demo; --demo: demo)")
     parser.add_argument("--out", default=None, help="run directory: metrics.jsonl and checkpoints/ (default: the --resume "
                         "directory, else runs/train; with --demo DEMO_DIR/run)")
-    parser.add_argument("--cache-dir", default=None,
-                        help="L1 LMDB mirror and embedded Redis directory (None: ./cachepipe-cache; --demo: DEMO_DIR/cache)")
-    parser.add_argument("--redis", action="append", default=None, metavar="URL",
-                        help="L2 Redis URL, repeat per node; default: the embedded server")
+    add_cache_arguments(parser.add_argument_group("cache (as warmup's)"), source=False)
     parser.add_argument("--loader", default="torch", choices=["torch", "dali", "memory"],
                         help="torch: cached DataLoader; dali: DALI pipeline from the cache; memory: decode into RAM (no cache)")
     group = parser.add_argument_group("recipe overrides (every phase)")
@@ -56,8 +55,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "nodes each epoch, in [0, 1] (default: the recipe's, 0.02)")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                        help="override any recipe field, e.g. optim.eta=0.002 or phases.0.size=112")
-    parser.add_argument("--follow-external-links", action="store_true",
-                        help="follow symlinks in the data that point outside it (default: skip them with a warning)")
     parser.add_argument("--on-error", default="skip", choices=["raise", "skip"],
                         help="a corrupt or unreadable sample: skip (default) warns, counts it (skip column) and "
                              "replaces it so every batch stays full; raise ends the run")
@@ -174,6 +171,7 @@ def main(args: argparse.Namespace) -> int:
     a worker or rank fails or a checkpoint does not fit)."""
     import time
 
+    from tools.cache_flags import cache_config
     from tools.cli import UsageError
     from trainer.consensus import RankFailed
     from trainer.launch import WorkerFailed
@@ -204,12 +202,11 @@ def main(args: argparse.Namespace) -> int:
         out = args.out or args.resume or "runs/train"
         torchrun = _under_torchrun()
         nprocs = int(os.environ["WORLD_SIZE"]) if torchrun else args.nprocs
-        cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader, cache_dir=args.cache_dir,
-                        redis=tuple(args.redis) if args.redis else None, ckpt_every=args.ckpt_every,
+        cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader,
+                        cache=cache_config(args, args.data, recipe.train.cache_size), ckpt_every=args.ckpt_every,
                         resume=args.resume, nodes=args.nodes, local_size=args.local_size, device=args.device,
                         stop_after_steps=args.stop_after_steps, ddp=args.ddp, on_error=args.on_error,
                         overwrite=args.overwrite, allow_changes=args.allow_changes,
-                        follow_external_links=args.follow_external_links,
                         ranks_per_machine=None if torchrun else args.nprocs)
         if not torchrun:
             _check_topology(args.nprocs, args.nodes, args.local_size)

@@ -25,6 +25,7 @@ def compare_convergence(out: str | Path, *, algorithms=("dense", "hitopk", "gtop
     Raises:
         ValueError: for unknown algorithm names.
     """
+    from cachepipe import CacheConfig
     from tools.demo_dataset import make_dataset
     from tools.demo import DEMO_LOCAL_SIZE, DEMO_NODES
     from trainer.launch import launch_local
@@ -45,7 +46,8 @@ def compare_convergence(out: str | Path, *, algorithms=("dense", "hitopk", "gtop
                           sets=[f"train.seed={seed}"])
         run_dir = out / name
         cfg = RunConfig(recipe=recipe, data=str(data), out=str(run_dir), loader=loader,
-                        cache_dir=str(out / "cache"), nodes=DEMO_NODES, local_size=DEMO_LOCAL_SIZE, device="cpu",
+                        cache=CacheConfig(data, out / "cache") if loader != "memory" else None,
+                        nodes=DEMO_NODES, local_size=DEMO_LOCAL_SIZE, device="cpu",
                         print_table=False, overwrite=True)  # out/<algorithm> is this comparison's own
         start = time.perf_counter()
         metrics = launch_local(run_rank, DEMO_NODES * DEMO_LOCAL_SIZE, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)

@@ -60,10 +60,11 @@ class _Run:
         self.autocast = autocast_for(r.train.amp, self.device)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=r.optim.label_smoothing)
         workers = loader_workers(r.train.workers, cfg.ranks_per_machine or _local_world(self.world))
-        self.spec = LoaderSpec(cfg.loader, cfg.data, self.rank, self.world, r.train.seed, cfg.cache_dir, cfg.redis,
-                               r.train.cache_size, workers, str(self.device), locality=r.train.locality,
+        self.spec = LoaderSpec(kind=cfg.loader, root=cfg.data, rank=self.rank, world_size=self.world,
+                               seed=r.train.seed, cache=cfg.cache, cache_size=r.train.cache_size, workers=workers,
+                               device=str(self.device), locality=r.train.locality,
                                exchange_fraction=r.train.exchange_fraction, local_size=self.topology.local_size,
-                               follow_external_links=cfg.follow_external_links, on_error=cfg.on_error)
+                               on_error=cfg.on_error)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
         self.cache_seen = [0.0] * (len(CACHE_COUNTERS) + 1)
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()

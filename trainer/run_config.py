@@ -19,8 +19,12 @@ class RunConfig:
         data: ImageFolder root with ``train/`` and ``val/``.
         out: run directory (metrics.jsonl, checkpoints/).
         loader: ``torch`` (cached DataLoader), ``dali`` or ``memory``.
-        cache_dir: L1 mirror / embedded Redis directory (None = the loader's default).
-        redis: L2 Redis URLs; None = embedded server.
+        cache: the cache settings, resolved once at the entry point: a
+            ``cachepipe.CacheConfig`` (cache dir, L2 URLs, replicas, ..., whether the scan
+            follows symlinks leaving the data root: NOTE [symlinks in the source] in
+            ``cachepipe/scan.py``). Its ``source`` and ``cache_size`` are set per split and
+            phase (``trainer.data.make_loader``). Required by the ``torch`` and ``dali``
+            loaders; the trainer only hands it on.
         ckpt_every: also checkpoint every this many steps (0 = only at epoch ends).
         resume: run directory or ``last.npz`` to continue from.
         nodes, local_size: topology; None = from torchrun's environment.
@@ -33,8 +37,6 @@ class RunConfig:
         ranks_per_machine: ranks sharing this machine's cores, which divide them for loader
             workers (``trainer.data.loader_workers``); None: torchrun's LOCAL_WORLD_SIZE,
             else the world size.
-        follow_external_links: the cache's scan follows symlinks leaving the data root
-            (NOTE [symlinks in the source] in ``cachepipe/scan.py``).
         on_error: ``skip`` (default): a corrupt or unreadable sample is warned about,
             counted (``skipped`` in the epoch row) and replaced, so every batch stays full
             (NOTE [replacing bad samples] in ``loaders.replacement``); ``raise``: it ends the run.
@@ -49,8 +51,7 @@ class RunConfig:
     data: str
     out: str
     loader: str = "torch"
-    cache_dir: str | None = None
-    redis: tuple[str, ...] | None = None
+    cache: object | None = None
     ckpt_every: int = 0
     resume: str | None = None
     nodes: int | None = None
@@ -60,7 +61,6 @@ class RunConfig:
     print_table: bool = True
     ddp: bool = False
     ranks_per_machine: int | None = None
-    follow_external_links: bool = False
     on_error: str = "skip"
     overwrite: bool = False
     allow_changes: bool = False
@@ -87,7 +87,7 @@ class RunConfig:
         ``follow_external_links`` when set."""
         out = {"recipe": self.recipe.to_dict(), "data": os.path.abspath(self.data), "loader": self.loader,
                "ddp": self.ddp}
-        if self.follow_external_links:  # it changes which files are the data
+        if getattr(self.cache, "follow_external_links", False):  # it changes which files are the data
             out["follow_external_links"] = True
         return out
 

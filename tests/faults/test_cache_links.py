@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachepipe import CacheWarning, Manifest, TwoLevelCache
+from cachepipe import CacheConfig, CacheWarning, Manifest, TwoLevelCache
 from cachepipe.decode import decode_and_resize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,6 +131,6 @@ def test_resume_with_another_link_setting_is_a_change(tmp_path):
 
     plain = RunConfig(recipe=load_recipe("demo"), data=str(tmp_path), out=str(tmp_path / "run"))
     following = RunConfig(recipe=load_recipe("demo"), data=str(tmp_path), out=str(tmp_path / "run"),
-                          follow_external_links=True)
+                          cache=CacheConfig(tmp_path, tmp_path / "c", follow_external_links=True))
     assert plain.changes(plain.settings()) == []
     assert following.changes(plain.settings()) == ["follow_external_links: '(unset)' -> True"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cachepipe import CacheConfig
 from loaders import CachedImageFolder
 from loaders.replacement import replacement_index
 from loaders.sampler import BatchRequest, shard_indices
@@ -65,8 +66,9 @@ def test_a_rank_whose_whole_batch_is_bad_takes_the_same_steps(train_dataset, tmp
     data = copy_dataset(train_dataset, tmp_path / "data")
     recipe = small_recipe(epochs=1, **{"train.workers": 1})  # read in a DataLoader worker
     bad = _break_a_whole_batch(data, recipe.train.seed, 4)
-    cfg = RunConfig(recipe=recipe, data=str(data), out=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
-                    redis=(redis_server.url,), nodes=1, local_size=2, device="cpu", print_table=False)
+    cfg = RunConfig(recipe=recipe, data=str(data), out=str(tmp_path / "run"),
+                    cache=CacheConfig(data, tmp_path / "cache", (redis_server.url,)), nodes=1, local_size=2,
+                    device="cpu", print_table=False)
     rows, steps = launch_local(_train, 2, cfg, local_size=2, timeout=240)  # workers: not daemonic
     # 48 samples / 2 ranks / batch 4: 6 full steps on both ranks, nothing dropped
     assert steps == [6, 6]
@@ -79,9 +81,9 @@ def test_on_error_raise_ends_the_run_naming_the_file(train_dataset, tmp_path, re
     data = copy_dataset(train_dataset, tmp_path / "data")
     recipe = small_recipe(epochs=1)
     bad = _break_a_whole_batch(data, recipe.train.seed, 4)
-    cfg = RunConfig(recipe=recipe, data=str(data), out=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"),
-                    redis=(redis_server.url,), nodes=1, local_size=2, device="cpu", print_table=False,
-                    on_error="raise")
+    cfg = RunConfig(recipe=recipe, data=str(data), out=str(tmp_path / "run"),
+                    cache=CacheConfig(data, tmp_path / "cache", (redis_server.url,)), nodes=1, local_size=2,
+                    device="cpu", print_table=False, on_error="raise")
     with pytest.raises(AssertionError, match="CorruptSampleError") as info:
         run_distributed(_train, 2, cfg, timeout=120)
     assert any(f.name in str(info.value) for f in bad)

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from cachepipe import TwoLevelCache
+from cachepipe import CacheConfig, TwoLevelCache
 from trainer.config import from_dict
 from trainer.progress import format_row
 from trainer.recipes import load_recipe
@@ -36,7 +36,8 @@ def test_each_phase_reads_its_own_cache_size(small_dataset, tmp_path, redis_serv
     data["phases"] = [dict(phase, cache_size=36), dict(phase)]  # the second: train.cache_size
     recipe = from_dict(data, "two-sizes")
     cfg = RunConfig(recipe=recipe, data=str(small_dataset), out=str(tmp_path / "run"), loader="torch",
-                    cache_dir=str(tmp_path / "cache"), redis=(redis_server.url,), device="cpu", print_table=False)
+                    cache=CacheConfig(small_dataset, tmp_path / "cache", (redis_server.url,)), device="cpu",
+                    print_table=False)
     rows = train(cfg)
     assert [row["cache_size"] for row in rows] == [36, 48]
     for row in rows:  # each phase started on an empty namespace: every read came from below L2

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from cachepipe import CacheConfig
 from trainer.recipes import load_recipe, override
 from trainer.run_config import RunConfig
 
@@ -17,7 +18,7 @@ def test_training_reads_through_the_dali_loader(small_dataset, tmp_path):
     from trainer.loop import train
 
     rows = train(RunConfig(recipe=_recipe(), data=str(small_dataset), out=str(tmp_path / "run"), loader="dali",
-                           cache_dir=str(tmp_path / "cache"), device="cpu"))
+                           cache=CacheConfig(small_dataset, tmp_path / "cache"), device="cpu"))
     assert len(rows) == 1 and rows[0]["val_images"] == 16
     assert rows[0]["cache"]["source_reads"] + rows[0]["cache"]["l1_hits"] + rows[0]["cache"]["l2_hits"] > 0
     from cachepipe import EmbeddedRedis

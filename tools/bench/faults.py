@@ -118,8 +118,9 @@ def _shm() -> set[str]:
 
 class _Bench:
     def __init__(self, args, work: Path):
-        from tools.demo_dataset import make_dataset
+        from cachepipe import CacheConfig
         from tools.demo import prepare_cache
+        from tools.demo_dataset import make_dataset
 
         self.args, self.work = args, work
         (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -128,7 +129,7 @@ class _Bench:
         self.shards = [_Shard(work / f"shard{i}") for i in range(2)]
         self.urls = [s.url for s in self.shards]
         self.cache = work / "cache"
-        prepare_cache(self.data, self.cache, self.urls, 64)
+        prepare_cache(CacheConfig(self.data, self.cache, self.urls, 64))
 
     def train_argv(self, out: Path, data: Path | None = None, cache: Path | None = None, *extra) -> list[str]:
         argv = [sys.executable, "-m", "tools", "train", "--data", str(data or self.data), "--recipe", "demo",

@@ -10,43 +10,58 @@ position), so the training loop does not care which one it drives.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.memory import IMAGE_SUFFIXES, MemoryLoader, SyntheticLoader, load_split
 
-__all__ = ["DEFAULT_CACHE_DIR", "LOADERS", "ON_ERROR", "LoaderSpec", "make_loader", "check_data_root",
+__all__ = ["LOADERS", "ON_ERROR", "LoaderSpec", "make_loader", "check_data_root",
            "count_classes", "loader_workers", "MemoryLoader", "SyntheticLoader"]
 
 LOADERS = ("torch", "dali", "memory")
 ON_ERROR = ("raise", "skip")  # as loaders.folder.ON_ERROR (not imported: loaders pulls in the cache)
-DEFAULT_CACHE_DIR = "cachepipe-cache"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoaderSpec:
-    """Where and how one rank reads its data (everything but the phase)."""
+    """Where and how one rank reads its data (everything but the phase); keywords only.
+
+    Args:
+        kind: ``torch``, ``dali`` or ``memory``.
+        root: data root with ``train/`` and ``val/``.
+        rank, world_size: this rank's shard.
+        seed: shuffling and augmentation seed (equal on every rank).
+        cache: the cache settings (a ``cachepipe.CacheConfig`` resolved at the entry point);
+            each split's loader opens it for ``root/<split>`` at the phase's cache size.
+            Required by ``torch`` and ``dali``; unused by ``memory``.
+        cache_size: shorter side of cached samples when the phase names none.
+        workers: loader worker processes.
+        device: where batches go (``cpu``, ``cuda`` or ``cuda:N``).
+        locality, exchange_fraction, local_size: node-local sampling (``loaders.locality``).
+        on_error: ``skip`` or ``raise`` a bad sample.
+    """
 
     kind: str
     root: str
     rank: int = 0
     world_size: int = 1
     seed: int = 0
-    cache_dir: str | None = None
-    redis: tuple[str, ...] | None = None
+    cache: object | None = None
     cache_size: int = 256
     workers: int = 0
     device: str = "cpu"
     locality: str = "global"
     exchange_fraction: float = 0.0
     local_size: int = 1
-    follow_external_links: bool = False
     on_error: str = "skip"
 
     def __post_init__(self):
         if self.kind not in LOADERS:
             raise ValueError(f"unknown loader {self.kind!r}; valid: {list(LOADERS)}")
+        if self.kind != "memory" and self.cache is None:
+            raise ValueError(f"loader {self.kind!r} reads through the cache: pass cache= (a cachepipe.CacheConfig)")
 
 
 def loader_workers(recipe_workers: int, ranks_here: int) -> int:
@@ -114,26 +129,22 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int, ca
 
     # NOTE [loader contract]: the cached loaders shard by (rank, world_size) themselves and
     # give every rank the same number of batches (loaders.sampler); they read the split
-    # folder root/train or root/val through the two-level cache in cache_dir.
+    # folder root/train or root/val through the cache spec.cache describes.
     split = str(Path(spec.root) / ("train" if train else "val"))
-    redis = list(spec.redis) if spec.redis else None
-    cache_dir = spec.cache_dir or DEFAULT_CACHE_DIR
+    cache = dataclasses.replace(spec.cache, source=split, cache_size=cache_size)
     if spec.kind == "torch":
         return loaders.cached_dataloader(split, batch_size=batch_size, train=train, size=size, workers=spec.workers,
-                                         cache_dir=cache_dir, redis=redis, distributed=(spec.rank, spec.world_size),
-                                         seed=spec.seed, cache_size=cache_size, on_error=spec.on_error,
-                                         channels_last=spec.device.startswith("cuda"),
-                                         follow_external_links=spec.follow_external_links, locality=spec.locality,
-                                         local_size=spec.local_size, exchange_fraction=spec.exchange_fraction)
+                                         cache=cache, distributed=(spec.rank, spec.world_size), seed=spec.seed,
+                                         on_error=spec.on_error, channels_last=spec.device.startswith("cuda"),
+                                         locality=spec.locality, local_size=spec.local_size,
+                                         exchange_fraction=spec.exchange_fraction)
     if not loaders.dali_available():
         raise ValueError("--loader dali needs nvidia-dali: pip install 'cachepipe[dali]' (or use --loader torch)")
     on_gpu = spec.device.startswith("cuda")
     return loaders.build_dali_loader(split, batch_size=batch_size, train=train, size=size,
                                      device="gpu" if on_gpu else "cpu", shard_id=spec.rank,
-                                     num_shards=spec.world_size, seed=spec.seed, cache_dir=cache_dir, redis=redis,
-                                     workers=max(spec.workers, 1), cache_size=cache_size,
-                                     on_error=spec.on_error,
+                                     num_shards=spec.world_size, seed=spec.seed, cache=cache,
+                                     workers=max(spec.workers, 1), on_error=spec.on_error,
                                      device_id=int(spec.device.split(":")[1]) if ":" in spec.device else None,
-                                     follow_external_links=spec.follow_external_links,
                                      locality=spec.locality, local_size=spec.local_size,
                                      exchange_fraction=spec.exchange_fraction)
