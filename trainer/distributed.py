@@ -9,7 +9,7 @@ from torch import nn
 
 from comm import collective_ops as ops
 
-__all__ = ["CACHE_COUNTERS", "world", "pick_device", "broadcast_model", "broadcast_buffers", "all_true",
+__all__ = ["world", "pick_device", "broadcast_model", "broadcast_buffers", "all_true",
            "all_sum", "loader_counts"]
 
 
@@ -61,16 +61,16 @@ def all_sum(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     return on.cpu()
 
 
-CACHE_COUNTERS = ("l2_hits", "l1_hits", "source_reads")
-
-
-def loader_counts(loader) -> list[float]:
-    """Cumulative (L2 hits, L1 hits, source reads) of the loader's cache reads, zeros if none,
-    then the bad samples it replaced (NOTE [replacing bad samples] in ``loaders.replacement``).
+def loader_counts(loader) -> dict[str, float]:
+    """Cumulative counts of the loader's cache reads by level (its ``cache_hits``, named as
+    ``loaders.dataloader.HIT_COUNTERS``; none for a loader without a cache), then
+    ``skipped``: the bad samples it replaced (NOTE [replacing bad samples] in
+    ``loaders.replacement``). Every rank's loader has the same names, in the same order.
 
     NOTE [cache counters]: the cache counts per process. Both loaders sum the counts their
     batches bring back from the worker processes (``loader.cache_hits``); the DALI loader
     with DALI's resize reads the cache in this process and reports its cache's counters.
     """
-    hits = getattr(loader, "cache_hits", {})
-    return [float(hits.get(k, 0)) for k in CACHE_COUNTERS] + [float(len(getattr(loader, "skipped", ())))]
+    counts = {k: float(v) for k, v in getattr(loader, "cache_hits", {}).items()}
+    counts["skipped"] = float(len(getattr(loader, "skipped", ())))
+    return counts

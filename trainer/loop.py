@@ -22,8 +22,8 @@ from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
 from trainer.config import DDP_COMMS
 from trainer.consensus import RankFailed, agree
 from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
-from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts,
-                                 pick_device, world)
+from trainer.distributed import (all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts, pick_device,
+                                 world)
 from trainer.evaluate import evaluate
 from trainer.exchange import build_ddp_exchange, build_exchange, saved_residuals, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
@@ -66,7 +66,7 @@ class _Run:
                                exchange_fraction=r.train.exchange_fraction, local_size=self.topology.local_size,
                                on_error=cfg.on_error)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
-        self.cache_seen = [0.0] * (len(CACHE_COUNTERS) + 1)
+        self.cache_seen: dict[str, float] = {}
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
                          "world_size": self.world}
@@ -268,12 +268,14 @@ class _Run:
         row["time_per_iter"] = breakdown.per_iteration()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
         counts = loader_counts(self.loader)
-        delta = all_sum(torch.tensor([c - p for c, p in zip(counts, self.cache_seen)], dtype=torch.float64),
-                        self.device).tolist()
+        delta = all_sum(torch.tensor([v - self.cache_seen.get(k, 0.0) for k, v in counts.items()],
+                                     dtype=torch.float64), self.device).tolist()
         self.cache_seen = counts
+        delta = dict(zip(counts, delta))
+        skipped = int(delta.pop("skipped"))  # bad samples replaced, all ranks
         if self.spec.kind != "memory":
-            row["cache"] = {k: int(v) for k, v in zip(CACHE_COUNTERS, delta)}
-        row["skipped"] = int(delta[-1])  # bad samples replaced, all ranks
+            row["cache"] = {k: int(v) for k, v in delta.items()}
+        row["skipped"] = skipped
         self.epoch += 1
         self.accum = self._fresh_accum()
         self._checkpoint()
