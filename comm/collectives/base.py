@@ -16,7 +16,6 @@ round), so the stage boundaries line up across ranks.
 """
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 from collections.abc import Generator
@@ -29,7 +28,7 @@ from comm.residual import ResidualMemory
 from comm.topology import Topology
 
 __all__ = ["Exchanger", "Stages", "WIRE_DTYPES", "drive", "all_gather_flat", "all_gather_async",
-           "reduce_scatter_flat", "nonfinite_anywhere", "k_for", "index_dtype", "pack_pairs", "add_pairs_",
+           "reduce_scatter_flat", "nonfinite_anywhere", "index_dtype", "pack_pairs", "add_pairs_",
            "pad_to_multiple"]
 
 Stages = Generator[object, None, torch.Tensor]  # yields Work handles, returns the result
@@ -134,11 +133,6 @@ def drive(stages: Stages) -> torch.Tensor:
             work = stages.send(None)
     except StopIteration as stop:
         return stop.value
-
-
-def k_for(numel: int, density: float) -> int:
-    """Entries a sparse exchange keeps: ``ceil(density * numel)``, at least 1, at most numel."""
-    return max(1, min(numel, math.ceil(float(density) * numel - 1e-9)))
 
 
 def index_dtype(numel: int) -> torch.dtype:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from comm import collective_ops as ops
-from comm.collectives.base import Exchanger, Stages, index_dtype, k_for
+from comm.collectives.base import Exchanger, Stages, index_dtype
+from comm.topk.checks import k_for
 
 __all__ = ["GTopKExchanger", "merge_topk"]
 

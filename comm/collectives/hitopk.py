@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from comm.collectives.base import (Exchanger, Stages, add_pairs_, all_gather_async, all_gather_flat, index_dtype,
-                                   k_for, pack_pairs, reduce_scatter_flat)
+                                   pack_pairs, reduce_scatter_flat)
+from comm.topk.checks import k_for
 
 __all__ = ["HiTopKExchanger"]
 

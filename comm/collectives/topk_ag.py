@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from comm.collectives.base import Exchanger, Stages, add_pairs_, all_gather_async, index_dtype, k_for, pack_pairs
+from comm.collectives.base import Exchanger, Stages, add_pairs_, all_gather_async, index_dtype, pack_pairs
+from comm.topk.checks import k_for
 
 __all__ = ["TopKAllGatherExchanger"]
 

@@ -9,7 +9,7 @@ backward has produced it. Conventions: NOTE [OMGS conventions] in ``comm/omgs/mo
 """
 from comm.omgs.autoplan import broadcast_plan, plan_omgs
 from comm.omgs.model import (BYTES_PER_SELECTED, CostModel, groups_from_plan, plan_from_groups,
-                             predict_iteration_time, selected_count, simulate)
+                             predict_iteration_time, simulate)
 from comm.omgs.planner import (PLANNERS, find_merged_layers, lags_plan, single_bucket_plan,
                                threshold_plan)
 from comm.omgs.profile import (BackwardProfile, fit_alpha_beta, fit_gamma, fit_sparsify_cost,
@@ -17,7 +17,7 @@ from comm.omgs.profile import (BackwardProfile, fit_alpha_beta, fit_gamma, fit_s
 
 __all__ = [
     "BYTES_PER_SELECTED", "CostModel", "groups_from_plan", "plan_from_groups",
-    "predict_iteration_time", "selected_count", "simulate",
+    "predict_iteration_time", "simulate",
     "PLANNERS", "find_merged_layers", "lags_plan", "single_bucket_plan", "threshold_plan",
     "broadcast_plan", "plan_omgs",
     "BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",

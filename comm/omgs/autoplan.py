@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from comm import collective_ops as ops
-from comm.omgs.model import CostModel, selected_count
+from comm.omgs.model import CostModel
+from comm.topk.checks import k_for
 from comm.omgs.planner import find_merged_layers
 from comm.omgs.profile import BackwardProfile, fit_alpha_beta, fit_gamma, measure_backward_times
 
@@ -79,7 +80,7 @@ def plan_omgs(model: torch.nn.Module, closure: Callable[[], torch.Tensor], topol
     prof = BackwardProfile(names=[named[i][0] for i in order], tb=tb,
                            d=[named[i][1].numel() for i in order], order=order)
     total = sum(prof.d)
-    alpha, beta = fit_alpha_beta(sorted({1, 64, 1024, selected_count(total, density)} | {2}), topology)
+    alpha, beta = fit_alpha_beta(sorted({1, 64, 1024, k_for(total, density)} | {2}), topology)
     sizes = sorted(set(prof.d) | {total})
     gamma = _mean([fit_gamma(sizes, density, selector, repeats=2, device=device)], device)[0]
     cost = CostModel(alpha, beta, gamma, density)

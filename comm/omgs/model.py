@@ -13,7 +13,8 @@ to 0, so layer ``L - 1`` gets its gradient first.
   ``merged[0]`` is always False. A group is therefore a contiguous run
   ``[s, e]`` with ``merged[s] == False`` and ``merged[s+1..e] == True``; it becomes ready
   when layer ``s`` (its lowest index) finishes backward.
-- A group of ``n`` elements selects ``k(n) = ceil(rho * n)`` entries (at least 1).
+- A group of ``n`` elements selects ``k(n) = ceil(rho * n)`` entries (at least 1;
+  ``comm.topk.k_for``, the count every sparse exchange uses).
   Sparsification costs ``t_s(n) = ts0 + gamma * rho * n * ln n`` (eq. 10, natural log,
   the log term 0 for n <= 1); ``ts0`` (default 0, as in the paper) is an optional fixed
   per-group CPU overhead (hooks, kernel launches, Python), which dominates tiny layers.
@@ -33,10 +34,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from comm.topk.checks import k_for
+
 __all__ = [
     "BYTES_PER_SELECTED",
     "CostModel",
-    "selected_count",
     "groups_from_plan",
     "plan_from_groups",
     "simulate",
@@ -45,13 +47,6 @@ __all__ = [
 ]
 
 BYTES_PER_SELECTED = 8  # float32 value + int32 index, see NOTE [OMGS conventions]
-
-
-def selected_count(n: int, rho: float) -> int:
-    """How many entries a group of ``n`` elements sends: ``ceil(rho * n)``, at least 1."""
-    if n <= 0:
-        return 0
-    return max(1, min(n, math.ceil(rho * n - 1e-9)))
 
 
 @dataclass(frozen=True)
@@ -92,7 +87,7 @@ class CostModel:
         """``t_c(n) = alpha + beta * 8 * k(n)`` (eq. 11); 0 for an empty group."""
         if n <= 0:
             return 0.0
-        return self.alpha + self.beta * BYTES_PER_SELECTED * selected_count(n, self.rho)
+        return self.alpha + self.beta * BYTES_PER_SELECTED * k_for(n, self.rho)
 
 
 def validate_profile(tb: Sequence[float], d: Sequence[int]) -> None:

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from comm import collective_ops as ops
 from comm.collectives.base import pack_pairs
-from comm.omgs.model import BYTES_PER_SELECTED, CostModel, selected_count
+from comm.omgs.model import BYTES_PER_SELECTED, CostModel
+from comm.topk.checks import k_for
 from comm.topk import get_selector
 
 __all__ = ["BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",
@@ -165,7 +166,7 @@ def fit_gamma(sizes: Sequence[int], rho: float, selector: str = "exact", repeats
         if n <= 1:
             continue
         acc, grad = torch.zeros(n, device=device), torch.randn(n, device=device)
-        k = selected_count(n, rho)
+        k = k_for(n, rho)
         times = []
         for _ in range(repeats):
             sync()

@@ -12,13 +12,14 @@ ignores keyword options it does not know (all accept ``generator=None``).
 """
 from __future__ import annotations
 
+from comm.topk.checks import k_for
 from comm.topk.dgc import dgc_topk
 from comm.topk.exact import exact_topk
 from comm.topk.mstopk import mstopk, mstopk_select, mstopk_thresholds
 from comm.topk.quality import captured_energy, recall
 
 __all__ = ["SELECTORS", "get_selector", "exact_topk", "dgc_topk", "mstopk", "mstopk_select",
-           "mstopk_thresholds", "recall", "captured_energy"]
+           "mstopk_thresholds", "recall", "captured_energy", "k_for"]
 
 SELECTORS = {
     "exact": exact_topk,

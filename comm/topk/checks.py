@@ -13,7 +13,16 @@ import math
 
 import torch
 
-__all__ = ["check_args", "magnitudes", "take_all", "take_none", "check_finite"]
+__all__ = ["k_for", "check_args", "magnitudes", "take_all", "take_none", "check_finite"]
+
+
+def k_for(numel: int, density: float) -> int:
+    """Entries a sparse exchange keeps of ``numel``: ``ceil(density * numel)``, at least 1,
+    at most ``numel`` (0 of nothing). The one count the collectives, the OMGS cost model and
+    the benchmarks share."""
+    if numel <= 0:
+        return 0
+    return max(1, min(numel, math.ceil(float(density) * numel - 1e-9)))
 
 
 def check_args(x: torch.Tensor, k: int) -> int:

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from comm.omgs import (find_merged_layers, groups_from_plan, lags_plan, predict_iteration_time,
-                       selected_count, simulate, single_bucket_plan, threshold_plan, CostModel)
+                       simulate, single_bucket_plan, threshold_plan, CostModel)
+from comm.topk import k_for
 
 
 def _random_profile(rng: random.Random, num_layers: int):
@@ -31,7 +32,7 @@ def test_model_follows_equations_by_hand():
     # comm bound: the second all-gather waits for the first (eq. 8)
     assert predict_iteration_time([0.1, 0.1], [100, 100], [False, False], 1.0, 0.0, 0.0, 0.01) == pytest.approx(2.1)
     # bytes: 8 per selected entry, k = ceil(rho * n)
-    assert selected_count(1001, 0.01) == 11
+    assert k_for(1001, 0.01) == 11
     assert predict_iteration_time([0.0], [1001], [False], 0.0, 1.0, 0.0, 0.01) == pytest.approx(88.0)
     assert predict_iteration_time([0.0], [10], [False], 0.0, 0.0, 0.0, 0.01, tf=2.0) == 2.0
 

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from comm import Topology, build_exchanger
-    from comm.topk import get_selector
+    from comm.topk import get_selector, k_for
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             x = torch.randn(numel, generator=torch.Generator().manual_seed(args.rank))
             if args.rank == 0 and gamma is None:  # selection cost per element, for the nominal model
                 t0 = time.perf_counter()
-                get_selector(args.selector)(x, max(1, int(args.density * numel)))
+                get_selector(args.selector)(x, k_for(numel, args.density))
                 gamma = (time.perf_counter() - t0) / numel
             for name in args.algorithms:
                 ex = build_exchanger(name, topo, density=args.density, selector=args.selector,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from comm.topk import captured_energy, get_selector, recall
+from comm.topk import captured_energy, get_selector, k_for, recall
 from comm.topk.mstopk import gpu_kernel_available, interpreter_enabled
 from tools.bench.table import format_table, machine_description, write_json
 from tools.bench.topk_counts import mstopk_counts
@@ -174,7 +174,7 @@ def run(sizes: list[int], densities: list[float], device: torch.device, repeats:
             x = make_input(dist, n, seed=seed, device=device, dtype=dtype)
             read_s = _median_time(lambda: x.sum(), repeats, device) if device.type == "cuda" else None
             for density in densities:
-                k = max(1, int(density * n))
+                k = k_for(n, density)
                 exact_s = None
                 for impl in impls:
                     if not _available(impl, device):
