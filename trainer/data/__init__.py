@@ -15,10 +15,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.data.memory import IMAGE_SUFFIXES, MemoryLoader, SyntheticLoader, load_split
+from trainer.data.layout import check_data_root
+from trainer.data.memory import MemoryLoader, SyntheticLoader, load_split
 
-__all__ = ["LOADERS", "ON_ERROR", "LoaderSpec", "make_loader", "check_data_root",
-           "count_classes", "loader_workers", "MemoryLoader", "SyntheticLoader"]
+__all__ = ["LOADERS", "ON_ERROR", "LoaderSpec", "make_loader", "check_data_root", "loader_workers", "MemoryLoader",
+           "SyntheticLoader"]
 
 LOADERS = ("torch", "dali", "memory")
 ON_ERROR = ("raise", "skip")  # as loaders.folder.ON_ERROR (not imported: loaders pulls in the cache)
@@ -74,36 +75,6 @@ def loader_workers(recipe_workers: int, ranks_here: int) -> int:
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(int(recipe_workers), max(1, cores // max(1, int(ranks_here))))
-
-
-def check_data_root(root: str | Path) -> int:
-    """Return the number of classes under ``root/train`` after checking the layout.
-
-    Raises:
-        ValueError: one line saying what is missing (``train/`` and ``val/`` folders of
-            ``<class>/<image>`` files, with the same classes).
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"data root {str(root)!r} does not exist; pass --data DIR with train/ and val/ "
-                         f"(or make one: cachepipe make-dataset DIR)")
-    classes = {}
-    for split in ("train", "val"):
-        folder = root / split
-        names = sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
-        if not names or not any(f.suffix.lower() in IMAGE_SUFFIXES for f in (folder / names[0]).iterdir()):
-            raise ValueError(f"data root {str(root)!r} lacks {split}/<class>/<image> files "
-                             f"(expected the ImageFolder layout {root}/{{train,val}}/<class>/<file>.JPEG)")
-        classes[split] = names
-    if classes["train"] != classes["val"]:
-        raise ValueError(f"data root {str(root)!r}: train/ has {len(classes['train'])} classes and val/ "
-                         f"{len(classes['val'])}; they must have the same class folders")
-    return len(classes["train"])
-
-
-def count_classes(root: str | Path) -> int:
-    """Number of class folders under ``root/train``."""
-    return sum(1 for d in (Path(root) / "train").iterdir() if d.is_dir())
 
 
 _DECODED: dict = {}

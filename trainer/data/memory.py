@@ -16,25 +16,25 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from trainer.data.layout import IMAGE_SUFFIXES, check_data_root, class_folders
+
 __all__ = ["load_split", "MemoryLoader", "SyntheticLoader", "MEAN", "STD"]
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
-IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
 
 
 def load_split(root: str | Path, split: str, cache_size: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Decode ``root/split/<class>/*`` into ``(uint8 N x 3 x S x S, int64 labels, class names)``.
 
     Raises:
-        ValueError: if the split folder has no class folders with images.
+        ValueError: the root is not laid out as ``check_data_root`` wants.
     """
+    check_data_root(root)
     folder = Path(root) / split
-    classes = sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+    classes = class_folders(root, split)
     files = [(f, label) for label, c in enumerate(classes) for f in sorted((folder / c).iterdir())
              if f.suffix.lower() in IMAGE_SUFFIXES]
-    if not files:
-        raise ValueError(f"{folder} has no <class>/<image> files; expected an ImageFolder layout")
     images = torch.empty(len(files), 3, cache_size, cache_size, dtype=torch.uint8)
     for i, (f, _) in enumerate(files):
         with Image.open(f) as im:

@@ -1,0 +1,38 @@
+"""The one check of a data root's layout: ``<root>/{train,val}/<class>/<image>``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["IMAGE_SUFFIXES", "check_data_root", "class_folders"]
+
+IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
+
+
+def class_folders(root: str | Path, split: str) -> list[str]:
+    """Sorted class folder names under ``root/split`` (none when it is missing)."""
+    folder = Path(root) / split
+    return sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+
+
+def check_data_root(root: str | Path) -> int:
+    """Return the number of classes under ``root/train`` after checking the layout.
+
+    Raises:
+        ValueError: one line saying what is missing (``train/`` and ``val/`` folders of
+            ``<class>/<image>`` files, with the same classes).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"data root {str(root)!r} does not exist; pass --data DIR with train/ and val/ "
+                         f"(or make one: cachepipe make-dataset DIR)")
+    classes = {}
+    for split in ("train", "val"):
+        names = class_folders(root, split)
+        if not names or not any(f.suffix.lower() in IMAGE_SUFFIXES for f in (root / split / names[0]).iterdir()):
+            raise ValueError(f"data root {str(root)!r} lacks {split}/<class>/<image> files "
+                             f"(expected the ImageFolder layout {root}/{{train,val}}/<class>/<file>.JPEG)")
+        classes[split] = names
+    if classes["train"] != classes["val"]:
+        raise ValueError(f"data root {str(root)!r}: train/ has {len(classes['train'])} classes and val/ "
+                         f"{len(classes['val'])}; they must have the same class folders")
+    return len(classes["train"])
