@@ -7,11 +7,14 @@ few CPU epochs while no two files are alike.
 from __future__ import annotations
 
 import colorsys
+import io
 import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from trainer.atomic_file import write_atomic
 
 __all__ = ["make_dataset", "make_image"]
 
@@ -66,8 +69,7 @@ def make_dataset(root: str | os.PathLike, *, classes: int = 10, per_class: int =
             folder = root / split / f"class_{label:04d}"
             folder.mkdir(parents=True, exist_ok=True)
             for n in range(count):
-                path = folder / f"{split}_{label:04d}_{n:05d}.JPEG"
-                tmp = path.with_suffix(".tmp")
-                make_image(label, classes, rng, size).save(tmp, format="JPEG", quality=90)
-                os.replace(tmp, path)
+                jpeg = io.BytesIO()
+                make_image(label, classes, rng, size).save(jpeg, format="JPEG", quality=90)
+                write_atomic(folder / f"{split}_{label:04d}_{n:05d}.JPEG", jpeg.getbuffer())
     return root

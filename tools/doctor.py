@@ -197,10 +197,7 @@ def main(args: argparse.Namespace) -> int:
             code = 1
     path = args.json or ("doctor-gpu.json" if args.gpu else None)
     if path:
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=1))
-        os.replace(tmp, out)
-        print(f"wrote {out}")
+        from trainer.atomic_file import write_atomic
+
+        print(f"wrote {write_atomic(path, json.dumps(report, indent=1))}")
     return code

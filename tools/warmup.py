@@ -111,15 +111,17 @@ def main(args: argparse.Namespace) -> int:
         if code:
             break
     if args.json and reports:
-        _write_json(args.json, reports[0] if len(sizes) == 1 else reports)
+        from trainer.atomic_file import write_atomic
+
+        write_atomic(args.json, json.dumps(reports[0] if len(sizes) == 1 else reports, indent=1))
     return code
 
 
 def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
     """Warm one cache size and print its summary; returns a non-zero exit status on failure."""
-    from tools.cache_flags import cache_from_args
     from cachepipe.errors import L1FullError, L2UnavailableError
     from cachepipe.warmup import L2TooSmallError, warmup
+    from tools.cache_flags import cache_from_args
 
     try:
         cache = cache_from_args(args, size)
@@ -171,12 +173,3 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
                     f"(--strict)", EXIT_CORRUPT)
     return 0
 
-
-def _write_json(path: str, obj: dict) -> None:
-    from pathlib import Path
-
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, p)

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainer.atomic_file import write_atomic
+
 __all__ = ["PARTS", "TimeBreakdown", "MetricsLog", "read_metrics"]
 
 PARTS = ("data", "compute", "compress", "communicate", "update")
@@ -83,11 +85,7 @@ class MetricsLog:
         self._write(kept)
 
     def _write(self, rows: list[dict]) -> None:
-        # open(), not mkstemp: mkstemp makes the file 0600; this one gets the umask's mode
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def append(self, row: dict) -> None:
         with open(self.path, "a") as f:

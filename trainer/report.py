@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainer.atomic_file import write_atomic
 from trainer.metrics import PARTS, read_metrics
 
 __all__ = ["breakdown_figure", "curve", "run_labels", "write_report", "summarise"]
@@ -145,9 +146,7 @@ def write_report(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> l
     plt.close(fig)
     written.append(out / "breakdown.png")
     summary = out / "summary.md"
-    tmp = summary.with_suffix(".md.tmp")
-    tmp.write_text(f"# Training report\n\nRuns: {', '.join(runs)}\n\n" + summarise(runs)
+    write_atomic(summary, f"# Training report\n\nRuns: {', '.join(runs)}\n\n" + summarise(runs)
                    + "\nPlots: accuracy.png, loss.png, breakdown.png\n")
-    os.replace(tmp, summary)
     written.append(summary)
     return written

@@ -17,12 +17,12 @@ import hashlib
 import io
 import json
 import os
-import secrets
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from trainer.atomic_file import write_atomic
 
 __all__ = ["save_state", "load_state"]
 
@@ -84,33 +84,19 @@ def _digest(meta: bytes, arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def save_state(path: str | os.PathLike, state) -> None:
-    """Write ``state`` to ``path`` atomically (temporary file + ``os.replace``), checksummed
+    """Write ``state`` to ``path`` atomically (NOTE [atomic files]), checksummed
     (NOTE [checksummed state files]).
 
     Raises:
         TypeError: for an object that is not a tensor, array, dict, list, tuple or JSON scalar.
         OSError: the file cannot be written (the previous one at ``path`` is kept).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     arrays: list = []
     meta = json.dumps(_encode(state, arrays)).encode()
     buf = io.BytesIO()
     np.savez(buf, meta=np.frombuffer(meta, dtype=np.uint8), sha256=_digest(meta, arrays),
              **{f"a{i}": a for i, a in enumerate(arrays)})
-    # os.open(0o666), not mkstemp: mkstemp makes the file 0600; a checkpoint gets the umask's
-    # mode, as metrics.jsonl does
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, buf.getbuffer(), fsync=True)
 
 
 def load_state(path: str | os.PathLike):

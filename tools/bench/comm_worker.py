@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from comm import Topology, build_exchanger
     from comm.topk import get_selector, k_for
+    from trainer.atomic_file import write_atomic
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.master_port}",
@@ -76,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.rank == 0:
                     print(f"  {name:8s} numel={numel:>11,d} median {rows[-1]['median_s']:.4f}s", flush=True)
         if args.rank == 0:
-            tmp = args.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"rows": rows, "gamma": gamma}, f)
-            os.replace(tmp, args.out)
+            write_atomic(args.out, json.dumps({"rows": rows, "gamma": gamma}))
     finally:
         dist.destroy_process_group()
     return 0

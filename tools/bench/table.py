@@ -5,7 +5,8 @@ import json
 import os
 import platform
 from collections.abc import Sequence
-from pathlib import Path
+
+from trainer.atomic_file import write_atomic
 
 __all__ = ["format_table", "write_json", "machine_description"]
 
@@ -26,13 +27,8 @@ def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
 
 
 def write_json(path: str | os.PathLike, rows: Sequence[dict]) -> None:
-    """Write ``rows`` (a list of dicts) as JSON atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # open(), not mkstemp (0600): the umask's mode
-    with open(tmp, "w") as f:
-        json.dump(list(rows), f, indent=1)
-    os.replace(tmp, path)
+    """Write ``rows`` (a list of dicts) as JSON atomically (NOTE [atomic files])."""
+    write_atomic(path, json.dumps(list(rows), indent=1))
 
 
 def machine_description() -> str:

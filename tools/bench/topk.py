@@ -18,11 +18,10 @@ which shows the counts, not GPU times.
 from __future__ import annotations
 
 import argparse
+import io
 import math
-import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -30,6 +29,7 @@ from comm.topk import captured_energy, get_selector, k_for, recall
 from comm.topk.mstopk import gpu_kernel_available, interpreter_enabled
 from tools.bench.table import format_table, machine_description, write_json
 from tools.bench.topk_counts import mstopk_counts
+from trainer.atomic_file import write_atomic
 
 __all__ = ["configure", "main", "make_input", "DISTRIBUTIONS", "parse_size", "run"]
 
@@ -224,12 +224,10 @@ def plot(rows: list[dict], path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
+    write_atomic(path, png.getbuffer())
 
 
 def main(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ interleaved backward-only time. No OMGS iteration feeds the model: its time is p
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ from comm.omgs import (broadcast_plan, fit_alpha_beta, find_merged_layers, fit_s
                        measure_backward_times, predict_iteration_time, single_bucket_plan,
                        threshold_plan)
 from tools.omgs.emulate import SleepChain
+from trainer.atomic_file import write_atomic
 
 __all__ = ["run"]
 
@@ -158,9 +158,7 @@ def main(argv: list[str]) -> int:
     try:
         result = run(spec)
         if dist.get_rank() == 0:
-            with open(out_path + ".tmp", "w") as f:
-                json.dump(result, f)
-            os.replace(out_path + ".tmp", out_path)
+            write_atomic(out_path, json.dumps(result))
     finally:
         dist.destroy_process_group()
     return 0
