@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from cachepipe.embedded import parse_memory
-from cachepipe.l2_store import store_kind
+from cachepipe.l2_registry import store_kind
 from cachepipe.netfs import check_cache_dir
 from cachepipe.redis_url import canonical, redact_all
 

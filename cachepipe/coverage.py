@@ -12,7 +12,8 @@ from cachepipe.decode import DECODER_TAG
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import L2UnavailableError
 from cachepipe.l1_guard import inspect_l1
-from cachepipe.l2_store import namespace, open_store
+from cachepipe.l2_registry import open_store
+from cachepipe.l2_store import namespace
 
 __all__ = ["coverage"]
 

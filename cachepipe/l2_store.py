@@ -1,4 +1,5 @@
-"""L2 store protocol and the registry that picks an implementation from the Redis URLs.
+"""L2 store protocol and what its implementations share (the registry that picks one from
+the Redis URLs is ``cachepipe/l2_registry.py``).
 
 A store maps sample indices to encoded values (see NOTE [L2 value format]) under one key
 namespace ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` (:func:`namespace`);
@@ -12,7 +13,6 @@ and report a miss. Only the explicit checks (``missing``, ``shard_info``) raise
 from __future__ import annotations
 
 import warnings
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -20,9 +20,8 @@ import numpy as np
 
 from cachepipe.decode import DECODER_TAG
 from cachepipe.errors import CacheWarning
-from cachepipe.redis_url import redact
 
-__all__ = ["PARTIAL_KEY", "STORES", "SampleStore", "is_oom", "namespace", "open_store", "store_kind", "warn_once"]
+__all__ = ["PARTIAL_KEY", "SampleStore", "is_oom", "namespace", "warn_once"]
 
 PARTIAL_KEY = "partial"  # <namespace>partial: NOTE [fixed L2 subset]
 
@@ -85,62 +84,3 @@ def warn_once(seen: set, key: str, message: str) -> None:
     if key not in seen:
         seen.add(key)
         warnings.warn(message, CacheWarning, stacklevel=3)
-
-
-def _sharded(urls, **kw):
-    from cachepipe.l2_shards import ShardedRedisStore
-
-    return ShardedRedisStore(urls, **kw)
-
-
-def _cluster(urls, **kw):
-    from cachepipe.l2_cluster import ClusterStore
-
-    return ClusterStore(urls, **kw)
-
-
-# URL scheme -> factory. NOTE [Redis Cluster URLs]: a cluster is named by the scheme
-# ``redis-cluster://host:port`` (one or more seed nodes); plain ``redis://``,
-# ``rediss://`` and ``unix://`` URLs are independent shards placed by rendezvous hashing.
-STORES = {"redis": _sharded, "rediss": _sharded, "unix": _sharded, "redis-cluster": _cluster}
-
-
-def store_kind(urls: Sequence[str]) -> str:
-    """``"redis"`` or ``"redis-cluster"`` for a list of URLs.
-
-    Raises:
-        ValueError: empty list, unknown scheme (lists the valid ones) or mixed kinds.
-    """
-    if not urls:
-        raise ValueError("need at least one Redis URL")
-    schemes = set()
-    for url in urls:
-        scheme = url.split("://", 1)[0] if "://" in url else ""
-        if scheme not in STORES:
-            raise ValueError(f"unknown Redis URL scheme in {redact(url)!r}; valid schemes: "
-                             + ", ".join(f"{s}://" for s in STORES))
-        schemes.add("redis-cluster" if scheme == "redis-cluster" else "redis")
-    if len(schemes) > 1:
-        raise ValueError(f"cannot mix redis-cluster:// and plain shard URLs: {[redact(u) for u in urls]}")
-    return schemes.pop()
-
-
-def open_store(urls: Sequence[str], namespace: str, counters: Counter, *, replicas: int = 1,
-               timeout: float = 1.0) -> SampleStore:
-    """Build the store for ``urls`` (see ``STORES``).
-
-    Args:
-        urls: shard URLs, or redis-cluster:// seed URLs.
-        namespace: key prefix ending in ``:``.
-        counters: where failures and fallbacks are counted.
-        replicas: copies of each value (sharded store only; a cluster replicates itself).
-        timeout: socket connect/read timeout in seconds.
-
-    Raises:
-        ValueError: see :func:`store_kind`; ``replicas`` out of range.
-    """
-    kind = store_kind(urls)
-    factory = STORES[urls[0].split("://", 1)[0]]
-    if kind == "redis-cluster" and replicas != 1:
-        raise ValueError("replicas applies to plain shards; a Redis Cluster replicates by itself")
-    return factory(list(urls), namespace=namespace, counters=counters, replicas=replicas, timeout=timeout)

@@ -25,7 +25,8 @@ from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import decode_sample, encode_sample
-from cachepipe.l2_store import SampleStore, namespace, open_store, warn_once
+from cachepipe.l2_registry import open_store
+from cachepipe.l2_store import SampleStore, namespace, warn_once
 from cachepipe.manifest import Manifest
 from cachepipe.private_files import private_dir
 from cachepipe.raw_levels import RawLevels
