@@ -49,7 +49,8 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     from tools.demo_dataset import make_dataset
     from trainer.launch import launch_local
     from trainer.loop import run_rank
-    from trainer.progress import describe_run, final_line, resume_command
+    from tools.train import resume_command
+    from trainer.progress import describe_run, final_line
     from trainer.run_config import RunConfig
 
     base = Path(args.demo_dir)

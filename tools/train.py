@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-__all__ = ["configure", "main"]
+__all__ = ["configure", "main", "resume_command"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +175,7 @@ def main(args: argparse.Namespace) -> int:
     from tools.cli import UsageError
     from trainer.consensus import RankFailed
     from trainer.launch import WorkerFailed
-    from trainer.progress import describe_run, final_line, resume_command
+    from trainer.progress import describe_run, final_line
     from trainer.run_config import RunConfig
 
     _check_flags(args)
@@ -233,6 +233,23 @@ def main(args: argparse.Namespace) -> int:
         elif rows:
             print("train: " + final_line(rows, time.perf_counter() - start, out))
     return 0
+
+
+def resume_command(args, out: str) -> str:
+    """The command line that continues a run stopped early: the one that started it
+    (``args.command_line``, set by ``tools.cli``) without ``--stop-after-steps`` and with
+    ``--resume out``."""
+    import shlex
+
+    argv, skip = [], False
+    for word in getattr(args, "command_line", None) or ["cachepipe", "train", "--data", str(args.data)]:
+        if skip:
+            skip = False
+        elif word in ("--stop-after-steps", "--resume"):
+            skip = True
+        elif not word.startswith(("--stop-after-steps=", "--resume=")):
+            argv.append(word)
+    return shlex.join(argv + ["--resume", out])
 
 
 def _check_topology(nprocs: int, nodes: int | None, local_size: int | None) -> None:

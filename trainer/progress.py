@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "print_row", "resume_command"]
+__all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "print_row"]
 
 # Two header lines: which columns belong to training, which to validation, which to the
 # time per training iteration (the MLSys paper's Figure 1 parts) and which to the cache
@@ -104,20 +104,3 @@ def final_line(rows: list[dict], seconds: float, out) -> str:
     return (f"final top-1 {last['val_top1']:.1f}%, top-5 {last['val_top5']:.1f}%, validation loss "
             f"{last.get('val_loss', float('nan')):.3f} after epoch {last['epoch']} in {seconds:.0f} s; "
             f"metrics in {out / 'metrics.jsonl'} (plot: cachepipe report {out})")
-
-
-def resume_command(args, out: str) -> str:
-    """The command line that continues a run stopped early: the one that started it
-    (``args.command_line``, set by ``tools.cli``) without ``--stop-after-steps`` and with
-    ``--resume out``."""
-    import shlex
-
-    argv, skip = [], False
-    for word in getattr(args, "command_line", None) or ["cachepipe", "train", "--data", str(args.data)]:
-        if skip:
-            skip = False
-        elif word in ("--stop-after-steps", "--resume"):
-            skip = True
-        elif not word.startswith(("--stop-after-steps=", "--resume=")):
-            argv.append(word)
-    return shlex.join(argv + ["--resume", out])

@@ -8,8 +8,9 @@ import shlex
 
 import pytest
 
+from tools.train import resume_command
 from trainer.metrics import MetricsLog
-from trainer.progress import describe_run, epoch_bar, final_line, format_row, print_row, resume_command
+from trainer.progress import describe_run, epoch_bar, final_line, format_row, print_row
 from trainer.recipes import load_recipe
 
 ROW = {"epoch": 3, "size": 56, "comm": "hitopk", "train_loss": 1.25, "images_per_s": 812.0, "val_loss": 19.5,
