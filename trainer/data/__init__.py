@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from loaders.folder import ON_ERROR
 from trainer.data.layout import check_data_root
 from trainer.data.memory import MemoryLoader, SyntheticLoader, load_split
 
@@ -22,7 +23,6 @@ __all__ = ["LOADERS", "ON_ERROR", "LoaderSpec", "make_loader", "check_data_root"
            "SyntheticLoader"]
 
 LOADERS = ("torch", "dali", "memory")
-ON_ERROR = ("raise", "skip")  # as loaders.folder.ON_ERROR (not imported: loaders pulls in the cache)
 
 
 @dataclass(frozen=True, kw_only=True)
