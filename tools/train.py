@@ -184,6 +184,7 @@ def main(args: argparse.Namespace) -> int:
 
         try:
             recipe = _recipe(args, "demo")
+            cache_config(args, args.demo_dir, recipe.train.cache_size)  # a bad cache flag: exit 2, before anything
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         try:

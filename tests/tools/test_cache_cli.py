@@ -99,6 +99,28 @@ def test_bad_cache_size_list_is_one_line_naming_the_flag(src, cache_dir, command
     assert len(err) == 1 and err[0].startswith(f"cachepipe {' '.join(argv)}: error: --cache-size {value!r}")
 
 
+def test_train_warmup_and_stats_share_the_cache_flags(tiny_dataset, tmp_path, capsys):
+    import argparse
+
+    from tools import stats, train, warmup
+
+    def options(module):
+        parser = argparse.ArgumentParser()
+        module.configure(parser)
+        return {o for action in parser._actions for o in action.option_strings}
+
+    shared = {"--cache-dir", "--redis", "--redis-cluster", "--no-l2", "--replicas", "--prefix", "--l2-memory",
+              "--timeout", "--follow-external-links"}
+    for module in (train, warmup, stats):
+        assert shared <= options(module), module.__name__
+    base = ["train", "--data", str(tiny_dataset), "--recipe", "demo", "--out", str(tmp_path / "o")]
+    for flags, message in ((["--no-l2", "--redis", "redis://h:1"], "--no-l2 cannot be combined"),
+                           (["--replicas", "2"], "replicas must be in 1..1"),
+                           (["--redis-cluster", "h:1", "--replicas", "2"], "a Redis Cluster replicates by itself")):
+        assert main([*base, *flags]) == 2  # resolved at the entry point, before anything starts
+        assert message in _err_line(capsys)
+
+
 def test_bench_cache_takes_one_size(src, cache_dir, capsys):
     assert main(["bench", "cache", str(src), "--cache-dir", str(cache_dir), "--cache-size", "32,64"]) == 2
     assert _err_line(capsys).endswith("--cache-size 32,64: the benchmark takes one size")
