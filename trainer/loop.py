@@ -20,7 +20,6 @@ from torch import nn
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
 from trainer.config import DDP_COMMS
-from trainer.consensus import RankFailed, agree
 from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
 from trainer.distributed import (all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts, pick_device,
                                  world)
@@ -31,7 +30,7 @@ from trainer.omgs_probe import probing
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
 from trainer.progress import epoch_bar
 from trainer.run_config import RunConfig
-from trainer.run_dir import prepare_out
+from trainer.run_dir import prepare_out_together
 from trainer.schedules import lr_at
 
 __all__ = ["train", "run_rank"]
@@ -72,7 +71,8 @@ class _Run:
                          "world_size": self.world}
         self.local = None
         nccl = self.device if self.device.type == "cuda" else None
-        self._check_out(nccl)
+        prepare_out_together(cfg.out, resume=bool(cfg.resume), overwrite=cfg.overwrite, rank=self.rank,
+                             device=nccl)  # NOTE [refusing a used --out]
         self.checkpoints = Checkpoints(cfg.out, self.rank, nccl)
         if cfg.resume:  # before any loader starts, so a mismatch is the only thing said
             self._resume(Checkpoints(cfg.resume, self.rank, nccl))
@@ -123,19 +123,6 @@ class _Run:
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
-
-    def _check_out(self, nccl) -> None:
-        """Rank 0 checks ``--out`` (NOTE [refusing a used --out]); every rank learns the verdict."""
-        error = ""
-        if self.rank == 0:
-            try:
-                prepare_out(self.cfg.out, resume=bool(self.cfg.resume), overwrite=self.cfg.overwrite)
-            except (ValueError, OSError) as exc:
-                error = str(exc)
-        try:
-            agree(not error, error, nccl)  # NOTE [failing together]
-        except RankFailed as exc:
-            raise ValueError(exc.failures[0]) from None
 
     def _resume(self, checkpoints: Checkpoints) -> None:
         shared, local = checkpoints.load(self.identity)

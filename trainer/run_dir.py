@@ -12,7 +12,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-__all__ = ["RUN_FILES", "prepare_out"]
+from trainer.consensus import RankFailed, agree
+
+__all__ = ["RUN_FILES", "prepare_out", "prepare_out_together"]
 
 RUN_FILES = ("metrics.jsonl", "checkpoints")
 
@@ -39,3 +41,22 @@ def prepare_out(out: str | Path, *, resume: bool, overwrite: bool) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+def prepare_out_together(out: str | Path, *, resume: bool, overwrite: bool, rank: int, device=None) -> None:
+    """:func:`prepare_out` on rank 0, its verdict learnt by every rank (NOTE [failing
+    together] in ``trainer.consensus``; ``device``: the CUDA device of an NCCL group).
+
+    Raises:
+        ValueError: on every rank, rank 0's refusal.
+    """
+    error = ""
+    if rank == 0:
+        try:
+            prepare_out(out, resume=resume, overwrite=overwrite)
+        except (ValueError, OSError) as exc:
+            error = str(exc)
+    try:
+        agree(not error, error, device)
+    except RankFailed as exc:
+        raise ValueError(exc.failures[0]) from None
