@@ -126,12 +126,7 @@ class _Run:
 
     def _resume(self, checkpoints: Checkpoints) -> None:
         shared, local = checkpoints.load(self.identity)
-        changes = self.cfg.changes(shared.get("settings") or self.cfg.settings())
-        if changes and not self.cfg.allow_changes:
-            raise ValueError(f"--resume {self.cfg.resume}: this run differs from the checkpoint in "
-                             f"{'; '.join(changes)}; rerun with the same settings, or pass --allow-changes")
-        if changes and self.rank == 0:
-            print(f"cachepipe train: resuming with changes (--allow-changes): {'; '.join(changes)}", flush=True)
+        self.cfg.accept_resume(shared.get("settings"), announce=self.rank == 0)
         self.model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scaler is not None and shared.get("scaler"):

@@ -91,6 +91,20 @@ class RunConfig:
             out["follow_external_links"] = True
         return out
 
+    def accept_resume(self, saved: dict | None, *, announce: bool) -> None:
+        """Check a checkpoint's ``settings()`` (``saved``; None: unrecorded) against this run's
+        before resuming; with ``allow_changes`` the differences are printed when ``announce``.
+
+        Raises:
+            ValueError: they differ and ``allow_changes`` is not set (lists the changes).
+        """
+        changes = self.changes(saved or self.settings())
+        if changes and not self.allow_changes:
+            raise ValueError(f"--resume {self.resume}: this run differs from the checkpoint in "
+                             f"{'; '.join(changes)}; rerun with the same settings, or pass --allow-changes")
+        if changes and announce:
+            print(f"cachepipe train: resuming with changes (--allow-changes): {'; '.join(changes)}", flush=True)
+
     def changes(self, saved: dict) -> list[str]:
         """``"key: saved -> now"`` for every setting that differs from ``saved`` (a
         checkpoint's ``settings()``), e.g. ``"recipe.optim.lr: 0.4 -> 0.8"``."""
