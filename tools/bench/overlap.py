@@ -10,7 +10,10 @@ exchange), and time every mode in interleaved rounds.
 NOTE [overlap breakdown]: the four times, each the slowest rank's per step, median over
 the steps of every round:
 
-- ``compute``: forward + backward with no exchange at all (no hooks, no collectives);
+- ``compute``: forward + backward with no exchange at all (no hooks, no collectives),
+  every rank starting after a barrier as it does after an exchange (ranks that never
+  wait for each other would all compete for the cores all the time, a heavier load than
+  any training step sees);
 - ``exchange``: the exchange alone: every rank holds its gradients and starts
   ``synchronize()`` of an exchanger without overlap right after a barrier, so neither
   compute nor skew between ranks is in it;
@@ -18,10 +21,16 @@ the steps of every round:
 - ``overlap``: the engine's default: each bucket starts from the post-accumulate-grad hook
   of its last gradient, ``synchronize()`` finishes what is still in flight.
 
+Modes alternate every few steps (``--steps``, after ``--warmup`` untimed ones) for
+``--rounds`` rounds, in a rotating order, so that all see the same load: on a 2-core
+machine shared with other jobs the load changes from minute to minute, and blocks of tens
+of steps per mode measured the load more than the modes.
+
 Without overlap a step is about ``compute + exchange``; perfect overlap would give
 ``max(compute, exchange)``. The overlap columns split the step: ``backward`` (forward +
 backward with the launches inside it), ``launch_in_backward`` (the hooks' share: packing,
-selection, first stages of the collectives), ``sync`` (after backward returned), of which
+the first stages of the collectives, waiting there for the other ranks to reach the same
+bucket, and ``select_in_backward``, the top-k selection), ``sync`` (after backward returned), of which
 ``blocked`` is waiting on collectives and ``launch_in_sync`` launches that had to wait for
 ``synchronize()``.
 """
@@ -41,7 +50,7 @@ __all__ = ["configure", "main", "summarize"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
-           "backward_ms", "launch_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms"]
+           "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,9 +66,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plans", nargs="+", default=["size", "layer"],
                         help="bucket plans to compare: size (one 25 MiB fusion bucket), size:KIB, layer "
                              "(default: size layer)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default: 5)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per mode and round (default: 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per mode and round (default: 3)")
+    parser.add_argument("--rounds", type=int, default=30,
+                        help="interleaved rounds: every mode runs in each (default: 30)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per mode and round (default: 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per mode and round (default: 1)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
     parser.add_argument("--json", default=None, help="write the rows as JSON here")
 
@@ -79,7 +89,7 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
                "max_ms": max(compute, exchange), "no_overlap_ms": _median_ms(modes[f"no overlap {plan}"], "step"),
                "overlap_ms": _median_ms(over, "step")}
         row["overlap_vs_max"] = row["overlap_ms"] / row["max_ms"]
-        for key in ("backward", "launch_in_backward", "sync", "blocked", "launch_in_sync"):
+        for key in ("backward", "launch_in_backward", "select_in_backward", "sync", "blocked", "launch_in_sync"):
             row[f"{key}_ms"] = _median_ms(over, key)
         rows.append(row)
     return rows
