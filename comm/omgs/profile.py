@@ -189,7 +189,7 @@ def fit_alpha_beta(ks: Sequence[int], topology=None, repeats: int = 5) -> tuple[
     entries (``topk_ag``'s packed fp32 values and int32 indices) over the default group,
     on the topology's device (``topology.device``; CPU for None). Collective: every rank
     must call it with the same arguments. Each point is the median over repeats of the
-    slowest rank's time; the line is a Theil-Sen fit (median of pairwise slopes).
+    slowest rank's time; the line is :func:`robust_line` (weighted median of pairwise slopes).
 
     Raises:
         ValueError: with fewer than two distinct ``k``.
