@@ -13,7 +13,8 @@ from tools.cluster import netns_unavailable_reason
 REASON = netns_unavailable_reason()
 
 
-@pytest.mark.parametrize("spec, want", [("size", {"plan": "size"}), ("size:256", {"plan": "size", "bucket_bytes": 262144}),
+@pytest.mark.parametrize("spec, want", [("size", {"plan": "size"}),
+                                        ("size:256", {"plan": "size", "bucket_bytes": 262144}),
                                         ("layer", {"plan": "layer"})])
 def test_plan_options(spec, want):
     assert plan_options(spec) == want
@@ -30,7 +31,8 @@ def _steps(*seconds, **extra):
 
 
 def test_summarize_takes_medians_and_compares_overlap_with_the_larger_part():
-    parts = {"backward": 0.02, "launch_in_backward": 0.004, "select_in_backward": 0.001, "sync": 0.01, "blocked": 0.006, "launch_in_sync": 0.0}
+    parts = {"backward": 0.02, "launch_in_backward": 0.004, "select_in_backward": 0.001, "sync": 0.01,
+             "blocked": 0.006, "launch_in_sync": 0.0}
     modes = {"compute": _steps(0.020, 0.030, 0.022), "exchange size": _steps(0.010, 0.012, 0.011),
              "no overlap size": _steps(0.033, 0.034, 0.035), "overlap size": _steps(0.025, 0.026, 0.0275, **parts),
              "exchange layer": _steps(0.040, 0.041, 0.042), "no overlap layer": _steps(0.06, 0.07, 0.08),

@@ -50,7 +50,8 @@ __all__ = ["configure", "main", "summarize"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
-           "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms"]
+           "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms",
+           "launch_in_sync_ms"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
