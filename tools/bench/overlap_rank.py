@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from datetime import timedelta
 
@@ -50,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from comm import GradientExchanger, Topology
     from trainer import models
+    from trainer.atomic_file import write_atomic
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(minutes=20))  # torchrun's environment (tools.emulated_job)
@@ -133,10 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             per_step = torch.stack(every).amax(dim=0)
             slowest[name] = [dict(zip(keys, row)) for row in per_step.tolist()]
         if rank == 0:
-            tmp = args.out + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"modes": slowest, "buckets": buckets}, f)
-            os.replace(tmp, args.out)
+            write_atomic(args.out, json.dumps({"modes": slowest, "buckets": buckets}))
     finally:
         dist.destroy_process_group()
     return 0
