@@ -76,3 +76,27 @@ def test_lars_under_momentum_correction_takes_trust_from_the_applied_update():
         assert torch.allclose(w.detach(), before - 0.1 * trust * update, rtol=1e-6, atol=0)
     exchange_momentum(opt, False)
     assert opt.param_groups[0]["momentum"] == 0.8 and opt.param_groups[0]["weight_decay"] == 0.5
+
+
+def test_sgd_momentum_handed_to_the_next_gradient_continues_it_exactly():
+    """At a switch into or out of momentum correction ``take_momentum`` clears SGD's
+    buffers and returns ``m * buf``; added to the next gradient, the step equals the one
+    the buffer would have made (bit for bit: ``m * buf + g`` either way)."""
+    from trainer.optim import take_momentum
+
+    def run(hand_over: bool):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(5))
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+        w.grad = torch.randn(5)
+        opt.step()
+        g = torch.randn(5)
+        if hand_over:
+            carried = take_momentum(opt)
+            assert not opt.state[w] and set(carried) == {w}
+            g = g + carried[w]
+        w.grad = g
+        opt.step()
+        return w.detach()
+
+    assert torch.equal(run(True), run(False))
