@@ -81,8 +81,11 @@ class ResidualMemory:
         if not self.factor:
             return x
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        if self.momentum is None or self.momentum.numel() != x.numel():
+        if self.momentum is None:
             self.momentum = x.to(dtype=dtype, copy=True)  # torch.optim.SGD's first step: buf = g
+        elif self.momentum.numel() != x.numel():
+            raise ValueError(f"momentum holds {self.momentum.numel()} elements but the input has {x.numel()}: "
+                             "one ResidualMemory serves one tensor layout")
         else:
             self.momentum = self.momentum.to(device=x.device, dtype=dtype)  # a loaded state is on the CPU
             self.momentum.mul_(self.factor).add_(x)

@@ -194,6 +194,8 @@ def test_no_masking_keeps_the_momentum():
     assert torch.equal(masked.momentum, torch.tensor([1.0, 0.0, 0.0, 1.0]))
     with pytest.raises(ValueError, match="momentum correction factor"):
         ResidualMemory(momentum=1.0)
+    with pytest.raises(ValueError, match="one tensor layout"):
+        masked.compensate(torch.ones(5))
 
 
 def _clip_worker(rank, world, clip):
