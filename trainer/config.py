@@ -241,6 +241,20 @@ class Recipe:
         ``train.cache_size`` for evaluation)."""
         return tuple(sorted({self.cache_size_of(p) for p in self.phases} | {self.train.cache_size}))
 
+    def phase_start(self, index: int) -> int:
+        """The 0-based epoch at which phase ``index`` starts."""
+        return sum(p.epochs for p in self.phases[:index])
+
+    def correction_of(self, phase: PhaseConfig, sparse: bool) -> float:
+        """The momentum correction factor of ``phase``'s exchange when it runs ``sparse``
+        (0: the optimiser keeps its momentum; NOTE [momentum correction] in comm/residual.py)."""
+        return self.optim.momentum if sparse and phase.momentum_correction else 0.0
+
+    def local_clip_of(self, phase: PhaseConfig, sparse: bool) -> float:
+        """``optim.clip_norm`` when ``phase``'s exchange runs ``sparse`` and clips locally
+        (NOTE [local update]), else 0."""
+        return self.optim.clip_norm if sparse and phase.local_clipping else 0.0
+
     def phase_of(self, epoch: int) -> tuple[int, PhaseConfig]:
         """Return ``(index, phase)`` that trains 0-based ``epoch``."""
         end = 0

@@ -102,9 +102,10 @@ class _Run:
             self.exchanger.close()
         elif self.local is not None and self.local["phase"] != index:
             before = self.recipe.phases[self.local["phase"]]
+            correction = self.recipe.correction_of(before, self._sparse(before))
             carry = {} if self.cfg.ddp else saved_residuals(before, self.model, self.topology, self.local["exchanger"],
-                                                            momentum=self._correction(before))
-        momentum = self._correction(phase)
+                                                            momentum=correction)
+        momentum = self.recipe.correction_of(phase, self._sparse(phase))
         if bool(momentum) != bool(self.optimizer.param_groups[0].get("momentum_in_grad")):
             for p, t in take_momentum(self.optimizer).items():  # NOTE [momentum correction] in comm/residual.py
                 carry[p] = carry[p] + t if p in carry else t
@@ -130,7 +131,7 @@ class _Run:
                                                 probe=probe if phase.omgs_plan == "auto" else None,
                                                 momentum=momentum, masking=phase.momentum_masking,
                                                 weight_decay=decay_of(self.optimizer) if momentum else None,
-                                                clip_norm=self._local_clip(phase))
+                                                clip_norm=self.recipe.local_clip_of(phase, self._sparse(phase)))
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
@@ -138,18 +139,6 @@ class _Run:
     def _sparse(self, phase) -> bool:
         """Whether ``phase`` runs a sparse exchange of this engine (DGC's techniques apply)."""
         return phase.comm in SPARSE_COMMS and self.world > 1 and not self.cfg.ddp
-
-    def _correction(self, phase) -> float:
-        """The momentum correction factor of ``phase``'s exchange (0: the optimiser keeps momentum)."""
-        on = self._sparse(phase) and phase.momentum_correction
-        return self.recipe.optim.momentum if on else 0.0
-
-    def _local_clip(self, phase) -> float:
-        """``optim.clip_norm`` when ``phase``'s exchange clips locally (NOTE [local update]), else 0."""
-        return self.recipe.optim.clip_norm if self._sparse(phase) and phase.local_clipping else 0.0
-
-    def _phase_start(self, index: int) -> int:
-        return sum(p.epochs for p in self.recipe.phases[:index])
 
     def _resume(self, checkpoints: Checkpoints) -> None:
         shared, local = checkpoints.load(self.identity)
@@ -177,8 +166,9 @@ class _Run:
         phase = self.recipe.phases[self.phase_index]
         density = 1.0
         if phase.comm in SPARSE_COMMS:
-            density = density_at(self.epoch - self._phase_start(self.phase_index) + fraction, density=phase.density,
-                                 warmup_epochs=phase.density_warmup_epochs, schedule=phase.density_schedule)
+            into_phase = self.epoch - self.recipe.phase_start(self.phase_index) + fraction
+            density = density_at(into_phase, density=phase.density, warmup_epochs=phase.density_warmup_epochs,
+                                 schedule=phase.density_schedule)
             self.exchanger.set_density(density)
         self.accum["density_sum"] = self.accum.get("density_sum", 0.0) + density
         with times.part("compute"):
@@ -204,7 +194,8 @@ class _Run:
         self.accum["inter_node_bytes"] = self.accum.get("inter_node_bytes", 0) + self.exchanger.take_inter_node_bytes()
         with times.part("update"):
             clip = self.recipe.optim.clip_norm
-            if finite and clip and not self._local_clip(phase):  # else clipped before the exchange
+            clipped_locally = self.recipe.local_clip_of(phase, self._sparse(phase))  # before the exchange
+            if finite and clip and not clipped_locally:
                 nn.utils.clip_grad_norm_(self.model.parameters(), clip)
             if self.scaler is not None:
                 if finite:
