@@ -3,8 +3,8 @@ an emulated slow cluster.
 
 Builds ``M`` network-namespace nodes joined by links limited to ``MBIT`` Mbit/s
 (``tools.cluster``), starts one Redis server per node (``tools.emulated_job.NodeRedis``)
-and warms the two-level cache into them before any clock runs: node ``i`` writes its L2
-partition into the servers, so each sample lives on one node's server and a read from
+and warms the two-level cache into them before any clock runs: node ``i`` writes the samples
+its own server holds (NOTE [warm-up partitions]), so a read from
 another node crosses the limited link, as on a real cluster. Then, per algorithm, real
 ``cachepipe train`` ranks run inside the nodes (``N`` per node, torchrun's environment,
 one torch thread each) with the same seed, data and recipe; the bytes each node's link
