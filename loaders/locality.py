@@ -9,10 +9,9 @@ talking:
    samples; a second permutation from the same generator picks the exchanged ones;
 2. partial exchange: the first ``round(exchange_fraction * N)`` samples of the second
    permutation, and every sample no live shard holds (home ``-1``, NOTE [placement]), are
-   dealt in that order, whatever their home, each to the node that has the fewest samples
-   of its class so far (then the fewest samples); every other sample stays on its home
-   node. A different random fraction moves each epoch, so no node sees a fixed subset
-   forever; moved samples are read from their home shard, across the network;
+   dealt round-robin to the nodes in that order, whatever their home; every other sample
+   stays on its home node. A different random fraction moves each epoch, so no node sees
+   a fixed subset forever; moved samples are read from their home shard, across the network;
 3. balance: hash sharding is not perfectly even, but every rank must take the same number
    of steps. Each node gets exactly ``local_size * per_rank`` samples, ``per_rank`` as in
    NOTE [sharding and the last batch] (``ceil(N / W)``, or ``floor(N / W)`` with
@@ -26,15 +25,14 @@ talking:
    the node; repeats at the end), is dealt to its ranks: local rank j takes every
    ``local_size``-th sample from j.
 
-Why classes (NOTE [class-balanced nodes]): a node draws mostly the same half of the data
-every epoch, and hash placement gives the halves uneven class counts (the demo's 1,200
-images: up to 72 / 48 of a class's 120). With an exchange that compresses each node's
-summed gradient with error feedback (``hitopk``), that per-node bias accumulates in the
-residuals; demo runs ended ~2 top-1 points under ``global`` (docs/BENCHMARKS.md,
-"Convergence: ``--locality node`` vs ``global``"). Steps 2 and 3 move the samples they
-move anyway so that the classes even out: on the demo the nodes' class counts then differ
-by ~5 samples in all instead of ~37, for ~0.4 % more samples read across nodes. Without
-labels (``labels=None``) every sample counts as one class: plain size balancing.
+Why classes (NOTE [class-balanced nodes]): a node draws mostly the same part of the data
+every epoch, and hash placement gives the parts uneven class counts (the demo's 1,200
+images over 2 nodes: up to 72 / 48 of a class's 120), so each node's gradient carries
+a bias of its own. Step 3 moves samples anyway; choosing them by class evens the classes
+out at no cost in bytes: on the demo the nodes' class counts then differ by ~8 samples
+in all instead of ~37. It does not make the rest of a node's part less fixed: only the
+exchange does (docs/BENCHMARKS.md, "Convergence: ``--locality node`` vs ``global``").
+Without labels (``labels=None``) every sample counts as one class: plain size balancing.
 
 When N divides by W every sample is seen exactly once per epoch across all ranks. Ranks
 are node-major: rank r is on node ``r // local_size``.
@@ -107,14 +105,10 @@ class NodeLocality:
         node = self.home.astype(np.int64)
         dealt = node < 0
         dealt[mix[:round(self.exchange_fraction * n)]] = True
+        chosen = mix[dealt[mix]]
+        node[chosen] = np.arange(len(chosen)) % nodes
         counts = np.zeros((nodes, int(label.max(initial=0)) + 1), dtype=np.int64)  # samples per node and class
-        np.add.at(counts, (node[~dealt], label[~dealt]), 1)
-        sizes = counts.sum(axis=1)
-        for i in mix[dealt[mix]]:  # step 2: to the node with the fewest of its class, then the fewest samples
-            m = int(np.argmin(counts[:, label[i]] * (n + 1) + sizes))
-            node[i] = m
-            counts[m, label[i]] += 1
-            sizes[m] += 1
+        np.add.at(counts, (node, label), 1)
         per_rank = n // world_size if drop_last else math.ceil(n / world_size)
         quota = self.local_size * per_rank
         late = np.empty(n, dtype=np.int64)
