@@ -31,7 +31,8 @@ images over 2 nodes: up to 72 / 48 of a class's 120), so each node's gradient ca
 a bias of its own. Step 3 moves samples anyway; choosing them by class evens the classes
 out at no cost in bytes: on the demo the nodes' class counts then differ by ~8 samples
 in all instead of ~37. It does not make the rest of a node's part less fixed: only the
-exchange does (docs/BENCHMARKS.md, "Convergence: ``--locality node`` vs ``global``").
+exchange does, and on the demo with ``hitopk`` the fixed part, not the classes, is what
+costs accuracy (docs/BENCHMARKS.md, "Convergence: ``--locality node`` vs ``global``").
 Without labels (``labels=None``) every sample counts as one class: plain size balancing.
 
 When N divides by W every sample is seen exactly once per epoch across all ranks. Ranks
