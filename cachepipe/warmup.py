@@ -1,10 +1,14 @@
 """Fill L1 and L2 ahead of training, in parallel worker processes.
 
 NOTE [warm-up partitions]
-With ``num_nodes`` M, node R decodes into L2 the samples ``i`` with ``i % M == R`` (the
-keys still land on whatever shard rendezvous hashing picks), so M nodes warm L2 in
-parallel without overlap. L1 is a per-node local disk mirror: by default (``l1_scope
-="all"``) each node mirrors the whole source; ``"partition"`` mirrors only its part.
+With ``num_nodes`` M, node R decodes into L2 the samples whose L2 shard is on node R:
+the placement node-local sampling draws by (``store.node_of``, NOTE [placement] in
+``cachepipe.placement``), so the store must name one server per node, in node order
+(M URLs, or M ``redis-cluster://`` URLs). M nodes warm L2 in parallel without overlap,
+each writing to its own server over no network, and the fixed subset a node caches when
+L2 is too small (NOTE [fixed L2 subset]) is a subset of the samples its ranks draw with
+``locality="node"``. L1 is a per-node local disk mirror: by default (``l1_scope="all"``)
+each node mirrors the whole source; ``"partition"`` mirrors only its part.
 Work is found by asking each level what it lacks (LMDB keys, pipelined EXISTS), so a
 killed run resumes where it stopped and a finished one has nothing to do.
 
@@ -30,7 +34,7 @@ hash ``<namespace>partial`` (field ``"<node_rank>/<num_nodes>"``) on every shard
 clears its field once a later run covers the partition. A ``TwoLevelCache`` that finds
 the hash non-empty never writes its misses to L2: they are read from L1 and decoded,
 with no warning. Writes refused for ``maxmemory`` during the warm-up (the size estimate
-was low, or another node filled the room first) leave those samples out like the rest;
+was low, or a replica's node filled the room first) leave those samples out like the rest;
 they are not errors. ``require_full`` (``--require-full``) refuses to start when the
 partition does not fit, as before, and the CLI then exits 5.
 """
@@ -44,13 +48,15 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 
+import numpy as np
+
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.decode import decode_and_resize
 from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
 from cachepipe.l2_codec import encode_sample
 from cachepipe.private_files import write_private
 
-__all__ = ["L2TooSmallError", "known_corrupt", "plan_warmup", "warm_chunk", "warmup"]
+__all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
 
 _SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors")
 
@@ -76,23 +82,46 @@ def _save_corrupt(cache, indices: set[int]) -> None:
     write_private(_corrupt_path(cache), json.dumps(sorted(indices)).encode())
 
 
-def plan_warmup(cache, *, node_rank: int = 0, num_nodes: int = 1, l1_scope: str = "all",
-                limit: int | None = None):
-    """Return ``(l1_todo, l2_todo)``: sorted indices missing from L1 and from L2
-    (among the first ``limit`` samples when given), plus, in both, this node's known
-    corrupt files, which every warm-up re-checks (NOTE [corrupt files]).
+def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int | None = None) -> list[int]:
+    """The sorted indices (among the first ``limit`` when given) that node ``node_rank`` of
+    ``num_nodes`` warms into L2: all with one node, else those whose L2 shard is on it
+    (NOTE [warm-up partitions]); a sample no live shard holds is in no partition.
 
     Raises:
-        ValueError: bad partition arguments or ``l1_scope``.
-        L2UnavailableError: a shard cannot be reached.
+        ValueError: bad partition arguments.
+        LocalityError: more than one node, but the store does not name one server per
+            node (the message says what to pass).
     """
     if num_nodes < 1 or not 0 <= node_rank < num_nodes:
         raise ValueError(f"need 0 <= node_rank < num_nodes, got {node_rank=} {num_nodes=}")
+    n = len(cache) if limit is None else min(limit, len(cache))
+    if num_nodes == 1:
+        return list(range(n))
+    from cachepipe.placement import LocalityError
+
+    store = cache.store
+    if store is None or store.nodes != num_nodes:
+        given = "no L2" if store is None else f"{store.nodes} URL(s)"
+        raise LocalityError(f"{num_nodes} nodes warm the samples held by their own Redis server, so they need "
+                            f"one Redis URL per node, in node order (--redis URL of node 0's server ...), but "
+                            f"the cache has {given}")
+    return np.flatnonzero(store.node_of(range(n)) == node_rank).tolist()
+
+
+def plan_warmup(cache, part: list[int], *, l1_scope: str = "all", limit: int | None = None):
+    """Return ``(l1_todo, l2_todo)``: sorted indices missing from L1 (among the first
+    ``limit`` samples when given) and from L2 (of the node's partition ``part``, from
+    :func:`node_partition`), plus, in both, the partition's known corrupt files, which
+    every warm-up re-checks (NOTE [corrupt files]).
+
+    Raises:
+        ValueError: bad ``l1_scope``.
+        L2UnavailableError: a shard cannot be reached.
+    """
     if l1_scope not in ("all", "partition"):
         raise ValueError(f"l1_scope must be one of 'all', 'partition'; got {l1_scope!r}")
     n = len(cache) if limit is None else min(limit, len(cache))
-    part = list(range(node_rank, n, num_nodes))
-    bad = {i for i in known_corrupt(cache) if i < n and i % num_nodes == node_rank}
+    bad = known_corrupt(cache) & set(part)
     l1_todo: list[int] = []
     if cache.l1 is not None:
         present = cache.l1.present() - bad
@@ -199,10 +228,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
                          "partitions would never reach it")
     t0 = time.perf_counter()
     m = cache.manifest
-    l1_todo, l2_missing = plan_warmup(cache, node_rank=node_rank, num_nodes=num_nodes,
-                                      l1_scope=l1_scope, limit=limit)
+    part = node_partition(cache, node_rank=node_rank, num_nodes=num_nodes, limit=limit)
+    l1_todo, l2_missing = plan_warmup(cache, part, l1_scope=l1_scope, limit=limit)
     known = known_corrupt(cache)
-    recheck = {i for i in known if i % num_nodes == node_rank} & set(l2_missing)
+    recheck = known & set(l2_missing)
     if check_capacity and l1_todo:
         problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo))
         if problem:
@@ -215,7 +244,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             raise L2TooSmallError("; ".join(problems))
         if problems:
             l2_todo = l2_fitting(cache.store, l2_todo, per_sample)
-    report = {"samples": len(m), "partition": len(range(node_rank, len(m), num_nodes)),
+    report = {"samples": len(m), "partition": len(part),
               "cache_size": cache.config.cache_size, "fingerprint": m.fingerprint,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
@@ -259,11 +288,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     if now_known != known:
         _save_corrupt(cache, now_known)
     report["corrupt"] = _names(m, found["corrupt"] - known)
-    report["known_corrupt"] = _names(m, {i for i in now_known if i % num_nodes == node_rank})
+    report["known_corrupt"] = _names(m, now_known & set(part))
     report["recovered"] = _names(m, recovered)
     report["unreadable"] = _names(m, found["unreadable"])
     report["changed"] = _names(m, found["changed"])
-    part = range(node_rank, len(m) if limit is None else min(limit, len(m)), num_nodes)
     report.update(_l2_coverage(cache, report, len(part), len(l2_missing), len(l2_missing) - len(l2_todo)))
     report["l2_bytes_per_sample"] = ((_l2_used(cache) - used_before) / report["l2_written"]
                                      if report["l2_written"] else 0.0)

@@ -2,7 +2,8 @@
 
 NOTE [node-local order]
 With ``locality="node"`` an epoch's order is a pure function of (seed, epoch, the home
-node of every sample), so every rank computes the same partition without talking:
+node and the class of every sample), so every rank computes the same partition without
+talking:
 
 1. the permutation of ``seed + epoch`` (the one ``locality="global"`` uses) orders the
    samples; a second permutation from the same generator picks the exchanged ones;
@@ -14,14 +15,25 @@ node of every sample), so every rank computes the same partition without talking
 3. balance: hash sharding is not perfectly even, but every rank must take the same number
    of steps. Each node gets exactly ``local_size * per_rank`` samples, ``per_rank`` as in
    NOTE [sharding and the last batch] (``ceil(N / W)``, or ``floor(N / W)`` with
-   ``drop_last``). Nodes over that quota hand their samples that come last in the second
-   permutation (random ones) to the nodes under it, in node order; with ``drop_last`` what
-   is left over is not seen this epoch (at most W - 1 samples, as with
-   DistributedSampler), without it the nodes still short repeat their first samples (at
-   most W - 1 repeats in all);
+   ``drop_last``). A node over that quota gives away, one at a time, a sample of the class
+   it holds most of beyond its fair share (the class's count / nodes), the one last in the
+   second permutation (a random one); each goes to the node under quota with the fewest of
+   its class. With ``drop_last`` what is left over is not seen this epoch (at most W - 1
+   samples, as with DistributedSampler), without it the nodes still short repeat their
+   first samples (at most W - 1 repeats in all);
 4. a node's list, in permutation order (received samples mixed in, so shuffled within
    the node; repeats at the end), is dealt to its ranks: local rank j takes every
    ``local_size``-th sample from j.
+
+Why classes (NOTE [class-balanced nodes]): a node draws mostly the same part of the data
+every epoch, and hash placement gives the parts uneven class counts (the demo's 1,200
+images over 2 nodes: up to 72 / 48 of a class's 120), so each node's gradient carries
+a bias of its own. Step 3 moves samples anyway; choosing them by class evens the classes
+out at no cost in bytes: on the demo the nodes' class counts then differ by ~8 samples
+in all instead of ~37. It does not make the rest of a node's part less fixed: only the
+exchange does, and on the demo with ``hitopk`` the fixed part, not the classes, is what
+costs accuracy (docs/BENCHMARKS.md, "Convergence: ``--locality node`` vs ``global``").
+Without labels (``labels=None``) every sample counts as one class: plain size balancing.
 
 When N divides by W every sample is seen exactly once per epoch across all ranks. Ranks
 are node-major: rank r is on node ``r // local_size``.
@@ -62,16 +74,21 @@ class NodeLocality:
         home: node of each sample's L2 value, ``-1`` where no live shard holds it.
         local_size: ranks per node.
         exchange_fraction: share of the samples dealt across nodes each epoch, in [0, 1].
+        labels: class of each sample (the dataset's ``targets``), balanced between the
+            nodes; None: none (NOTE [class-balanced nodes]).
     """
 
     home: np.ndarray = field(repr=False)
     local_size: int
     exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION
+    labels: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_locality("node", self.exchange_fraction)
         if self.local_size < 1:
             raise ValueError(f"local_size must be >= 1, got {self.local_size}")
+        if self.labels is not None and len(self.labels) != len(self.home):
+            raise ValueError(f"labels has {len(self.labels)} entries for {len(self.home)} samples")
 
     @functools.cached_property
     def digest(self) -> str:
@@ -85,33 +102,59 @@ class NodeLocality:
         g.manual_seed(seed + epoch)
         order = torch.randperm(n, generator=g).numpy()
         mix = torch.randperm(n, generator=g).numpy()  # a second draw: who is exchanged, dealt in this order
+        label = np.zeros(n, dtype=np.int64) if self.labels is None else np.asarray(self.labels, dtype=np.int64)
         node = self.home.astype(np.int64)
         dealt = node < 0
         dealt[mix[:round(self.exchange_fraction * n)]] = True
         chosen = mix[dealt[mix]]
         node[chosen] = np.arange(len(chosen)) % nodes
-        position, late = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        position[order] = np.arange(n)
-        late[mix] = np.arange(n)
-        lists = [order[node[order] == m] for m in range(nodes)]
+        counts = np.zeros((nodes, int(label.max(initial=0)) + 1), dtype=np.int64)  # samples per node and class
+        np.add.at(counts, (node, label), 1)
         per_rank = n // world_size if drop_last else math.ceil(n / world_size)
         quota = self.local_size * per_rank
-        spare = []
-        for m, part in enumerate(lists):  # a full node gives away the samples last in ``mix``: random ones
-            if len(part) > quota:
-                by_mix = part[np.argsort(late[part], kind="stable")]
-                lists[m] = by_mix[:quota]
-                spare.append(by_mix[quota:])
-        spare = np.concatenate(spare) if spare else np.empty(0, dtype=np.int64)
-        for m in range(nodes):
-            take = max(0, quota - len(lists[m]))
-            mine = np.concatenate([lists[m], spare[:take]])
-            spare = spare[take:]
-            mine = mine[np.argsort(position[mine], kind="stable")]  # back in permutation order
-            pad = mine if len(mine) else order
-            lists[m] = np.concatenate([mine, np.resize(pad, quota - len(mine))]).tolist()
-        mine = lists[rank // self.local_size]
+        late = np.empty(n, dtype=np.int64)
+        late[mix] = np.arange(n)
+        share = np.bincount(label, minlength=counts.shape[1]) / nodes  # each node's fair count per class
+        spare = [i for m in range(nodes) for i in self._surplus(np.flatnonzero(node == m), m, counts, label, late,
+                                                                 share, quota)]
+        node[spare] = -1
+        room = quota - counts.sum(axis=1)
+        for i in spare:  # step 3: to the node with room that has the fewest of its class
+            short = np.flatnonzero(room > 0)
+            if not len(short):  # drop_last: left over this epoch
+                break
+            m = int(short[np.argmin(counts[short, label[i]])])
+            node[i], room[m] = m, room[m] - 1
+            counts[m, label[i]] += 1
+        position = np.empty(n, dtype=np.int64)
+        position[order] = np.arange(n)
+        mine = np.flatnonzero(node == rank // self.local_size)
+        mine = mine[np.argsort(position[mine], kind="stable")]  # in permutation order: shuffled within the node
+        pad = mine if len(mine) else order
+        mine = np.concatenate([mine, np.resize(pad, quota - len(mine))]).tolist()
         return mine[rank % self.local_size::self.local_size]
+
+    @staticmethod
+    def _surplus(part: np.ndarray, m: int, counts: np.ndarray, label: np.ndarray, late: np.ndarray,
+                 share: np.ndarray, quota: int) -> list[int]:
+        """What node ``m`` (holding ``part``) gives away above ``quota``, one sample at a time
+        from the class it has most of beyond its ``share``, the last of that class in ``mix``
+        (a random one); ``counts`` loses them."""
+        extra = len(part) - quota
+        if extra <= 0:
+            return []
+        part = part[np.argsort(late[part], kind="stable")]
+        part = part[np.argsort(label[part], kind="stable")]  # by class, each class last in ``mix`` at its end
+        end = np.cumsum(np.bincount(label[part], minlength=counts.shape[1]))  # one past each class's last
+        left = end - np.concatenate([[0], end[:-1]])
+        out = []
+        for _ in range(extra):
+            c = int(np.argmax(np.where(left > 0, counts[m] - share, -np.inf)))
+            left[c] -= 1
+            out.append(int(part[end[c] - 1]))
+            end[c] -= 1
+            counts[m, c] -= 1
+        return out
 
 
 def node_locality(folder, *, locality: str, exchange_fraction: float, local_size: int | None, rank: int,
@@ -161,4 +204,5 @@ def node_locality(folder, *, locality: str, exchange_fraction: float, local_size
         shared = torch.from_numpy(home).to(on)
         dist.broadcast(shared, src=0)
         home = shared.cpu().numpy()
-    return NodeLocality(home, local_size, float(exchange_fraction))
+    labels = getattr(folder, "targets", None)
+    return NodeLocality(home, local_size, float(exchange_fraction), None if labels is None else np.asarray(labels))

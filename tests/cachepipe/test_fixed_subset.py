@@ -92,7 +92,7 @@ def test_each_node_records_its_own_part(source, cache_dir, redis_servers):
         assert warmup(small, node_rank=1, num_nodes=2, progress=False)["l2_uncached"] == 0
     with TwoLevelCache(source, cache_dir, urls, 320) as big:
         r0 = warmup(big, node_rank=0, num_nodes=2, progress=False)
-        assert r0["l2_uncached"] > 0 and r0["l2_cached"] + r0["l2_uncached"] == 12
+        assert r0["l2_uncached"] > 0 and r0["l2_cached"] + r0["l2_uncached"] == r0["partition"] > 0
         assert big.store.partial() == {"0/2": r0["l2_uncached"]}
         for s in servers:  # on every shard, so readers find it while one is down
             assert s.client().hget(big.namespace + "partial", "0/2") == str(r0["l2_uncached"]).encode()

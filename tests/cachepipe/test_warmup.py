@@ -13,7 +13,9 @@ import pytest
 
 from cachepipe import Manifest, TwoLevelCache
 from cachepipe.l1_mirror import L1Mirror
+from cachepipe.placement import LocalityError
 from cachepipe.warmup import warmup
+from loaders import cached_dataloader
 from tests.cachepipe.conftest import reference_pixels, truncate
 from tools.demo_dataset import make_dataset
 
@@ -35,17 +37,27 @@ def test_fills_both_levels_then_nothing_to_do(source, cache_dir, redis_servers):
         np.testing.assert_array_equal(got[5], reference_pixels(open(cache.manifest.path(5), "rb").read(), 32))
 
 
-def test_node_partitions_split_l2(source, cache_dir, redis_server):
-    with TwoLevelCache(source, cache_dir, redis_server.url, 32) as cache:
+def test_node_partitions_are_the_placement_node_local_sampling_draws_by(source, cache_dir, redis_servers):
+    servers = redis_servers(2)
+    clients = [s.client() for s in servers]
+    with TwoLevelCache(source, cache_dir, [s.url for s in servers], 32) as cache:
         n = len(cache)
         r0 = warmup(cache, node_rank=0, num_nodes=2, l1_scope="partition", progress=False)
-        assert r0["partition"] == n // 2 and r0["l2_written"] == n // 2 and r0["l1_written"] == n // 2
-        assert cache.store.missing(list(range(n))) == list(range(1, n, 2))
+        # node 0 wrote exactly the samples its own server holds, none to node 1's server
+        on0 = sorted(i for i in range(n) if clients[0].exists(f"{cache.namespace}{i}"))
+        assert 0 < len(on0) < n and clients[1].dbsize() == 0
+        assert r0["partition"] == r0["l2_written"] == r0["l1_written"] == len(on0)
+        loader = cached_dataloader(source, cache=cache, batch_size=2, train=True, size=16, workers=0,
+                                   distributed=(0, 4), local_size=2, locality="node")
+        assert np.flatnonzero(loader.sampler.locality.home == 0).tolist() == on0  # what node 0's ranks draw
         r1 = warmup(cache, node_rank=1, num_nodes=2, progress=False)  # l1_scope="all"
-        assert r1["l2_written"] == n // 2 and r1["l1_written"] == n // 2
-        assert cache.store.missing(list(range(n))) == [] and cache.l1.entries() == n
+        assert r1["l2_written"] == n - len(on0) and r1["l1_written"] == n - len(on0)
+        assert clients[0].dbsize() == len(on0) and cache.store.missing(list(range(n))) == []
+        assert cache.l1.entries() == n
         with pytest.raises(ValueError, match="node_rank"):
             warmup(cache, node_rank=2, num_nodes=2)
+        with pytest.raises(LocalityError, match="3 nodes .* one Redis URL per node.* the cache has 2 URL"):
+            warmup(cache, node_rank=0, num_nodes=3)
 
 
 def test_corrupt_files_are_reported_once_known(source, cache_dir, redis_server):

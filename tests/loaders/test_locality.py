@@ -63,6 +63,7 @@ def test_every_sample_once_per_epoch_mostly_from_the_own_node(source, cache_dir,
                 off = sum(held[i] != rank // 2 for rank, r in enumerate(per_rank) for i in r)
                 assert off == sum(max(0, c - n // nodes) for c in Counter(held).values())
         if locality == "node":
+            assert loaders[0].sampler.locality.labels.tolist() == cache.manifest.targets  # balanced per class
             labels = torch.cat([y for _, y in loaders[1]]).tolist()
             assert labels == [cache.manifest.targets[i] for i in per_rank[1]]
             assert loaders[1].cache_hits["l2_hits"] == len(labels)
@@ -97,6 +98,33 @@ def test_exchange_moves_a_fresh_fraction_each_epoch():
     for m in moved:  # 200 dealt round-robin over 2 nodes: ~half of them leave home (+- balancing)
         assert 60 <= len(m) <= 140
     assert moved[0] != moved[1]
+
+
+def _node_class_counts(loc, labels, epoch=0):
+    parts = [loc.indices(epoch=epoch, seed=0, rank=r, world_size=4, drop_last=True) for r in range(4)]
+    assert sorted(i for p in parts for i in p) == list(range(len(labels)))  # still every sample once
+    return np.stack([np.bincount(labels[parts[2 * m] + parts[2 * m + 1]], minlength=2) for m in (0, 1)])
+
+
+def test_balancing_moves_and_the_exchange_even_out_the_classes_between_nodes():
+    # node 0 holds 260 samples, 180 of class 0; node 1 holds 140, 120 of class 1
+    labels = np.array([0] * 180 + [1] * 80 + [0] * 20 + [1] * 120)
+    home = np.repeat([0, 1], [260, 140])
+    # the 60 samples node 0 has over its quota of 200 are all of the class it has too many of
+    balanced = _node_class_counts(NodeLocality(home, 2, 0.0, labels), labels)
+    assert balanced.tolist() == [[120, 80], [80, 120]]
+    blind = _node_class_counts(NodeLocality(home, 2, 0.0), labels)  # without labels: random ones
+    assert blind[0, 0] > 120
+    # with an exchange the same samples cross as without labels, only other ones of them
+    # (the classes a node has too many of): the bytes across nodes do not change
+    for epoch in (0, 1):
+        with_labels, without = (NodeLocality(home, 2, 0.1, lab) for lab in (labels, None))
+        off = [sum(home[i] != r // 2 for r in range(4)
+                   for i in loc.indices(epoch=epoch, seed=0, rank=r, world_size=4, drop_last=True))
+               for loc in (with_labels, without)]
+        assert off[0] == off[1] > 60
+        (a0, a1), (b0, b1) = (_node_class_counts(loc, labels, epoch) for loc in (with_labels, without))
+        assert np.abs(a0 - a1).max() < np.abs(b0 - b1).max()
 
 
 def test_one_node_or_global_is_todays_order():

@@ -69,10 +69,24 @@ def test_rows_default_target_is_dense_final_minus_one_point():
 def test_rows_with_an_explicit_target_need_no_dense_run():
     rows = build_rows({"hitopk": {"metrics": HITOPK, "inter_node_bytes": 0, "job_s": 1.0}}, target_top1=45.0)
     assert rows[0]["target_top1"] == 45.0 and rows[0]["seconds_to_target"] == 6.0
-    with pytest.raises(ValueError, match="include dense in --comm or pass --target-top1"):
+    with pytest.raises(ValueError, match="include dense in --comm .*or pass --target-top1"):
         build_rows({"hitopk": {"metrics": HITOPK, "inter_node_bytes": 0, "job_s": 1.0}})
     with pytest.raises(ValueError, match="gtopk run has no finished epoch"):
         build_rows({"gtopk": {"metrics": [], "inter_node_bytes": 0, "job_s": 1.0}}, target_top1=1.0)
+
+
+def test_node_local_runs_are_rows_of_their_algorithm_measured_against_dense_with_global_sampling():
+    runs = {"dense": {"metrics": DENSE, "inter_node_bytes": 6_000_000, "job_s": 50.0},
+            "dense-node": {"metrics": HITOPK, "inter_node_bytes": 5_000_000, "job_s": 40.0, "comm": "dense",
+                           "locality": "node"},
+            "hitopk-node": {"metrics": HITOPK, "inter_node_bytes": 500_000, "job_s": 20.0, "comm": "hitopk",
+                            "locality": "node"}}
+    rows = build_rows(runs)
+    assert [(r["comm"], r["locality"]) for r in rows] == [("dense", "global"), ("dense", "node"), ("hitopk", "node")]
+    assert {r["target_top1"] for r in rows} == {69.0}  # the global dense run's, not dense-node's 71 - 1
+    assert rows[2]["speedup_to_target_vs_dense"] == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="global in --locality"):
+        build_rows({"dense-node": runs["dense-node"]})
 
 
 def test_breakdown_weights_epochs_by_their_steps_and_derives_waiting():
@@ -88,16 +102,21 @@ def test_breakdown_weights_epochs_by_their_steps_and_derives_waiting():
     assert breakdown(overlapped)["waiting_ms"] == pytest.approx(300.0)
 
 
-def _record(out, comm, metrics, inter_node_bytes):
-    (out / comm).mkdir(parents=True)
-    (out / comm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
-    (out / comm / "bench.json").write_text(json.dumps({"inter_node_bytes": inter_node_bytes, "job_s": 9.0}))
+def _record(out, name, metrics, inter_node_bytes, **kind):
+    (out / name).mkdir(parents=True)
+    (out / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    (out / name / "bench.json").write_text(json.dumps({"inter_node_bytes": inter_node_bytes, "job_s": 9.0, **kind}))
 
 
 def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
     out = tmp_path / "bench"
     _record(out, "dense", DENSE, 6_000_000)
     _record(out, "hitopk", HITOPK, 600_000)
+    _record(out, "hitopk-node", GTOPK, 500_000, comm="hitopk", locality="node")
+    code = cli(["bench", "train", "--emulate", "2x2@10", "--comm", "dense,hitopk", "--locality", "global,node",
+                "--out", str(out), "--reuse", "--json", str(tmp_path / "rows.json")])
+    assert code == 2
+    assert "dense-node holds no finished run" in capsys.readouterr().err
     code = cli(["bench", "train", "--emulate", "2x2@10", "--comm", "dense,hitopk", "--out", str(out), "--reuse",
                 "--json", str(tmp_path / "rows.json")])
     assert code == 0, capsys.readouterr().err
@@ -116,6 +135,7 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
     (["--emulate", "2x2", "--comm", "dense", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
     (["--emulate", "2x2", "--per-class", "0"], "--per-class must be >= 1"),
     (["--emulate", "2x2", "--comm", "omgs", "--reuse"], "--reuse: .* holds no finished run"),
+    (["--emulate", "2x2", "--locality", "global,rack"], r"--locality 'global,rack': unknown \['rack'\]; valid: \['global'"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):
     code = cli(["bench", "train", *argv, "--out", str(tmp_path / "o")])
@@ -127,17 +147,19 @@ def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=str(REASON))
 def test_emulated_cluster_end_to_end_tiny(tmp_path):
-    """Two emulated nodes of one process, one short epoch per algorithm: the harness runs
-    real ``cachepipe train`` ranks, counts link bytes and cleans up its namespaces."""
+    """Two emulated nodes of one process, one short epoch per algorithm and locality: the
+    harness runs real ``cachepipe train`` ranks, counts link bytes and cleans up its namespaces."""
     import subprocess
 
     out = tmp_path / "bench"
-    code = cli(["bench", "train", "--emulate", "2x1@100", "--comm", "dense,powersgd", "--epochs", "1",
+    code = cli(["bench", "train", "--emulate", "2x1@100", "--comm", "dense,powersgd", "--locality", "global,node",
+                "--epochs", "1",
                 "--per-class", "8", "--batch-size", "8", "--size", "16", "--cache-size", "20", "--out", str(out),
                 "--json", str(tmp_path / "rows.json"), "--set", "schedule.warmup_epochs=0"])
     assert code == 0
     rows = json.loads((tmp_path / "rows.json").read_text())
-    assert [r["comm"] for r in rows] == ["dense", "powersgd"]
+    assert [(r["comm"], r["locality"]) for r in rows] == [("dense", "global"), ("dense", "node"),
+                                                          ("powersgd", "global"), ("powersgd", "node")]
     for r in rows:
         assert r["steps"] == 5 and r["inter_node_bytes_per_step"] > 0 and r["seconds"] > 0
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

@@ -93,14 +93,16 @@ def breakdown(metrics: Sequence[Mapping]) -> dict[str, float]:
 
 
 def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) -> list[dict]:
-    """One row per algorithm, in ``runs`` order.
+    """One row per run, in ``runs`` order.
 
     Args:
-        runs: ``comm -> {"metrics": [epoch rows], "inter_node_bytes": int, "job_s": float}``.
-        target_top1: the target; None = the ``dense`` run's final top-1 minus 1 point.
+        runs: ``run name -> {"metrics": [epoch rows], "inter_node_bytes": int, "job_s": float}``,
+            optionally ``"comm"`` and ``"locality"`` (default: the name and ``"global"``).
+        target_top1: the target; None = the final top-1 of the ``dense`` run with global
+            sampling minus 1 point.
 
     Returns:
-        Rows with ``comm``, ``final_top1``, ``best_top1``, ``target_top1``,
+        Rows with ``comm``, ``locality``, ``final_top1``, ``best_top1``, ``target_top1``,
         ``seconds_to_target`` (None if never reached), ``seconds``, ``epochs``, ``steps``,
         ``step_s``, ``inter_node_bytes_per_step``, ``job_s``, the breakdown columns
         (``*_ms``) and ``speedup_to_target_vs_dense`` when both reached the target.
@@ -108,35 +110,38 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
     Raises:
         ValueError: no target given and no ``dense`` run, or a run without epochs.
     """
-    for comm, run in runs.items():
+    for name, run in runs.items():
         if not run["metrics"]:
-            raise ValueError(f"the {comm} run has no finished epoch (metrics.jsonl is empty)")
+            raise ValueError(f"the {name} run has no finished epoch (metrics.jsonl is empty)")
+    kinds = {name: (run.get("comm", name), run.get("locality", "global")) for name, run in runs.items()}
+    dense = next((name for name, kind in kinds.items() if kind == ("dense", "global")), None)
     if target_top1 is None:
-        if "dense" not in runs:
+        if dense is None:
             raise ValueError("the default target is the dense run's final top-1 minus 1 point: include dense in "
-                             "--comm or pass --target-top1")
-        target_top1 = float(runs["dense"]["metrics"][-1]["val_top1"]) - 1.0
+                             "--comm (and global in --locality) or pass --target-top1")
+        target_top1 = float(runs[dense]["metrics"][-1]["val_top1"]) - 1.0
     rows = []
-    for comm, run in runs.items():
+    for name, run in runs.items():
         metrics = run["metrics"]
+        comm, locality = kinds[name]
         seconds = sum(float(r["seconds"]) for r in metrics)
         steps = int(metrics[-1]["steps"])
-        rows.append({"comm": comm, "final_top1": float(metrics[-1]["val_top1"]),
+        rows.append({"comm": comm, "locality": locality, "final_top1": float(metrics[-1]["val_top1"]),
                      "best_top1": max(float(r["val_top1"]) for r in metrics), "target_top1": target_top1,
                      "seconds_to_target": time_to_target(metrics, target_top1), "seconds": seconds,
                      "epochs": len(metrics), "steps": steps, "step_s": seconds / max(steps, 1),
                      "inter_node_bytes_per_step": run["inter_node_bytes"] / max(steps, 1), "job_s": run["job_s"],
                      **breakdown(metrics)})
-    dense = next((r["seconds_to_target"] for r in rows if r["comm"] == "dense"), None)
+    base = rows[list(runs).index(dense)]["seconds_to_target"] if dense is not None else None
     for r in rows:
-        if dense is not None and r["seconds_to_target"]:
-            r["speedup_to_target_vs_dense"] = dense / r["seconds_to_target"]
+        if base is not None and r["seconds_to_target"]:
+            r["speedup_to_target_vs_dense"] = base / r["seconds_to_target"]
     return rows
 
 
 def plot_top1_vs_time(runs: Mapping[str, Sequence[Mapping]], target_top1: float, path: str | Path,
                       title: str = "") -> Path:
-    """Validation top-1 against cumulative training wall-clock, one line per algorithm,
+    """Validation top-1 against cumulative training wall-clock, one line per run,
     the target as a dashed line; written to ``path`` (PNG)."""
     import matplotlib
 
@@ -144,13 +149,13 @@ def plot_top1_vs_time(runs: Mapping[str, Sequence[Mapping]], target_top1: float,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for i, (comm, metrics) in enumerate(runs.items()):
+    for i, (name, metrics) in enumerate(runs.items()):
         clock, xs, ys = 0.0, [], []
         for row in metrics:
             clock += float(row["seconds"])
             xs.append(clock)
             ys.append(float(row["val_top1"]))
-        ax.plot(xs, ys, "-", marker="o", ms=3, color=f"C{i % 10}", label=comm)
+        ax.plot(xs, ys, "-", marker="o", ms=3, color=f"C{i % 10}", label=name)
     ax.axhline(target_top1, color="gray", ls="--", lw=1, label=f"target {target_top1:.1f}%")
     ax.set_xlabel("training wall-clock time (s)")
     ax.set_ylabel("validation top-1 (%)")

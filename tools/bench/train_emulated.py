@@ -3,12 +3,15 @@ an emulated slow cluster.
 
 Builds ``M`` network-namespace nodes joined by links limited to ``MBIT`` Mbit/s
 (``tools.cluster``), starts one Redis server per node (``tools.emulated_job.NodeRedis``)
-and warms the two-level cache into them before any clock runs: node ``i`` writes its L2
-partition into the servers, so each sample lives on one node's server and a read from
+and warms the two-level cache into them before any clock runs: node ``i`` writes the samples
+its own server holds (NOTE [warm-up partitions]), so a read from
 another node crosses the limited link, as on a real cluster. Then, per algorithm, real
 ``cachepipe train`` ranks run inside the nodes (``N`` per node, torchrun's environment,
 one torch thread each) with the same seed, data and recipe; the bytes each node's link
-sent are read before and after (``link_bytes``). Rows and plot: ``tools.bench.time_to_accuracy``.
+sent are read before and after (``link_bytes``). With ``--locality global,node`` every
+algorithm also runs with node-local sampling (NOTE [node-local order] in
+``loaders.locality``): its run is named ``COMM-node`` and its row has ``locality`` node.
+Rows and plot: ``tools.bench.time_to_accuracy``.
 
 NOTE [emulate defaults]: ``--emulate 2x2`` means the configuration recorded in
 docs/BENCHMARKS.md: the ``demo`` recipe (``resnet_small``, 78k parameters) at 32 px on a
@@ -35,7 +38,7 @@ __all__ = ["DEFAULTS", "configure", "main"]
 # NOTE [emulate defaults]
 DEFAULTS = {"mbit": 10.0, "recipe": "demo", "size": 32, "cache_size": 32, "batch_size": 32, "epochs": 8,
             "per_class": 400, "val_per_class": 50, "comm": "dense,hitopk"}
-COLUMNS = ["comm", "final_top1", "target_top1", "seconds_to_target", "speedup_to_target_vs_dense", "seconds",
+COLUMNS = ["comm", "locality", "final_top1", "target_top1", "seconds_to_target", "speedup_to_target_vs_dense", "seconds",
            "step_s", "compute_ms", "selection_ms", "exchange_ms", "waiting_ms", "data_ms", "update_ms",
            "inter_node_bytes_per_step"]
 
@@ -48,6 +51,10 @@ def configure(group: argparse._ArgumentGroup) -> None:
                             f"(@MBIT optional: {DEFAULTS['mbit']:g}); needs root and iproute2")
     group.add_argument("--comm", default=DEFAULTS["comm"],
                        help="comma-separated exchange algorithms: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, powersgd")
+    group.add_argument("--locality", default="global",
+                       help="comma-separated data localities, each run with every --comm: global (every rank "
+                            "shuffles over all samples), node (a node's ranks draw the samples its Redis holds; "
+                            "run named COMM-node) (default: global)")
     group.add_argument("--recipe", default=DEFAULTS["recipe"], help="training recipe (name or .yaml)")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                        help="extra recipe override passed to every cachepipe train (repeatable)")
@@ -75,10 +82,22 @@ def _comms(text: str) -> list[str]:
     return comms
 
 
-def _train_argv(args, comm: str, data: Path, run_dir: Path, cache_dir: Path, urls: list[str]) -> list[str]:
+def _runs(comms: list[str], text: str) -> dict[str, tuple[str, str]]:
+    """Run name -> ``(comm, locality)``, every algorithm with every locality of ``--locality``."""
+    from loaders.locality import LOCALITIES
+
+    localities = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in localities if c not in LOCALITIES]
+    if not localities or bad:
+        raise ValueError(f"--locality {text!r}: unknown {bad or 'empty list'}; valid: {list(LOCALITIES)}")
+    return {comm if loc == "global" else f"{comm}-{loc}": (comm, loc) for comm in comms for loc in localities}
+
+
+def _train_argv(args, comm: str, locality: str, data: Path, run_dir: Path, cache_dir: Path,
+                urls: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", args.recipe,
             "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
-            "--comm", comm, "--epochs", str(args.epochs or DEFAULTS["epochs"]),
+            "--comm", comm, "--locality", locality, "--epochs", str(args.epochs or DEFAULTS["epochs"]),
             "--size", str(args.size or DEFAULTS["size"]),
             "--batch-size", str(args.batch_size or DEFAULTS["batch_size"]),
             "--density", str(args.density), "--powersgd-rank", str(args.powersgd_rank),
@@ -124,23 +143,26 @@ def _warm(cluster, emu, data: Path, out: Path, urls: list[str], cache_size: int)
                 raise RuntimeError(f"warm-up of {split} on node {node} failed: {(done.stderr or done.stdout).strip()[-400:]}")
 
 
-def _run_one(args, cluster, emu, comm: str, data: Path, out: Path, urls: list[str]) -> dict:
+def _run_one(args, cluster, emu, name: str, comm: str, locality: str, data: Path, out: Path,
+             urls: list[str]) -> dict:
     from tools.emulated_job import launch, link_bytes
 
-    run_dir = out / comm
+    run_dir = out / name
     (run_dir / "bench.json").unlink(missing_ok=True)  # --reuse must never pair old counters with a new run
     before = link_bytes(cluster)
     start = time.perf_counter()
-    launch(cluster, lambda rank: _train_argv(args, comm, data, run_dir, out / f"cache/node{rank // emu.local_size}", urls),
+    launch(cluster, lambda rank: _train_argv(args, comm, locality, data, run_dir,
+                                             out / f"cache/node{rank // emu.local_size}", urls),
            local_size=emu.local_size, env={"OMP_NUM_THREADS": "1"}, timeout=args.job_timeout, log_dir=run_dir / "logs")
     job_s = time.perf_counter() - start
     after = link_bytes(cluster)
-    result = {"inter_node_bytes": sum(a["tx"] - b["tx"] for a, b in zip(after, before)), "job_s": job_s}
+    result = {"inter_node_bytes": sum(a["tx"] - b["tx"] for a, b in zip(after, before)), "job_s": job_s,
+              "comm": comm, "locality": locality}
     (run_dir / "bench.json").write_text(json.dumps(result))
     return result
 
 
-def _train_all(args, emu, comms: list[str], out: Path) -> None:
+def _train_all(args, emu, runs: dict[str, tuple[str, str]], out: Path) -> None:
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
     from tools.emulated_job import NodeRedis
 
@@ -157,23 +179,23 @@ def _train_all(args, emu, comms: list[str], out: Path) -> None:
             start = time.perf_counter()
             _warm(cluster, emu, data, out, urls, _cache_size(args))
             print(f"bench train: warmed {emu.nodes} node(s) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-            for comm in comms:
-                print(f"bench train: training {comm} ...", file=sys.stderr)
-                result = _run_one(args, cluster, emu, comm, data, out, urls)
-                print(f"bench train: {comm} done in {result['job_s']:.0f} s", file=sys.stderr)
+            for name, (comm, locality) in runs.items():
+                print(f"bench train: training {name} ...", file=sys.stderr)
+                result = _run_one(args, cluster, emu, name, comm, locality, data, out, urls)
+                print(f"bench train: {name} done in {result['job_s']:.0f} s", file=sys.stderr)
         finally:
             for s in servers:
                 s.stop()
 
 
-def _load(out: Path, comms: list[str]) -> dict[str, dict]:
+def _load(out: Path, names: list[str]) -> dict[str, dict]:
     from trainer.metrics import read_metrics
 
     runs = {}
-    for comm in comms:
-        if not (out / comm / "bench.json").is_file():
-            raise ValueError(f"--reuse: {out / comm} holds no finished run; train it first (without --reuse)")
-        runs[comm] = dict(json.loads((out / comm / "bench.json").read_text()), metrics=read_metrics(out / comm))
+    for name in names:
+        if not (out / name / "bench.json").is_file():
+            raise ValueError(f"--reuse: {out / name} holds no finished run; train it first (without --reuse)")
+        runs[name] = dict(json.loads((out / name / "bench.json").read_text()), metrics=read_metrics(out / name))
     return runs
 
 
@@ -181,23 +203,23 @@ def main(args: argparse.Namespace) -> int:
     """Train (unless ``--reuse``), then print the table, write ``--json`` and the plot."""
     try:
         emu = parse_emulate(args.emulate, DEFAULTS["mbit"])
-        comms = _comms(args.comm)
+        runs = _runs(_comms(args.comm), args.locality)
         for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if not args.reuse:
-            _train_all(args, emu, comms, out)
-        runs = _load(out, comms)
-        rows = build_rows(runs, args.target_top1)
+            _train_all(args, emu, runs, out)
+        done = _load(out, list(runs))
+        rows = build_rows(done, args.target_top1)
     except (ValueError, RuntimeError, subprocess.SubprocessError) as exc:
         print(f"cachepipe bench train: error: {exc}", file=sys.stderr)
         return 2
     target = rows[0]["target_top1"]
     title = (f"{emu.nodes}x{emu.local_size} @ {emu.mbit:g} Mbit/s, {args.recipe} recipe, "
              f"{args.size or DEFAULTS['size']} px")
-    plot = plot_top1_vs_time({c: r["metrics"] for c, r in runs.items()}, target, args.plot or out / "top1_vs_time.png",
+    plot = plot_top1_vs_time({name: r["metrics"] for name, r in done.items()}, target, args.plot or out / "top1_vs_time.png",
                              title)
     print(f"\n{machine_description()}; {title}, batch {args.batch_size or DEFAULTS['batch_size']}/process, "
           f"density {args.density} (sparse), powersgd rank {args.powersgd_rank}; one Redis per node")
