@@ -127,7 +127,7 @@ def main(args: argparse.Namespace) -> int:
     rows = compare_convergence(out, runs, data)
     print(f"\n{machine_description()}; {base.name} recipe on {data}, 4 processes as 2 nodes x 2 (gloo), "
           f"same seed and data")
-    print(format_table(rows, COLUMNS))
+    print(format_table([{k: v for k, v in r.items() if v is not None} for r in rows], COLUMNS))
     print("top-1 after each epoch:")
     for r in rows:
         print(f"  {r['name']:<24} " + " ".join(f"{t:.1f}" for t in r["top1"]))
