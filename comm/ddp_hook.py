@@ -84,14 +84,14 @@ class SparseHookState:
         here (NOTE [residual at a phase switch] in comm.engine)."""
         out = {}
         for index, ex in self.exchangers.items():
-            if ex.memory.residual is None or index not in self.params_of:
+            if ex.memory.owed() is None or index not in self.params_of:
                 continue
             params = self.params_of[index]
             full, offset = ex.placed_residual(ex._numel), 0
             for p in params:
                 out[p] = full[offset:offset + p.numel()].view(p.shape).clone()
                 offset += p.numel()
-            ex.memory.update(None)
+            ex.memory.clear()
         return out
 
     def carry_in(self, residuals: dict) -> None:

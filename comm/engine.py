@@ -30,13 +30,26 @@ dropped: :meth:`GradientExchanger.take_residuals` hands every rank's residual ba
 parameter and :meth:`GradientExchanger.carry_in` adds it to the next gradients the new
 exchanger sends, so it is applied (averaged like a gradient) by the first exchange of the
 new phase. Per rank, ``sum(gradients) + sum(residual taken) ==`` what the next exchanges
-receive, and over all ranks nothing is lost.
+receive, and over all ranks nothing is lost. With momentum correction what is handed back
+is ``m * u + (1 - m) * v`` (NOTE [momentum correction] in comm/residual.py).
+
+NOTE [local update]: the DGC options act on each worker's bucket before it is exchanged,
+in this order: local gradient clipping (``clip_norm``: the bucket's L2 norm is clipped to
+``clip_norm / sqrt(P)``, DGC section 3.3: summed over ``P`` workers with independent
+noise the norms add in quadrature, so each worker gets its ``P**-1/2`` share of the
+threshold; a one-bucket plan clips the worker's whole gradient, a plan of several
+buckets clips each bucket on its own, as DGC's reference code clips each tensor), then
+weight decay (``weight_decay``: ``wd * w`` added to the gradient, so that it goes through
+the momentum correction as DGC does), then a residual carried from the previous phase,
+then the exchanger's momentum correction and residual. Clipping comes before anything
+enters the momentum or the residual, so a spike is cut before it is accumulated.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -101,6 +114,13 @@ class GradientExchanger:
         overlap: start each bucket's exchange from a post-accumulate-grad hook as soon as
             its gradients are ready (default True); False exchanges everything in
             :meth:`synchronize`.
+        momentum, masking: DGC momentum correction factor (default 0: off; the optimiser
+            must then apply ``p.grad`` without momentum or weight decay) and momentum-factor
+            masking (default True): NOTE [momentum correction] in comm/residual.py.
+        weight_decay: parameter -> weight decay added to its gradient before the exchange
+            (NOTE [local update]); default none.
+        clip_norm: local gradient clipping threshold before ``P**-1/2`` scaling (NOTE
+            [local update]); 0 (default) does not clip.
 
     Attributes:
         buckets: the plan (list of :class:`comm.plans.Bucket`, launch order).
@@ -115,7 +135,8 @@ class GradientExchanger:
             :meth:`synchronize`) and ``launched_in_backward`` (buckets).
 
     Raises:
-        ValueError: unknown algorithm or plan, bad plan options, bad density.
+        ValueError: unknown algorithm or plan, bad plan options, bad density, momentum
+            outside [0, 1), negative clip_norm or weight decay.
 
     Example:
         >>> ex = GradientExchanger(model.parameters(), "hitopk", topo, density=0.01)  # doctest: +SKIP
@@ -126,9 +147,16 @@ class GradientExchanger:
                  density: float | None = None, selector: str = "mstopk", error_feedback: bool = True,
                  plan: str | list[Bucket] = "size", bucket_bytes: int = 25 * 2**20,
                  hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
-                 overlap: bool = True):
+                 overlap: bool = True, momentum: float = 0.0, masking: bool = True,
+                 weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0):
         get_algorithm(algorithm)
         self.params = [p for p in params if p.requires_grad]
+        if clip_norm < 0 or any(wd < 0 for wd in (weight_decay or {}).values()):
+            raise ValueError(f"clip_norm and weight decay must be >= 0; got {clip_norm=}")
+        self.momentum = float(momentum)
+        decay = {id(p): float(wd) for p, wd in (weight_decay or {}).items()}
+        self._decay = [decay.get(id(p), 0.0) for p in self.params]
+        self.local_clip = float(clip_norm) / math.sqrt(topology.world_size) if clip_norm else 0.0
         self.topology, self.algorithm = topology, algorithm
         self.skip_nonfinite, self.overlap = skip_nonfinite, overlap
         self.skipped_steps = 0
@@ -148,7 +176,8 @@ class GradientExchanger:
         self.exchangers = []
         for b in self.buckets:
             ex = build_exchanger(b.algorithm, topology, density=density, selector=selector,
-                                 error_feedback=error_feedback, value_dtype=value_dtype)
+                                 error_feedback=error_feedback, value_dtype=value_dtype, momentum=momentum,
+                                 masking=masking)
             if ex.sparse:
                 ex.select = self._select.wrap(ex.select)
             self.exchangers.append(ex)
@@ -195,18 +224,40 @@ class GradientExchanger:
     def _start(self, b: int, check: bool) -> None:
         grads = [self._grad(i) for i in self.buckets[b].params]
         flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
-        if self._carry:
-            offset = 0
-            for i, g in zip(self.buckets[b].params, grads):
-                carried = self._carry.pop(i, None)
-                if carried is not None:
-                    flat[offset:offset + g.numel()] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
-                offset += g.numel()
+        self._local_update(self.buckets[b].params, flat)
         if check and nonfinite_anywhere(flat):
             self._skipped = True
             self._inflight.append((b, None))
             return
         self._inflight.append((b, InFlight(self.exchangers[b].stages(flat))))
+
+    def _local_update(self, params: list[int], flat: torch.Tensor) -> None:
+        """Clip, add weight decay and the carried residual to ``flat`` in place (NOTE [local update])."""
+        if self.local_clip:
+            norm = float((flat if flat.dtype in (torch.float32, torch.float64) else flat.float()).norm())
+            if norm > self.local_clip:  # the coefficient of torch.nn.utils.clip_grad_norm_
+                flat.mul_(self.local_clip / (norm + 1e-6))
+        offset = 0
+        for i in params:
+            n = self.params[i].numel()
+            if self._decay[i]:
+                flat[offset:offset + n].add_(self.params[i].detach().reshape(-1), alpha=self._decay[i])
+            carried = self._carry.pop(i, None)
+            if carried is not None:
+                flat[offset:offset + n] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
+            offset += n
+
+    def set_density(self, density: float) -> None:
+        """Send ``density`` of every sparse bucket from the next step on (density warm-up).
+
+        Raises:
+            ValueError: for a density outside (0, 1].
+        """
+        if not 0.0 < float(density) <= 1.0:
+            raise ValueError(f"density must be in (0, 1]; got {density!r}")
+        for ex in self.exchangers:
+            if ex.sparse:
+                ex.density = float(density)
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -275,14 +326,25 @@ class GradientExchanger:
 
     close = remove
 
+    def take_inter_node_bytes(self) -> int:
+        """Bytes this rank sent to other nodes since the last call (NOTE [inter-node
+        bytes] in comm/link_bytes.py); the counters restart from zero."""
+        sent = sum(ex.inter_node_bytes for ex in self.exchangers)
+        for ex in self.exchangers:
+            ex.inter_node_bytes = 0
+        return sent
+
+    def residual_sq(self) -> float:
+        """Sum of squares of this rank's residuals (update units under momentum correction)."""
+        return sum(ex.memory.norm() ** 2 for ex in self.exchangers)
+
     # -- residuals -----------------------------------------------------------------------
     def take_residuals(self) -> dict[torch.Tensor, torch.Tensor]:
         """This rank's residuals per parameter (parameter -> tensor shaped like it), cleared
         here (NOTE [residual at a phase switch]). Parameters without residual are left out."""
         out = {}
         for b, ex in zip(self.buckets, self.exchangers):
-            res = ex.memory.residual
-            if res is None:
+            if ex.memory.residual is None and ex.memory.momentum is None:
                 continue
             numel = sum(self.params[i].numel() for i in b.params)
             full = ex.placed_residual(numel)
@@ -291,7 +353,7 @@ class GradientExchanger:
                 n = self.params[i].numel()
                 out[self.params[i]] = full[offset:offset + n].view_as(self.params[i]).clone()
                 offset += n
-            ex.memory.update(None)
+            ex.memory.clear()
         return out
 
     def carry_in(self, residuals: dict[torch.Tensor, torch.Tensor]) -> None:

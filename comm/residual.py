@@ -1,5 +1,45 @@
 """Residual memory for error feedback: what a sparse exchange did not apply is kept and
-added back to the next step's input (the ``Gg_i = Gg_{i-1} + grad`` of the gTop-k paper)."""
+added back to the next step's input (the ``Gg_i = Gg_{i-1} + grad`` of the gTop-k paper),
+optionally with DGC's momentum correction and momentum-factor masking.
+
+NOTE [momentum correction]: Deep Gradient Compression (Lin et al., ICLR 2018, eqs. 5-7)
+keeps the momentum *before* the sparse exchange, per worker:
+
+    u = m * u + g          (local momentum, gradient units; g already holds weight decay)
+    v = v + u              (the residual accumulates the momentum-corrected update)
+    send top-k of v;  v[sent] = 0;  u[sent] = 0   (momentum-factor masking)
+
+and the optimiser applies the exchanged average ``w -= lr * avg(sent v)`` without momentum
+or weight decay of its own (``trainer.optim.exchange_momentum``). Without the correction
+a residual entry sent after ``T`` steps arrives as one gradient that momentum then spreads
+over the following steps: the delayed part is amplified and late, which is what costs
+accuracy at density 0.01. At density 1 nothing stays in ``v`` and every worker's ``u``
+sums to dense momentum SGD's buffer, so the correction alone (no masking) *is* dense
+momentum SGD (tested bit-identical on CPU). Masking clears the momentum of sent entries
+so that a stale momentum does not keep pushing an entry the update already moved (DGC
+section 3.2); at density 1 it turns momentum off, so it is a separate switch.
+Per algorithm (what "sent" means):
+
+- ``topk_ag``: the worker's own top-k (all of it is applied).
+- ``hitopk``: the selection runs on node sums, so the momentum lives there too, beside
+  the node-level residual (NOTE [hitopk error feedback]): worker ``j`` keeps ``U`` for
+  chunk ``j`` of ``sum(u over the node)``. The reduce-scatter is linear, so
+  ``U = m * U + sum(g over the node)`` equals summing every worker's own ``u``, and
+  masking ``U`` at the node's selection equals every worker of the node masking its
+  ``u`` there: exact, with ``d/n`` momentum per worker instead of ``d``.
+- ``gtopk``: the worker's local selections that made the global top-k; a local
+  selection that missed it goes back into ``v`` (Algorithm 4 line 10) and keeps its
+  momentum. The extra residuals (partial sums a merge dropped, wire rounding) are update
+  units already and join ``v`` as before; they never touch ``u``.
+- dense buckets of a corrected exchange (the ``size`` plan's hybrid choice): the local
+  momentum is kept and sent whole, which equals momentum after the all-reduce.
+
+Conservation then holds in update units: ``sum(u fed into v) + sum(old v) ==
+P * output + sum(new v)``. What a corrected exchange still owes at a phase switch is
+``m * u + (1 - m) * v`` in gradient units (:meth:`ResidualMemory.owed`): added to the next
+gradient of an exchange with plain optimiser momentum, ``m * u`` continues the momentum
+exactly and ``(1 - m) * v``, spread by that momentum, applies ``v`` once in total.
+"""
 from __future__ import annotations
 
 import torch
@@ -11,8 +51,15 @@ class ResidualMemory:
     """One residual buffer (fp32, or fp64 for fp64 inputs) for one tensor or fused bucket.
 
     Args:
-        enabled: ``False`` turns error feedback off: ``compensate`` is the identity and
-            ``update`` forgets.
+        enabled: ``False`` turns error feedback off: ``compensate`` returns the input (or
+            its momentum) without residual and ``update`` forgets.
+        momentum: DGC momentum correction factor ``m`` (NOTE [momentum correction]);
+            0 (default) turns it off.
+        masking: with momentum correction, clear the momentum of sent entries
+            (:meth:`mask`); default True.
+
+    Raises:
+        ValueError: for a momentum outside [0, 1).
 
     Example:
         >>> mem = ResidualMemory()
@@ -20,12 +67,33 @@ class ResidualMemory:
         >>> mem.update(acc - acc.round())         # keep what was not applied
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, momentum: float = 0.0, masking: bool = True):
+        if not 0.0 <= float(momentum) < 1.0:
+            raise ValueError(f"momentum correction factor must be in [0, 1); got {momentum}")
         self.enabled = bool(enabled)
+        self.factor, self.masking = float(momentum), bool(masking)
         self.residual: torch.Tensor | None = None
+        self.momentum: torch.Tensor | None = None
+
+    def correct(self, x: torch.Tensor) -> torch.Tensor:
+        """``u = m * u + x`` in accumulation precision; returns ``u`` itself (do not
+        write), or ``x`` unchanged when momentum correction is off."""
+        if not self.factor:
+            return x
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        if self.momentum is None:
+            self.momentum = x.to(dtype=dtype, copy=True)  # torch.optim.SGD's first step: buf = g
+        elif self.momentum.numel() != x.numel():
+            raise ValueError(f"momentum holds {self.momentum.numel()} elements but the input has {x.numel()}: "
+                             "one ResidualMemory serves one tensor layout")
+        else:
+            self.momentum = self.momentum.to(device=x.device, dtype=dtype)  # a loaded state is on the CPU
+            self.momentum.mul_(self.factor).add_(x)
+        return self.momentum
 
     def compensate(self, x: torch.Tensor, *, inplace: bool = False) -> torch.Tensor:
-        """Return ``x + residual`` in accumulation precision (fp32, or fp64 for fp64 ``x``).
+        """Return ``x + residual`` in accumulation precision (fp32, or fp64 for fp64 ``x``);
+        with momentum correction, ``correct(x) + residual``.
 
         With error feedback on, the result is a new tensor (or ``x`` itself when
         ``inplace`` and ``x`` already has the accumulation dtype) that the caller may turn
@@ -35,8 +103,10 @@ class ResidualMemory:
             ValueError: if ``x`` does not match the size of the stored residual.
         """
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        if self.factor:
+            x, inplace = self.correct(x), False  # u stays ours: never hand it out to be written
         if not self.enabled:
-            return x.to(dtype)
+            return x.to(dtype, copy=bool(self.factor))
         acc = x if inplace and x.dtype == dtype else x.to(dtype=dtype, copy=True)
         if self.residual is not None:
             if self.residual.numel() != acc.numel():
@@ -45,14 +115,43 @@ class ResidualMemory:
             acc += self.residual.to(device=acc.device, dtype=dtype)
         return acc
 
+    def mask(self, indices: torch.Tensor) -> None:
+        """Momentum-factor masking: clear the momentum at ``indices`` (the entries sent)."""
+        if self.factor and self.masking and self.momentum is not None:
+            self.momentum[indices] = 0
+
     def update(self, residual: torch.Tensor) -> None:
         """Store ``residual`` (taken, not copied) as what is left for the next step."""
         self.residual = residual if self.enabled else None
 
+    def owed(self) -> torch.Tensor | None:
+        """What is still owed, in gradient units (NOTE [momentum correction]): the
+        residual, or ``m * u + (1 - m) * v`` with momentum correction; None if nothing."""
+        if not self.factor:
+            return self.residual
+        if self.momentum is None:
+            return None if self.residual is None else self.residual * (1 - self.factor)
+        out = self.momentum * self.factor
+        if self.residual is not None:
+            out.add_(self.residual.to(out.device), alpha=1 - self.factor)
+        return out
+
+    def clear(self) -> None:
+        """Forget the residual and the momentum (after :meth:`owed` was handed on)."""
+        self.residual = self.momentum = None
+
+    def norm(self) -> float:
+        """L2 norm of the residual (0 when there is none)."""
+        return 0.0 if self.residual is None else float(self.residual.float().norm())
+
     def state_dict(self) -> dict:
-        residual = None if self.residual is None else self.residual.detach().to("cpu", copy=True)
-        return {"enabled": self.enabled, "residual": residual}
+        def cpu(t):
+            return None if t is None else t.detach().to("cpu", copy=True)
+
+        return {"enabled": self.enabled, "residual": cpu(self.residual), "factor": self.factor,
+                "momentum": cpu(self.momentum)}
 
     def load_state_dict(self, state: dict) -> None:
-        residual = state.get("residual")
+        residual, momentum = state.get("residual"), state.get("momentum")
         self.residual = None if residual is None or not self.enabled else residual.clone()
+        self.momentum = None if momentum is None or not self.factor else momentum.clone()

@@ -49,7 +49,12 @@ class ModelConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     """Optimiser: ``sgd`` (momentum) or ``lars``; ``lr`` is the peak rate per 256 images
-    when ``scale_lr`` is true (scaled linearly by the global batch), else absolute."""
+    when ``scale_lr`` is true (scaled linearly by the global batch), else absolute.
+
+    ``clip_norm``: gradient-norm clipping threshold (0 = no clipping). Dense phases clip
+    the averaged gradient before the step; sparse phases with ``local_clipping`` clip each
+    worker's gradient to ``clip_norm / sqrt(world size)`` before it enters the residual
+    (NOTE [local update] in comm/engine.py)."""
 
     name: str = "sgd"
     lr: float = 0.1
@@ -59,6 +64,7 @@ class OptimConfig:
     eta: float = 0.001
     label_smoothing: float = 0.0
     pto: bool = True
+    clip_norm: float = 0.0
 
     def __post_init__(self):
         _need(self.name in OPTIMIZERS, f"optim.name {self.name!r} is unknown; valid: {list(OPTIMIZERS)}")
@@ -67,6 +73,7 @@ class OptimConfig:
         _need(self.weight_decay >= 0, f"optim.weight_decay must be >= 0; got {self.weight_decay}")
         _need(self.eta > 0, f"optim.eta must be > 0; got {self.eta}")
         _need(0 <= self.label_smoothing < 1, f"optim.label_smoothing must be in [0, 1); got {self.label_smoothing}")
+        _need(self.clip_norm >= 0, f"optim.clip_norm must be >= 0 (0 = no clipping); got {self.clip_norm}")
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,17 @@ class PhaseConfig:
     matrix approximation rank of torch's PowerSGD hook (``comm.powersgd``).
     ``cache_size``: shorter side of the cached samples
     this phase reads (0 = ``train.cache_size``); see NOTE [cache size per phase].
+
+    Sparse exchanges (``topk_ag``, ``gtopk``, ``hitopk``, ``omgs``; not under ``--ddp``)
+    take Deep Gradient Compression's techniques, each switchable for ablation:
+    ``momentum_correction`` (the residual accumulates the momentum-corrected update and
+    the optimiser applies it without momentum; NOTE [momentum correction] in
+    comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries),
+    ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation) and density
+    warm-up: ``density_warmup_epochs`` W decays the density exponentially from 25 % at
+    the phase's start to ``density`` after W epochs (per step, fractional W allowed), or
+    ``density_schedule`` lists the density of each epoch of the phase explicitly (then
+    ``density``); see ``trainer.schedules.density_at``.
     """
 
     epochs: int = 1
@@ -117,8 +135,23 @@ class PhaseConfig:
     omgs_plan: str = "auto"
     powersgd_rank: int = 2
     cache_size: int = 0
+    momentum_correction: bool = True
+    momentum_masking: bool = True
+    local_clipping: bool = True
+    density_warmup_epochs: float = 0.0
+    density_schedule: tuple[float, ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "density_schedule", tuple(self.density_schedule))
+        _need(all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 < d <= 1
+                  for d in self.density_schedule),
+              f"phase density_schedule must list densities in (0, 1], one per epoch; got {list(self.density_schedule)}")
+        _need(0 <= self.density_warmup_epochs <= self.epochs,
+              f"phase density_warmup_epochs must be in [0, epochs={self.epochs}]; got {self.density_warmup_epochs}")
+        _need(not (self.density_schedule and self.density_warmup_epochs),
+              "phase density_schedule and density_warmup_epochs exclude each other; set one")
+        _need(len(self.density_schedule) <= self.epochs,
+              f"phase density_schedule lists {len(self.density_schedule)} epochs but the phase has {self.epochs}")
         _need(self.epochs >= 1, f"phase epochs must be >= 1; got {self.epochs}")
         _need(16 <= self.size <= 1024, f"phase size must be in [16, 1024] px; got {self.size}")
         _need(self.cache_size == 0 or self.cache_size >= self.size,

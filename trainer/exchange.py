@@ -99,13 +99,26 @@ class PhaseExchange:
         if self.inner is not None and residuals:
             self.inner.carry_in(residuals)
 
+    def set_density(self, density: float) -> None:
+        """Density of the sparse buckets from the next step on (density warm-up)."""
+        if self.inner is not None:
+            self.inner.set_density(density)
+
+    def take_inter_node_bytes(self) -> int:
+        """Bytes this rank sent to other nodes since the last call (NOTE [inter-node bytes])."""
+        return self.inner.take_inter_node_bytes() if self.inner is not None else 0
+
+    def residual_sq(self) -> float:
+        """Sum of squares of this rank's residuals."""
+        return self.inner.residual_sq() if self.inner is not None else 0.0
+
     def close(self) -> None:
         if self.inner is not None:
             self.inner.remove()
 
 
 def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pipelined: bool, probe,
-                layout) -> PhaseExchange:
+                layout, **local) -> PhaseExchange:
     from comm import GradientExchanger
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -118,13 +131,14 @@ def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pi
     else:  # no probe: every layer alone (LAGS)
         order, plan = list(range(len(params))), [False] * len(params)
     inner = GradientExchanger([params[i] for i in order], "topk_ag", topology, density=density, selector=selector,
-                              plan="omgs", merged=plan, skip_nonfinite=False, overlap=pipelined)
+                              plan="omgs", merged=plan, skip_nonfinite=False, overlap=pipelined, **local)
     return PhaseExchange(inner, layout={"order": order, "plan": plan})
 
 
 def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
                    pipelined: bool = True, hybrid_bytes: int = 2**20, probe=None,
-                   layout: dict | None = None) -> PhaseExchange:
+                   layout: dict | None = None, momentum: float = 0.0, masking: bool = True,
+                   weight_decay: dict | None = None, clip_norm: float = 0.0) -> PhaseExchange:
     """The exchanger for phase algorithm ``name`` (see the module docstring).
 
     Args:
@@ -135,6 +149,10 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
             plan then comes from ``comm.omgs.plan_omgs`` (profile, fit, plan). Without it
             every layer is its own group (LAGS).
         layout: OMGS only: a saved ``state_dict()["layout"]`` to rebuild the same groups.
+        momentum, masking, weight_decay, clip_norm: DGC's momentum correction (factor; 0 is
+            off), momentum-factor masking, the weight decay per parameter it then adds and
+            local gradient clipping (``comm.GradientExchanger``; NOTE [local update] in
+            comm/engine.py).
 
     Raises:
         ValueError: for an unknown name (lists the valid ones) or a bad density/selector.
@@ -145,9 +163,10 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
         if name not in COMM_NAMES:
             raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
         return PhaseExchange(None)
+    local = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm}
     if name == "omgs":
         return _build_omgs(model, topology, density=density, selector=selector, pipelined=pipelined, probe=probe,
-                           layout=layout)
+                           layout=layout, **local)
     from comm import GradientExchanger
 
     # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
@@ -155,7 +174,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
     return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
                                            density=density, selector=selector, error_feedback=True,
                                            skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes,
-                                           overlap=pipelined))
+                                           overlap=pipelined, **local))
 
 
 class DDPExchange:
@@ -187,6 +206,28 @@ class DDPExchange:
     def carry_in(self, residuals: dict) -> None:
         if residuals:
             self.hook_state.carry_in(residuals)
+
+    def _hook_exchangers(self) -> list:
+        return list(getattr(self.hook_state, "exchangers", {}).values())
+
+    def take_inter_node_bytes(self) -> int:
+        """Bytes the sparse hook's exchangers sent to other nodes since the last call;
+        DDP's own all-reduce and the PowerSGD hook are not counted (0)."""
+        sent = sum(ex.inter_node_bytes for ex in self._hook_exchangers())
+        for ex in self._hook_exchangers():
+            ex.inter_node_bytes = 0
+        return sent
+
+    def residual_sq(self) -> float:
+        return sum(ex.memory.norm() ** 2 for ex in self._hook_exchangers())
+
+    def set_density(self, density: float) -> None:
+        """Density of the sparse hook's buckets from the next step on (density warm-up)."""
+        for ex in getattr(self.hook_state, "exchangers", {}).values():
+            if ex.sparse:
+                ex.density = density
+        if hasattr(self.hook_state, "exchangers"):
+            self.hook_state.density = density
 
     def close(self) -> None:
         self.module = self.hook_state = None  # drops the reducer and its autograd hooks
@@ -220,15 +261,17 @@ def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float,
     return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))
 
 
-def saved_residuals(phase, model: nn.Module, topology, state: dict) -> dict:
+def saved_residuals(phase, model: nn.Module, topology, state: dict, momentum: float = 0.0) -> dict:
     """The residuals a checkpoint's exchanger ``state`` holds for its own ``phase``, per
     parameter: what a run resuming into a later phase carries into it, as an uninterrupted
     run does at the phase switch (NOTE [residual at a phase switch] in comm/engine.py).
-    The ``--ddp`` hook's residuals are not recovered (the caller passes nothing then)."""
+    The ``--ddp`` hook's residuals are not recovered (the caller passes nothing then).
+    ``momentum``: the phase's momentum correction factor (0 if it had none)."""
     if not state.get("exchange"):
         return {}
     saved = build_exchange(phase.comm, model, topology, density=phase.density, selector=phase.selector,
-                           pipelined=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"))
+                           pipelined=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"),
+                           momentum=momentum)
     try:
         saved.load_state_dict(state)
         return saved.take_residuals()

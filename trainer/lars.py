@@ -11,6 +11,11 @@ LARS nor weight decay: ``v = momentum * v + lr * g``. Norms are computed in FP32
 FP32 copies whatever the parameter dtype (NOTE [LARS in FP32]: in FP16 the ratio leaves
 the representable range and the update vanishes, Jizhi section 4.1).
 
+With DGC momentum correction in the exchange (group key ``momentum_in_grad``) ``g`` is
+the momentum-corrected update ``U`` and the step is ``w -= lr * trust * U`` with
+``trust = eta * ||w|| / ((1 - m) * ||U||)`` (NOTE [optimiser under momentum correction]
+in trainer/optim.py).
+
 The trust ratios can be computed by the parallel tensor operator (``comm.pto``): each
 rank computes its share of layers and one all-gather of scalars shares them.
 """
@@ -111,6 +116,8 @@ class LARS(torch.optim.Optimizer):
                 if wd:
                     d = d.add(p.detach().float(), alpha=wd)
                 scale = lr * ratio_of[id(p)] if group["lars"] else lr
+                if group["lars"] and group.get("momentum_in_grad"):  # NOTE [optimiser under momentum correction]
+                    scale /= 1.0 - group["base_momentum"]
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None:

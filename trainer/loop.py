@@ -19,7 +19,7 @@ from torch import nn
 
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
-from trainer.config import DDP_COMMS
+from trainer.config import DDP_COMMS, SPARSE_COMMS
 from trainer.consensus import RankFailed, agree
 from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
 from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts,
@@ -27,11 +27,12 @@ from trainer.distributed import (CACHE_COUNTERS, all_sum, all_true, broadcast_bu
 from trainer.evaluate import evaluate
 from trainer.exchange import build_ddp_exchange, build_exchange, saved_residuals, topology_for
 from trainer.metrics import MetricsLog, TimeBreakdown
-from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
+from trainer.optim import (autocast_for, build_optimizer, decay_of, exchange_momentum, make_scaler, peak_lr,
+                           take_momentum)
 from trainer.progress import epoch_bar
 from trainer.run_config import RunConfig
 from trainer.run_dir import prepare_out
-from trainer.schedules import lr_at
+from trainer.schedules import density_at, lr_at
 
 __all__ = ["train", "run_rank"]
 
@@ -81,7 +82,8 @@ class _Run:
 
     @staticmethod
     def _fresh_accum() -> dict:
-        return {"loss_sum": 0.0, "batches": 0, "images": 0, "seconds": 0.0, "breakdown": TimeBreakdown().state_dict()}
+        return {"loss_sum": 0.0, "batches": 0, "images": 0, "seconds": 0.0, "breakdown": TimeBreakdown().state_dict(),
+                "inter_node_bytes": 0, "density_sum": 0.0}
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -97,8 +99,14 @@ class _Run:
             carry = self.exchanger.take_residuals()
             self.exchanger.close()
         elif self.local is not None and self.local["phase"] != index:
-            carry = {} if self.cfg.ddp else saved_residuals(self.recipe.phases[self.local["phase"]], self.model,
-                                                            self.topology, self.local["exchanger"])
+            before = self.recipe.phases[self.local["phase"]]
+            carry = {} if self.cfg.ddp else saved_residuals(before, self.model, self.topology, self.local["exchanger"],
+                                                            momentum=self._correction(before))
+        momentum = self._correction(phase)
+        if bool(momentum) != bool(self.optimizer.param_groups[0].get("momentum_in_grad")):
+            for p, t in take_momentum(self.optimizer).items():  # NOTE [momentum correction] in comm/residual.py
+                carry[p] = carry[p] + t if p in carry else t
+        exchange_momentum(self.optimizer, bool(momentum))
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
@@ -115,10 +123,29 @@ class _Run:
                 self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
                                                 selector=phase.selector, pipelined=self.scaler is None,
                                                 hybrid_bytes=phase.hybrid_bytes, layout=saved,
-                                                probe=probe if phase.omgs_plan == "auto" else None)
+                                                probe=probe if phase.omgs_plan == "auto" else None,
+                                                momentum=momentum, masking=phase.momentum_masking,
+                                                weight_decay=decay_of(self.optimizer) if momentum else None,
+                                                clip_norm=self._local_clip(phase))
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
+
+    def _sparse(self, phase) -> bool:
+        """Whether ``phase`` runs a sparse exchange of this engine (DGC's techniques apply)."""
+        return phase.comm in SPARSE_COMMS and self.world > 1 and not self.cfg.ddp
+
+    def _correction(self, phase) -> float:
+        """The momentum correction factor of ``phase``'s exchange (0: the optimiser keeps momentum)."""
+        on = self._sparse(phase) and phase.momentum_correction
+        return self.recipe.optim.momentum if on else 0.0
+
+    def _local_clip(self, phase) -> float:
+        """``optim.clip_norm`` when ``phase``'s exchange clips locally (NOTE [local update]), else 0."""
+        return self.recipe.optim.clip_norm if self._sparse(phase) and phase.local_clipping else 0.0
+
+    def _phase_start(self, index: int) -> int:
+        return sum(p.epochs for p in self.recipe.phases[:index])
 
     @contextlib.contextmanager
     def _probing(self, phase):
@@ -181,6 +208,13 @@ class _Run:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.epoch + fraction, lr=self.peak, total_epochs=self.recipe.total_epochs,
                                 **_schedule_kwargs(self.recipe.schedule))
+        phase = self.recipe.phases[self.phase_index]
+        density = 1.0
+        if phase.comm in SPARSE_COMMS:
+            density = density_at(self.epoch - self._phase_start(self.phase_index) + fraction, density=phase.density,
+                                 warmup_epochs=phase.density_warmup_epochs, schedule=phase.density_schedule)
+            self.exchanger.set_density(density)
+        self.accum["density_sum"] = self.accum.get("density_sum", 0.0) + density
         with times.part("compute"):
             images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
             if self.channels_last:
@@ -207,7 +241,11 @@ class _Run:
             times.add("compute", -overlapped)
             times.add("compress", compress + overlapped)
             times.add("communicate", elapsed - compress)
+        self.accum["inter_node_bytes"] = self.accum.get("inter_node_bytes", 0) + self.exchanger.take_inter_node_bytes()
         with times.part("update"):
+            clip = self.recipe.optim.clip_norm
+            if finite and clip and not self._local_clip(phase):  # else clipped before the exchange
+                nn.utils.clip_grad_norm_(self.model.parameters(), clip)
             if self.scaler is not None:
                 if finite:
                     self.scaler.step(self.optimizer)
@@ -275,12 +313,14 @@ class _Run:
     def finish_epoch(self) -> dict:
         """Evaluate, log, checkpoint; returns the epoch's metrics row (same on all ranks)."""
         index, phase = self.recipe.phase_of(self.epoch)
-        loss = all_sum(torch.tensor([self.accum["loss_sum"], float(self.accum["batches"])], dtype=torch.float64),
-                       self.device)
+        loss = all_sum(torch.tensor([self.accum["loss_sum"], float(self.accum["batches"]),
+                                     float(self.accum.get("inter_node_bytes", 0)), self.exchanger.residual_sq()],
+                                    dtype=torch.float64), self.device)
         broadcast_buffers(self.model)
         row = {"epoch": self.epoch, "phase": index, "size": phase.size, "batch_size": phase.batch_size,
                "cache_size": self.recipe.cache_size_of(phase),
-               "comm": phase.comm, "density": phase.density if phase.comm in ("topk_ag", "gtopk", "hitopk", "omgs") else 1.0,
+               "comm": phase.comm, "density": self.accum.get("density_sum", 0.0) / max(self.accum["batches"], 1),
+               "inter_node_bytes": int(loss[2].item()), "residual_norm": loss[3].item() ** 0.5,
                "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss[0].item() / max(loss[1].item(), 1.0),
                "images_per_s": self.accum["images"] / max(self.accum["seconds"], 1e-9),
                "seconds": self.accum["seconds"], "steps": self.global_step, "recipe": self.recipe.name,

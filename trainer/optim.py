@@ -11,7 +11,8 @@ from torch import nn
 from trainer.config import OptimConfig
 from trainer.lars import LARS, split_param_groups
 
-__all__ = ["build_optimizer", "peak_lr", "autocast_for", "make_scaler"]
+__all__ = ["build_optimizer", "peak_lr", "autocast_for", "make_scaler", "exchange_momentum", "take_momentum",
+           "decay_of"]
 
 
 def peak_lr(cfg: OptimConfig, global_batch: int) -> float:
@@ -50,3 +51,48 @@ def make_scaler(amp: str, device: torch.device):
     if device.type == "cuda" and amp == "fp16":
         return torch.amp.GradScaler("cuda")
     return None
+
+
+# NOTE [optimiser under momentum correction]: when the exchange applies DGC's momentum
+# correction (NOTE [momentum correction] in comm/residual.py) ``p.grad`` after the
+# exchange is the momentum-corrected update ``U`` (weight decay included), so the step
+# must not add momentum or weight decay again: every group gets ``momentum = 0`` and
+# ``weight_decay = 0`` (the recipe's values stay in ``base_momentum`` and
+# ``base_weight_decay``) and ``momentum_in_grad = True``. SGD then does
+# ``w -= lr * U`` (the same operations as torch's momentum step on its buffer, hence
+# bit-identical to dense momentum SGD at density 1). LARS computes its trust ratios from
+# the applied update, ``eta * ||w|| / ((1 - m) * ||U||)``, through the same ``ratio_fn``
+# (PTO unchanged), and does ``w -= lr * trust * U``: for a steady gradient ``d``,
+# ``U -> d / (1 - m)`` and the step equals LARS's steady momentum step. Flags and base
+# values live in the optimiser's ``param_groups``, so checkpoints carry them.
+
+
+def exchange_momentum(optimizer: torch.optim.Optimizer, on: bool) -> None:
+    """Let the exchange apply momentum and weight decay (``on``) or the optimiser (NOTE
+    [optimiser under momentum correction])."""
+    for group in optimizer.param_groups:
+        group.setdefault("base_momentum", group["momentum"])
+        group.setdefault("base_weight_decay", group["weight_decay"])
+        group["momentum_in_grad"] = bool(on)
+        group["momentum"] = 0.0 if on else group["base_momentum"]
+        group["weight_decay"] = 0.0 if on else group["base_weight_decay"]
+
+
+def decay_of(optimizer: torch.optim.Optimizer) -> dict:
+    """Parameter -> the recipe's weight decay (what the exchange adds under momentum correction)."""
+    return {p: g.get("base_weight_decay", g["weight_decay"]) for g in optimizer.param_groups for p in g["params"]}
+
+
+def take_momentum(optimizer: torch.optim.Optimizer) -> dict:
+    """Clear the optimiser's momentum buffers at a switch into or out of momentum
+    correction; return SGD's as ``m * buf`` per parameter (gradient units: added to the
+    next gradient it continues that momentum exactly). LARS's buffers hold parameter
+    units (``lr * trust`` folded in) and are dropped."""
+    out = {}
+    for group in optimizer.param_groups:
+        m = group.get("base_momentum", group["momentum"])
+        for p in group["params"]:
+            buf = optimizer.state.get(p, {}).pop("momentum_buffer", None)
+            if buf is not None and not isinstance(optimizer, LARS) and m:
+                out[p] = buf * m
+    return out

@@ -5,7 +5,10 @@
 - ``breakdown.png``: mean time per iteration as stacked bars (data, forward+backward,
   compression, communication, update), one bar per run and phase, labelled with the
   image size, like Figure 1 of the MLSys 2021 paper;
-- ``summary.md``: a table of final / best accuracy, throughput and time per run.
+- ``residual.png`` (when a run has error-feedback residuals): the L2 norm of all
+  workers' residuals at the end of each epoch, log scale, so a diverging residual shows;
+- ``summary.md``: a table of final / best accuracy, throughput, time, total inter-node
+  bytes of the gradient exchange and final residual norm per run.
 
 Epochs are numbered from 0 as in the console table and ``metrics.jsonl``; runs are named
 by ``run_labels`` (the part of their path that tells them apart, recipe, workers, comm).
@@ -69,8 +72,8 @@ def curve(rows: list[dict], key: str) -> list[tuple[int, float]]:
 def summarise(runs: dict[str, list[dict]]) -> str:
     """Markdown summary: one row per run."""
     lines = ["| run | epochs | final top-1 | final top-5 | best top-1 | final loss | images/s | train s | "
-             + " | ".join(f"{p} ms/it" for p in PARTS) + " |",
-             "|" + "---|" * (8 + len(PARTS))]
+             + " | ".join(f"{p} ms/it" for p in PARTS) + " | inter-node MB | residual norm |",
+             "|" + "---|" * (10 + len(PARTS))]
     for name, rows in runs.items():
         last = rows[-1]
         seconds = sum(r.get("seconds", 0.0) for r in rows)
@@ -78,7 +81,9 @@ def summarise(runs: dict[str, list[dict]]) -> str:
         mean = {p: sum(r.get("time_per_iter", {}).get(p, 0.0) for r in rows) / len(rows) for p in PARTS}
         lines.append(f"| {name} | {len(rows)} | {last['val_top1']:.2f} | {last['val_top5']:.2f} | "
                      f"{max(r['val_top1'] for r in rows):.2f} | {last['train_loss']:.4f} | {images_per_s:.1f} | "
-                     f"{seconds:.1f} | " + " | ".join(f"{1000 * mean[p]:.1f}" for p in PARTS) + " |")
+                     f"{seconds:.1f} | " + " | ".join(f"{1000 * mean[p]:.1f}" for p in PARTS)
+                     + f" | {sum(r.get('inter_node_bytes', 0) for r in rows) / 1e6:.2f} | "
+                     f"{last.get('residual_norm', 0.0):.3g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -144,10 +149,25 @@ def write_report(run_dirs: list[str | os.PathLike], out: str | os.PathLike) -> l
     fig.savefig(out / "breakdown.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     written.append(out / "breakdown.png")
+    if any(r.get("residual_norm") for rows in runs.values() for r in rows):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for i, (name, rows) in enumerate(runs.items()):
+            pts = [(e, v) for e, v in curve(rows, "residual_norm") if v > 0]
+            if pts:
+                ax.plot(*zip(*pts), "-", color=f"C{i % 10}", marker="o", ms=3, label=name)
+        ax.set_yscale("log")
+        ax.set_xlabel("epoch (from 0, as in the console and metrics.jsonl)")
+        ax.set_ylabel("residual L2 norm, all workers (end of epoch)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        fig.savefig(out / "residual.png", dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        written.append(out / "residual.png")
     summary = out / "summary.md"
     tmp = summary.with_suffix(".md.tmp")
     tmp.write_text(f"# Training report\n\nRuns: {', '.join(runs)}\n\n" + summarise(runs)
-                   + "\nPlots: accuracy.png, loss.png, breakdown.png\n")
+                   + f"\nPlots: {', '.join(p.name for p in written)}\n")
     os.replace(tmp, summary)
     written.append(summary)
     return written

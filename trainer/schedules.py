@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-__all__ = ["DECAYS", "lr_at"]
+__all__ = ["DECAYS", "DENSITY_WARMUP_START", "density_at", "lr_at"]
+
+# Deep Gradient Compression's first warm-up density (25 %, then 6.25 %, 1.5625 %, 0.4 %).
+DENSITY_WARMUP_START = 0.25
 
 
 def _poly(t: float, epoch: float, lr: float, final_lr: float, power: float, milestones, gamma) -> float:
@@ -61,3 +64,32 @@ def lr_at(epoch: float, *, lr: float, total_epochs: float, warmup_epochs: float 
     span = max(total_epochs - warmup_epochs, 1e-12)
     t = min(max((epoch - warmup_epochs) / span, 0.0), 1.0)
     return DECAYS[decay](t, epoch, lr, final_lr, power, milestones, gamma)
+
+
+def density_at(epoch: float, *, density: float, warmup_epochs: float = 0.0,
+               schedule: Sequence[float] = ()) -> float:
+    """Density of a sparse exchange at fractional ``epoch`` of its phase (density warm-up).
+
+    ``schedule`` lists the density of each whole epoch (then ``density``); otherwise the
+    density decays exponentially from ``DENSITY_WARMUP_START`` (or ``density`` if that is
+    higher) at epoch 0 to ``density`` at ``warmup_epochs``, continuously per step, and
+    stays there. DGC's schedule is ``schedule=(0.25, 0.0625, 0.015625, 0.004)``, or
+    ``warmup_epochs=4`` with ``density=0.25 ** 5`` (about 0.1 %) sampled at whole epochs. Its inter-node
+    bytes over the warm-up are those of ``W * (start - density) / ln(start / density)``
+    epochs at density 1.
+
+    Example:
+        >>> density_at(0.0, density=0.01, warmup_epochs=2)
+        0.25
+        >>> round(density_at(1.0, density=0.01, warmup_epochs=2), 6)
+        0.05
+        >>> density_at(1.5, density=0.01, schedule=[0.25, 0.05])
+        0.05
+    """
+    if schedule:
+        index = int(epoch)
+        return float(schedule[index]) if index < len(schedule) else density
+    start = max(DENSITY_WARMUP_START, density)
+    if epoch >= warmup_epochs:
+        return density
+    return start * (density / start) ** (epoch / warmup_epochs)

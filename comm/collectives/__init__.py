@@ -31,7 +31,8 @@ def get_algorithm(name: str) -> type[Exchanger]:
 
 
 def build_exchanger(name: str, topology, *, density: float | None = None, selector: str = "mstopk",
-                    error_feedback: bool = True, value_dtype=None) -> Exchanger:
+                    error_feedback: bool = True, value_dtype=None, momentum: float = 0.0,
+                    masking: bool = True) -> Exchanger:
     """Build the exchanger ``name`` over ``topology``.
 
     Args:
@@ -41,6 +42,8 @@ def build_exchanger(name: str, topology, *, density: float | None = None, select
         selector: top-k selector (``comm.topk.SELECTORS``) for the sparse algorithms.
         error_feedback: keep residuals of what was not applied.
         value_dtype: wire dtype of values (``"fp16"``, ``"bf16"``, a torch dtype or None).
+        momentum, masking: DGC momentum correction factor (0: off) and momentum-factor
+            masking (NOTE [momentum correction] in comm/residual.py).
 
     Returns:
         An object with ``exchange(flat) -> averaged flat``, ``state_dict()`` and
@@ -54,4 +57,5 @@ def build_exchanger(name: str, topology, *, density: float | None = None, select
         >>> grad_avg = ex.exchange(flat_grad)                                     # doctest: +SKIP
     """
     cls = get_algorithm(name)
-    return cls(topology, density=density, selector=selector, error_feedback=error_feedback, value_dtype=value_dtype)
+    return cls(topology, density=density, selector=selector, error_feedback=error_feedback, value_dtype=value_dtype,
+               momentum=momentum, masking=masking)

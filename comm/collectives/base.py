@@ -47,18 +47,22 @@ class Exchanger:
             ignored by dense algorithms.
         selector: top-k selector name from ``comm.topk.SELECTORS`` (sparse algorithms).
         error_feedback: keep what was not applied and add it back next step.
+        momentum: DGC momentum correction factor (NOTE [momentum correction] in
+            comm/residual.py); 0 (default) leaves momentum to the optimiser.
+        masking: momentum-factor masking with momentum correction (default True).
         value_dtype: dtype of values on the wire (``torch.float16``/``bfloat16``/``float32``
             or ``"fp16"``/``"bf16"``); ``None`` sends the input's dtype.
 
     Raises:
-        ValueError: for a density outside (0, 1], an unknown selector or wire dtype.
+        ValueError: for a density outside (0, 1], an unknown selector or wire dtype, a
+            momentum outside [0, 1).
     """
 
     name: ClassVar[str] = "base"
     sparse: ClassVar[bool] = False
 
     def __init__(self, topology: Topology, *, density: float | None = None, selector: str = "mstopk",
-                 error_feedback: bool = True, value_dtype=None):
+                 error_feedback: bool = True, value_dtype=None, momentum: float = 0.0, masking: bool = True):
         self.topology = topology
         if isinstance(value_dtype, str) or value_dtype is None:
             if value_dtype not in WIRE_DTYPES:
@@ -68,7 +72,7 @@ class Exchanger:
             raise ValueError(f"value_dtype must be a float dtype, got {value_dtype!r}")
         self.value_dtype = value_dtype
         self.error_feedback = bool(error_feedback)
-        self.memory = ResidualMemory(enabled=self.error_feedback and self.sparse)
+        self.memory = ResidualMemory(enabled=self.error_feedback and self.sparse, momentum=momentum, masking=masking)
         self.density = density
         self.selector_name = selector
         if self.sparse:
@@ -78,6 +82,7 @@ class Exchanger:
 
             self.select = get_selector(selector)
         self.generator: torch.Generator | None = None
+        self.inter_node_bytes = 0  # NOTE [inter-node bytes] in comm/link_bytes.py
 
     def exchange(self, flat: torch.Tensor) -> torch.Tensor:
         """Return the average over all workers of ``flat`` (same shape and dtype).
@@ -95,7 +100,10 @@ class Exchanger:
         """
         if not flat.is_floating_point():
             raise ValueError(f"gradient exchange needs a float tensor, got {flat.dtype}")
-        out = yield from self._stages(flat.detach().reshape(-1))
+        x = flat.detach().reshape(-1)
+        if not self.sparse:  # a dense bucket sends its whole momentum (NOTE [momentum correction])
+            x = self.memory.correct(x)
+        out = yield from self._stages(x)
         return out.to(flat.dtype).view(flat.shape)
 
     def _stages(self, x: torch.Tensor) -> Stages:  # pragma: no cover - protocol
@@ -110,9 +118,10 @@ class Exchanger:
         return values, indices.long()
 
     def placed_residual(self, numel: int) -> torch.Tensor:
-        """This worker's residual as a ``numel``-element vector over the exchanged tensor
-        (zeros when there is none): adding it to the next input applies it."""
-        res = self.memory.residual
+        """What this worker still owes (``memory.owed()``, gradient units) as a
+        ``numel``-element vector over the exchanged tensor (zeros when there is none):
+        adding it to the next input applies it."""
+        res = self.memory.owed()
         return torch.zeros(numel) if res is None else res[:numel]
 
     def state_dict(self) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from comm import collective_ops as ops
+from comm import link_bytes
 from comm.collectives.base import Exchanger, Stages
 
 __all__ = ["DenseExchanger"]
@@ -16,5 +17,7 @@ class DenseExchanger(Exchanger):
 
     def _stages(self, x: torch.Tensor) -> Stages:
         buf = x.to(self.wire_dtype(x), copy=True)
+        if link_bytes.ring_crosses(self.topology):
+            self.inter_node_bytes += link_bytes.ring_allreduce(buf.numel() * buf.element_size(), self.topology.world_size)
         yield ops.all_reduce(buf, async_op=True) if self.topology.world_size > 1 else None
         return buf.to(x.dtype).div_(self.topology.world_size)

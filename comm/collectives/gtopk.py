@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from comm import collective_ops as ops
+from comm import link_bytes
 from comm.collectives.base import Exchanger, Stages, index_dtype, k_for
 
 __all__ = ["GTopKExchanger", "merge_topk"]
@@ -84,6 +85,8 @@ class GTopKExchanger(Exchanger):
                 notes.append((drop_idx, drop_val))
             elif active and rank % (2 * step) == step:
                 sent = cur_val.to(wire)
+                if link_bytes.crosses(rank, rank - step, t.local_size):
+                    self.inter_node_bytes += k * (wire.itemsize + idx_wire.itemsize)
                 yield _Both(ops.isend(sent, dst=rank - step), ops.isend(cur_idx.to(idx_wire), dst=rank - step))
                 notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
                 active = False
@@ -96,15 +99,17 @@ class GTopKExchanger(Exchanger):
             g_val.copy_(cur_val)
             g_idx.copy_(cur_idx)
             notes.append((cur_idx, cur_val - g_val.to(acc.dtype)))
+        self.inter_node_bytes += link_bytes.binomial_broadcast(k * (wire.itemsize + idx_wire.itemsize), t)
         if world > 1:
             yield _Both(ops.broadcast(g_val, src=0, async_op=True), ops.broadcast(g_idx, src=0, async_op=True))
         g_idx = g_idx.long()
         out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
         out.index_add_(0, g_idx, g_val.to(acc.dtype).div_(world))
+        g_mask = torch.zeros(d, dtype=torch.bool, device=acc.device)
+        g_mask[g_idx] = True
+        missed = ~g_mask[indices]
+        self.memory.mask(indices[~missed])  # what of ours was applied (NOTE [momentum correction])
         if self.memory.enabled:
-            g_mask = torch.zeros(d, dtype=torch.bool, device=acc.device)
-            g_mask[g_idx] = True
-            missed = ~g_mask[indices]
             residual.index_add_(0, indices[missed], local_sent[missed])  # Alg. 4 line 10
             for note_idx, note_val in notes:
                 inside = g_mask[note_idx]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from comm import collective_ops as ops
+from comm import link_bytes
 from comm.collectives.base import Exchanger, Stages
 
 __all__ = ["HierExchanger"]
@@ -34,6 +35,8 @@ class HierExchanger(Exchanger):
         for seg in buf.split(max(1, self.segment_bytes // buf.element_size())):
             self._intra(seg, "reduce")
             work = ops.all_reduce(seg, group=t.leader_group, async_op=True) if t.is_leader and t.nodes > 1 else None
+            if work is not None:
+                self.inter_node_bytes += link_bytes.ring_allreduce(seg.numel() * seg.element_size(), t.nodes)
             pending.append((work, seg))
             if len(pending) > 1:
                 yield from self._broadcast(*pending.pop(0))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from comm import link_bytes
 from comm.collectives.base import (Exchanger, Stages, add_pairs_, all_gather_async, all_gather_flat, index_dtype,
                                    k_for, pack_pairs, reduce_scatter_flat)
 
@@ -43,9 +44,12 @@ class HiTopKExchanger(Exchanger):
         acc = self.memory.compensate(chunk, inplace=True)  # chunk is ours: no copy
         c, k = acc.numel(), k_for(acc.numel(), self.density)
         values, indices = self.topk(acc, k)  # step 2
+        self.memory.mask(indices)  # node-level momentum (NOTE [momentum correction])
         sent = values.to(self.wire_dtype(x))
         # step 3: inter-node all-gather among same-local-rank workers, in the background
-        node_pairs, work = all_gather_async(pack_pairs(sent, indices.to(index_dtype(c))), t.inter_group, m)
+        pairs = pack_pairs(sent, indices.to(index_dtype(c)))
+        node_pairs, work = all_gather_async(pairs, t.inter_group, m)
+        self.inter_node_bytes += link_bytes.ring_allgather(pairs.numel(), m)
         # NOTE [sparse overlap]: the CPU work that does not need the gathered pairs (the
         # residual, and zeroing the d-element output, the costliest allocation) runs while
         # the pairs cross the slow inter-node link. topk_ag does the same.
@@ -63,7 +67,7 @@ class HiTopKExchanger(Exchanger):
     def placed_residual(self, numel: int) -> torch.Tensor:
         """The chunk residual (NOTE [hitopk error feedback]) at its chunk's offset: the node
         sum of the next inputs then carries it once."""
-        res = self.memory.residual
+        res = self.memory.owed()
         if res is None:
             return torch.zeros(numel)
         c, j = res.numel(), self.topology.local_rank

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from comm import link_bytes
 from comm.collectives.base import Exchanger, Stages, add_pairs_, all_gather_async, index_dtype, k_for, pack_pairs
 
 __all__ = ["TopKAllGatherExchanger"]
@@ -31,8 +32,12 @@ class TopKAllGatherExchanger(Exchanger):
         acc = self.memory.compensate(x)
         d, k = acc.numel(), k_for(acc.numel(), self.density)
         values, indices = self.topk(acc, k)
+        self.memory.mask(indices)
         sent = values.to(self.wire_dtype(x))
-        gathered, work = all_gather_async(pack_pairs(sent, indices.to(index_dtype(d))), None, t.world_size)
+        pairs = pack_pairs(sent, indices.to(index_dtype(d)))
+        gathered, work = all_gather_async(pairs, None, t.world_size)
+        if link_bytes.ring_crosses(t):
+            self.inter_node_bytes += link_bytes.ring_allgather(pairs.numel(), t.world_size)
         if self.memory.enabled:  # acc becomes the residual: no copy of d elements
             acc[indices] = values - sent.to(acc.dtype)
             self.memory.update(acc)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from comm import collective_ops as ops
+from comm import link_bytes
 from comm.collectives.base import Exchanger, Stages, all_gather_flat, reduce_scatter_flat
 
 __all__ = ["Torus2DExchanger"]
@@ -41,6 +42,7 @@ class Torus2DExchanger(Exchanger):
         for start in range(0, buf.numel(), per_segment):
             chunk = reduce_scatter_flat(buf[start: start + per_segment], t.intra_group, n, t.shm)
             work = ops.all_reduce(chunk, group=t.inter_group, async_op=True) if t.nodes > 1 else None
+            self.inter_node_bytes += link_bytes.ring_allreduce(chunk.numel() * chunk.element_size(), t.nodes)
             pending.append((work, chunk, out[start: start + n * chunk.numel()]))
             if len(pending) > 1:
                 yield from self._gather(*pending.pop(0))

@@ -57,3 +57,46 @@ def test_trust_ratio_is_fp32_from_bf16_and_one_for_zero_norms():
 def test_lars_rejects_bad_hyperparameters():
     with pytest.raises(ValueError, match="momentum"):
         LARS(_model().parameters(), lr=0.1, momentum=1.5)
+
+
+def test_lars_under_momentum_correction_takes_trust_from_the_applied_update():
+    """NOTE [optimiser under momentum correction]: no momentum or decay of its own, and
+    ``w -= lr * eta * ||w|| / ((1 - m) * ||U||) * U`` for a LARS layer."""
+    from trainer.optim import exchange_momentum
+
+    w = torch.nn.Parameter(torch.tensor([[3.0, 4.0]]))
+    opt = LARS([{"params": [w], "weight_decay": 0.5, "lars": True}], lr=0.1, momentum=0.8, eta=0.01, eps=0.0)
+    exchange_momentum(opt, True)
+    update = torch.tensor([[0.0, 2.0]])
+    for _ in range(2):  # no momentum: both steps move by the same amount
+        before = w.detach().clone()
+        w.grad = update.clone()
+        opt.step()
+        trust = 0.01 * float(before.norm()) / ((1 - 0.8) * 2.0)
+        assert torch.allclose(w.detach(), before - 0.1 * trust * update, rtol=1e-6, atol=0)
+    exchange_momentum(opt, False)
+    assert opt.param_groups[0]["momentum"] == 0.8 and opt.param_groups[0]["weight_decay"] == 0.5
+
+
+def test_sgd_momentum_handed_to_the_next_gradient_continues_it_exactly():
+    """At a switch into or out of momentum correction ``take_momentum`` clears SGD's
+    buffers and returns ``m * buf``; added to the next gradient, the step equals the one
+    the buffer would have made (bit for bit: ``m * buf + g`` either way)."""
+    from trainer.optim import take_momentum
+
+    def run(hand_over: bool):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(5))
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+        w.grad = torch.randn(5)
+        opt.step()
+        g = torch.randn(5)
+        if hand_over:
+            carried = take_momentum(opt)
+            assert not opt.state[w] and set(carried) == {w}
+            g = g + carried[w]
+        w.grad = g
+        opt.step()
+        return w.detach()
+
+    assert torch.equal(run(True), run(False))

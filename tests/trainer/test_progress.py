@@ -124,3 +124,21 @@ def test_report_files_get_the_umask_mode(tmp_path):
     finally:
         os.umask(old)
     assert len(paths) == 4 and all(p.stat().st_mode & 0o777 == 0o640 for p in paths)
+
+
+def test_report_shows_residual_norms_and_inter_node_bytes(tmp_path):
+    import json
+
+    from trainer.report import write_report
+
+    runs = []
+    for name, norms, sent in (("dense", [0.0, 0.0], 3_000_000), ("hitopk", [2.0, 40.0], 40_000)):
+        run = tmp_path / name
+        run.mkdir()
+        rows = [dict(r, residual_norm=n, inter_node_bytes=sent) for r, n in zip(_rows(2, comm=name), norms)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(run)
+    paths = write_report(runs, tmp_path / "report")
+    assert (tmp_path / "report/residual.png") in paths
+    summary = (tmp_path / "report/summary.md").read_text()
+    assert "| 6.00 | 0 |" in summary and "| 0.08 | 40 |" in summary  # MB over both epochs, final norm

@@ -53,6 +53,12 @@ def test_overrides_apply_to_every_phase_and_single_fields():
     ("schedule: {warmup_epochs: 5}\nphases: [{epochs: 2}]", r"warmup_epochs"),
     ("model: {name: vgg}\nphases: [{epochs: 1}]", r"model.name 'vgg' is unknown"),
     ("phases: [{epochs: 1\n", r"not valid YAML"),
+    ("optim: {clip_norm: -1}\nphases: [{epochs: 1}]", r"optim: optim.clip_norm must be >= 0"),
+    ("phases: [{epochs: 2, density_warmup_epochs: 3}]", r"phases\[0\].*density_warmup_epochs must be in \[0, epochs=2\]"),
+    ("phases: [{epochs: 2, density_schedule: [0.25, 2]}]", r"phases\[0\].*density_schedule must list densities in"),
+    ("phases: [{epochs: 1, density_schedule: [0.25, 0.1]}]", r"density_schedule lists 2 epochs but the phase has 1"),
+    ("phases: [{epochs: 2, density_schedule: [0.2], density_warmup_epochs: 1}]", r"exclude each other"),
+    ("phases: [{epochs: 1, momentum_correction: 1}]", r"momentum_correction must be true or false"),
 ])
 def test_bad_recipes_give_one_line_errors(tmp_path, text, match):
     path = tmp_path / "bad.yaml"
@@ -87,3 +93,28 @@ def test_schedules_warmup_then_decay():
     assert lr_at(7.0, decay="step", milestones=[5, 7], gamma=0.1, **kw) == pytest.approx(0.01)
     with pytest.raises(ValueError, match="valid"):
         lr_at(1.0, decay="exp", **kw)
+
+
+def test_density_warmup_schedules():
+    from trainer.schedules import density_at
+
+    # DGC's own numbers: W = 4 epochs down to 0.25 ** 5 (about 0.1 %), sampled at whole epochs
+    assert [density_at(e, density=0.25 ** 5, warmup_epochs=4) for e in range(5)] == \
+        pytest.approx([0.25, 0.0625, 0.015625, 0.00390625, 0.25 ** 5], rel=1e-12)
+    # continuous per step in between, and the target after the warm-up
+    assert density_at(0.5, density=0.01, warmup_epochs=1) == pytest.approx((0.25 * 0.01) ** 0.5)
+    assert density_at(7.9, density=0.01, warmup_epochs=1) == 0.01
+    assert density_at(3.0, density=0.01) == 0.01  # no warm-up
+    assert density_at(0.0, density=0.5, warmup_epochs=2) == 0.5  # never below... nor above the target
+    assert [density_at(e + 0.5, density=0.01, schedule=[0.25, 0.05]) for e in range(3)] == [0.25, 0.05, 0.01]
+
+
+def test_dgc_fields_can_be_set_from_the_command_line():
+    r = override(load_recipe("demo"), sets=["phases.0.momentum_correction=false", "phases.0.density_warmup_epochs=1.5",
+                                            "optim.clip_norm=5", "phases.0.local_clipping=false",
+                                            "phases.0.momentum_masking=false"])
+    p = r.phases[0]
+    assert (p.momentum_correction, p.momentum_masking, p.local_clipping, p.density_warmup_epochs) == (False, False, False, 1.5)
+    assert r.optim.clip_norm == 5.0
+    r = override(load_recipe("demo"), sets=["phases.0.density_warmup_epochs=0", "phases.0.density_schedule=[0.25, 0.05]"])
+    assert r.phases[0].density_schedule == (0.25, 0.05)

@@ -63,8 +63,10 @@ def _interrupted_and_uninterrupted(rank, world, data, out):
 
     epochs = []
     for comm in RESUME_COMMS:
-        # omgs: every layer alone; an "auto" plan is timed, so two runs may plan differently
-        recipe = override(_recipe(2, comm, density=0.05), sets=["phases.0.omgs_plan=lags"])
+        # omgs: every layer alone; an "auto" plan is timed, so two runs may plan differently. The
+        # density warm-up (1.5 epochs) changes the density at every step across the interruption.
+        recipe = override(_recipe(2, comm, density=0.05), sets=["phases.0.omgs_plan=lags",
+                                                                "phases.0.density_warmup_epochs=1.5"])
         common = dict(recipe=recipe, data=str(data), loader="memory", nodes=1, local_size=2, device="cpu")
         train(RunConfig(out=f"{out}/{comm}/straight", **common))
         # 6 steps per epoch: epoch 0 finishes, then the run stops at step 9 inside epoch 1.
@@ -103,8 +105,15 @@ def _check_identical(tmp_path):
     rows_b = (tmp_path / "broken/metrics.jsonl").read_text().splitlines()
     import json
 
-    keys = ("epoch", "train_loss", "val_top1", "val_top5", "val_loss", "steps")
+    keys = ("epoch", "train_loss", "val_top1", "val_top5", "val_loss", "steps", "density", "inter_node_bytes",
+            "residual_norm")
     assert [{k: json.loads(r)[k] for k in keys} for r in rows_a] == [{k: json.loads(r)[k] for k in keys} for r in rows_b]
+    # the density of each of the 6 steps per epoch is the recipe's warm-up (1.5 epochs from 25 % to 5 %)
+    from trainer.schedules import density_at
+
+    for row in map(json.loads, rows_a):
+        steps = [density_at(row["epoch"] + i / 6, density=0.05, warmup_epochs=1.5) for i in range(6)]
+        assert row["density"] == sum(steps) / 6 and row["residual_norm"] > 0
 
 
 def _two_phases():
