@@ -101,7 +101,7 @@ def test_cli_tiny_real_run_with_a_variant(tmp_path, capsys):
     assert [r["density"] for r in rows] == [0.01, 0.01]
     for r in rows:
         assert r["epochs"] == 1 and len(r["top1"]) == 1 and r["best_top1"] == r["final_top1"] == r["top1"][0]
-        assert r["seconds"] > 0 and r["final_loss"] > 0
+        assert r["seconds"] > 0 and r["final_loss"] > 0 and r["inter_node_bytes"] > 0  # summed from the metrics
     assert "delta_top1_vs_dense" not in rows[0]  # no dense run to compare with
     lrs = {r["name"]: json.loads((out / r["name"] / "metrics.jsonl").read_text().splitlines()[-1])["lr"] for r in rows}
     assert lrs["hitopk-lowlr"] == pytest.approx(0.05) and lrs["hitopk"] != lrs["hitopk-lowlr"]

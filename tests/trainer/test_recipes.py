@@ -25,6 +25,7 @@ def test_cifar10_recipe_trains_resnet_small_on_native_32px_photos_every_phase_sp
     assert {(p.size, r.cache_size_of(p), p.comm, p.density, p.hybrid_bytes) for p in r.phases} == {
         (32, 32, "hitopk", 0.01, 0)}
     assert r.train.eval_size == 32
+    assert {(p.momentum_correction, p.momentum_masking, p.density_warmup_epochs) for p in r.phases} == {(True, True, 1)}
     net = models.create("resnet_small", num_classes=10).eval()
     stages = []
     for i in range(1, net.num_stages + 1):
