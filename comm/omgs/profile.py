@@ -21,7 +21,7 @@ from comm.omgs.model import BYTES_PER_SELECTED, CostModel, selected_count
 from comm.topk import get_selector
 
 __all__ = ["BackwardProfile", "measure_backward_times", "fit_gamma", "gamma_from_timings", "fit_sparsify_cost", "fit_alpha_beta",
-           "save_profile", "load_profile"]
+           "robust_line", "save_profile", "load_profile"]
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def fit_alpha_beta(ks: Sequence[int], topology=None, repeats: int = 5) -> tuple[
     entries (``topk_ag``'s packed fp32 values and int32 indices) over the default group,
     on the topology's device (``topology.device``; CPU for None). Collective: every rank
     must call it with the same arguments. Each point is the median over repeats of the
-    slowest rank's time; the line is a Theil-Sen fit (median of pairwise slopes).
+    slowest rank's time; the line is :func:`robust_line` (weighted median of pairwise slopes).
 
     Raises:
         ValueError: with fewer than two distinct ``k``.
@@ -215,11 +215,31 @@ def fit_alpha_beta(ks: Sequence[int], topology=None, repeats: int = 5) -> tuple[
                 times.append(float(t))
         xs.append(BYTES_PER_SELECTED * k)
         ts.append(statistics.median(times))
-    # Theil-Sen: median of pairwise slopes, then the median intercept; robust to the odd
-    # slow sample on a shared machine (a least-squares intercept can go negative there)
-    slopes = [(ts[j] - ts[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs))
-              if xs[j] != xs[i]]
-    beta = max(statistics.median(slopes), 0.0)
+    return robust_line(xs, ts)
+
+
+def robust_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    """``(alpha, beta) >= 0`` of ``t = alpha + beta * x``: the median of pairwise slopes
+    weighted by how far apart the pair's ``x`` are (Sievers-Theil), then the median intercept.
+
+    NOTE [weighted slopes]: plain Theil-Sen (unweighted median of pairwise slopes) is robust
+    to the odd slow sample on a shared machine (a least-squares intercept can go negative
+    there), but not to many sizes that cost the same: messages up to the emulated link's
+    tbf burst all take the latency alone, and the slopes between such nearby sizes are
+    latency noise divided by a few bytes, huge and of either sign. They outnumbered the few
+    pairs with the large message (21 of 28 pairs in ``bench omgs``), so the median fell on
+    noise, and beta came out 0 in one run of two (the planner then saw free bytes). Weighting
+    each slope by the pair's distance lets the pairs that span the range decide.
+    """
+    pairs = sorted(((ts[j] - ts[i]) / (xs[j] - xs[i]), abs(xs[j] - xs[i])) for i in range(len(xs))
+                   for j in range(i + 1, len(xs)) if xs[j] != xs[i])
+    half, seen, beta = sum(w for _, w in pairs) / 2, 0.0, 0.0
+    for slope, weight in pairs:
+        seen += weight
+        if seen >= half:
+            beta = slope
+            break
+    beta = max(beta, 0.0)
     alpha = max(statistics.median(t - beta * x for x, t in zip(xs, ts)), 0.0)
     return alpha, beta
 

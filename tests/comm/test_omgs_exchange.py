@@ -1,6 +1,9 @@
 """OMGS plans on the engine (``plan="omgs"``, topk_ag) in real gloo process groups."""
 from __future__ import annotations
 
+import statistics
+
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -151,3 +154,18 @@ def test_short_training_lowers_the_loss():
     for first, last, in_sync in run_distributed(_train_worker, 2):
         assert in_sync
         assert last < 0.5 * first, (first, last)
+
+
+def test_robust_line_follows_the_pairs_that_span_the_range():
+    # bench omgs' calibration sizes: everything up to 32 KB fits the tbf burst and costs the
+    # latency alone (4 ms +- noise), the largest message 28 ms (NOTE [weighted slopes])
+    from comm.omgs.profile import robust_line
+
+    xs = [8 * k for k in (1, 4, 16, 64, 256, 1024, 4096, 25557)]
+    ts = [5.1e-3, 6.6e-3, 3.9e-3, 4.4e-3, 2.7e-3, 4.6e-3, 3.7e-3, 28.0e-3]
+    slopes = [(ts[j] - ts[i]) / (xs[j] - xs[i]) for i in range(8) for j in range(i + 1, 8)]
+    assert statistics.median(slopes) < 0  # plain Theil-Sen lands on noise: beta would be 0
+    alpha, beta = robust_line(xs, ts)
+    assert beta == pytest.approx((28.0e-3 - 4.2e-3) / (xs[-1] - 2000), rel=0.1)
+    assert 2.5e-3 < alpha < 5.5e-3
+    assert robust_line([1, 2, 3], [3.0, 2.0, 1.0]) == (2.0, 0.0)  # never a negative slope

@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "loader": ("tools.bench.loader", "plain DataLoader vs cached_dataloader vs DALI"),
     "topk": ("tools.bench.topk", "top-k selectors: time, recall, captured energy"),
     "comm": ("tools.bench.comm", "gradient exchange algorithms on an emulated cluster"),
+    "overlap": ("tools.bench.overlap", "a sparse step with and without overlap vs max(compute, exchange)"),
     "omgs": ("tools.bench.omgs", "OMGS merged-layer planning vs LAGS / TopK-SGD / fusion"),
     "train": ("tools.bench.train", "training throughput: synthetic vs cached loaders"),
     "faults": ("tools.bench.faults", "the demo trained while faults are injected vs a fault-free run"),

@@ -17,7 +17,12 @@ NOTE [breakdown columns]: per iteration, from the trainer's ``time_per_iter``:
 ``communicate``), ``exchange`` (the exchange's own duration: ``exchange`` when the
 trainer records it, else ``communicate``; without overlap the whole exchange runs after
 backward, so it equals ``waiting`` minus ``selection``), ``data`` and ``update``. Under
-DDP (``powersgd``) the exchange runs inside backward and shows in ``compute``.
+DDP (``powersgd``) the exchange runs inside backward and shows in ``compute``. With the
+engine's overlap the launches in the backward hooks (packing, the first collectives,
+waiting there for slower ranks) stay in ``compute`` and ``exchange`` is only what is left
+after backward; these columns are a training run's budget, not a measure of overlap:
+``cachepipe bench overlap`` times compute alone and the exchange alone (NOTE [overlap
+breakdown] in tools/bench/overlap.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,145 @@
+"""``cachepipe bench overlap``: a training step with and without overlap against its parts,
+on an emulated slow cluster.
+
+The question (issue 14): with overlap, does a sparse step take at most
+``max(compute, exchange)`` + 15 %? Ranks run inside ``tools.cluster`` namespaces
+(``--emulate MxN@MBIT``, as ``bench train``) on the model of ``bench train --emulate``'s
+defaults with one fixed synthetic batch (no data loading: the claim is about compute and
+exchange), and time every mode in interleaved rounds.
+
+NOTE [overlap breakdown]: the four times, each the slowest rank's per step, median over
+the steps of every round:
+
+- ``compute``: forward + backward with no exchange at all (no hooks, no collectives),
+  every rank starting after a barrier as it does after an exchange (ranks that never
+  wait for each other would all compete for the cores all the time, a heavier load than
+  any training step sees);
+- ``exchange``: the exchange alone: every rank holds its gradients and starts
+  ``synchronize()`` of an exchanger without overlap right after a barrier, so neither
+  compute nor skew between ranks is in it;
+- ``no overlap``: forward + backward, then ``synchronize()`` exchanges every bucket;
+- ``overlap``: the engine's default: each bucket starts from the post-accumulate-grad hook
+  of its last gradient, ``synchronize()`` finishes what is still in flight.
+
+Modes alternate every few steps (``--steps``, after ``--warmup`` untimed ones) for
+``--rounds`` rounds, in a rotating order, so that all see the same load: on a 2-core
+machine shared with other jobs the load changes from minute to minute, and blocks of tens
+of steps per mode measured the load more than the modes.
+
+Without overlap a step is about ``compute + exchange``; perfect overlap would give
+``max(compute, exchange)``. The overlap columns split the step: ``backward`` (forward +
+backward with the launches inside it), ``launch_in_backward`` (the hooks' share: packing,
+the first stages of the collectives, waiting there for the other ranks to reach the same
+bucket, and ``select_in_backward``, the top-k selection), ``sync`` (after backward returned), of which
+``blocked`` is waiting on collectives and ``launch_in_sync`` launches that had to wait for
+``synchronize()``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from tools.bench.table import format_table, machine_description, write_json
+
+__all__ = ["configure", "main", "summarize"]
+
+_ROOT = Path(__file__).resolve().parents[2]
+COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
+           "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms",
+           "launch_in_sync_ms"]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--emulate", default="2x2@10", metavar="MxN@MBIT",
+                        help="M emulated nodes x N processes, MBIT Mbit/s between nodes (default: 2x2@10, "
+                             "bench train --emulate's defaults); needs root and iproute2")
+    parser.add_argument("--comm", default="hitopk", help="exchange algorithm (comm.ALGORITHMS; default: hitopk)")
+    parser.add_argument("--density", type=float, default=0.01, help="density of sparse algorithms (default: 0.01)")
+    parser.add_argument("--selector", default="mstopk", help="top-k selector (default: mstopk)")
+    parser.add_argument("--model", default="resnet_small", help="model name (default: resnet_small)")
+    parser.add_argument("--batch", type=int, default=32, help="batch per process (default: 32)")
+    parser.add_argument("--size", type=int, default=32, help="image side in pixels (default: 32)")
+    parser.add_argument("--plans", nargs="+", default=["size", "layer"],
+                        help="bucket plans to compare: size (one 25 MiB fusion bucket), size:KIB, layer "
+                             "(default: size layer)")
+    parser.add_argument("--rounds", type=int, default=30,
+                        help="interleaved rounds: every mode runs in each (default: 30)")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per mode and round (default: 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per mode and round (default: 1)")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
+    parser.add_argument("--json", default=None, help="write the rows as JSON here")
+
+
+def _median_ms(rows: list[dict], key: str) -> float:
+    return 1000.0 * statistics.median(r[key] for r in rows)
+
+
+def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str, int]) -> list[dict]:
+    """One row per plan from the per-step times of NOTE [overlap breakdown]."""
+    compute = _median_ms(modes["compute"], "step")
+    rows = []
+    for plan in plans:
+        exchange = _median_ms(modes[f"exchange {plan}"], "step")
+        over = modes[f"overlap {plan}"]
+        row = {"plan": plan, "buckets": buckets[plan], "compute_ms": compute, "exchange_ms": exchange,
+               "max_ms": max(compute, exchange), "no_overlap_ms": _median_ms(modes[f"no overlap {plan}"], "step"),
+               "overlap_ms": _median_ms(over, "step")}
+        row["overlap_vs_max"] = row["overlap_ms"] / row["max_ms"]
+        for key in ("backward", "launch_in_backward", "select_in_backward", "sync", "blocked", "launch_in_sync"):
+            row[f"{key}_ms"] = _median_ms(over, key)
+        rows.append(row)
+    return rows
+
+
+def main(args: argparse.Namespace) -> int:
+    from tools.bench.time_to_accuracy import parse_emulate
+    from tools.bench.overlap_rank import plan_options
+    from tools.cluster import EmulatedCluster, netns_unavailable_reason
+    from tools.emulated_job import JobFailed, launch
+
+    try:
+        emu = parse_emulate(args.emulate, 10.0)
+        for spec in args.plans:
+            plan_options(spec)
+        for flag in ("rounds", "steps", "batch", "size"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag} must be >= 1; got {getattr(args, flag)}")
+        reason = netns_unavailable_reason()
+        if reason:
+            raise ValueError(f"--emulate needs network namespaces: {reason}")
+    except ValueError as exc:
+        print(f"cachepipe bench overlap: error: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="cachepipe-bench-overlap-") as tmp:
+        out = Path(tmp) / "times.json"
+
+        def argv(rank: int) -> list[str]:
+            return [sys.executable, "-m", "tools.bench.overlap_rank", "--nodes", str(emu.nodes),
+                    "--local-size", str(emu.local_size), "--batch", str(args.batch), "--size", str(args.size),
+                    "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                    "--comm", args.comm, "--density", str(args.density), "--selector", args.selector,
+                    "--model", args.model, "--plans", *args.plans, "--out", str(out)]
+
+        with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14o{uuid.uuid4().hex[:3]}") as cluster:
+            try:
+                launch(cluster, argv, local_size=emu.local_size, timeout=args.timeout, log_dir=Path(tmp) / "logs",
+                       env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(_ROOT)})
+            except JobFailed as exc:
+                logs = "".join(p.read_text()[-2000:] for p in sorted((Path(tmp) / "logs").glob("rank*.log")))
+                print(f"cachepipe bench overlap: error: {exc}\n{logs}", file=sys.stderr)
+                return 1
+        result = json.loads(out.read_text())
+    buckets = result["buckets"]
+    rows = summarize(result["modes"], args.plans, buckets)
+    print(f"\n{machine_description()}; {emu.nodes}x{emu.local_size} @ {emu.mbit:g} Mbit/s, {args.model} "
+          f"batch {args.batch} at {args.size} px, {args.comm} density {args.density} {args.selector}; "
+          f"medians of {args.rounds} x {args.steps} steps per mode (slowest rank per step)")
+    print(format_table(rows, COLUMNS))
+    if args.json:
+        write_json(args.json, rows)
+    return 0

@@ -1,0 +1,146 @@
+"""One rank of ``cachepipe bench overlap`` (started by tools/bench/overlap.py in an emulated node).
+
+Trains nothing: runs forward + backward of the model on a fixed synthetic batch and times
+the modes of NOTE [overlap breakdown] (tools/bench/overlap.py) in interleaved rounds.
+Each step's time is the slowest rank's; rank 0 writes every mode's per-step times as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from datetime import timedelta
+
+__all__ = ["main", "plan_options"]
+
+
+def plan_options(spec: str) -> dict:
+    """``size`` (one 25 MiB fusion bucket), ``size:KIB`` (buckets of at most KIB KiB) or
+    ``layer`` as :class:`comm.GradientExchanger` keyword arguments.
+
+    Raises:
+        ValueError: for any other spec (names ``--plans``).
+    """
+    kind, _, kib = spec.partition(":")
+    if kind == "layer" and not kib:
+        return {"plan": "layer"}
+    if kind == "size" and (not kib or (kib.isdigit() and int(kib) > 0)):
+        return {"plan": "size", **({"bucket_bytes": int(kib) * 1024} if kib else {})}
+    raise ValueError(f"--plans {spec!r}: expected size, size:KIB (a positive integer) or layer")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__)
+    for flag in ("--nodes", "--local-size", "--batch", "--size", "--rounds", "--steps", "--warmup"):
+        p.add_argument(flag, type=int, required=True)
+    p.add_argument("--comm", required=True)
+    p.add_argument("--density", type=float, required=True)
+    p.add_argument("--selector", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--plans", nargs="+", required=True)
+    p.add_argument("--out", required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    from comm import GradientExchanger, Topology
+    from trainer import models
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(minutes=20))  # torchrun's environment (tools.emulated_job)
+    rank = dist.get_rank()
+    try:
+        topo = Topology(nodes=args.nodes, local_size=args.local_size)
+        torch.manual_seed(0)
+        model = models.create(args.model, num_classes=10)
+        gen = torch.Generator().manual_seed(rank)
+        images = torch.randn(args.batch, 3, args.size, args.size, generator=gen)
+        labels = torch.randint(0, 10, (args.batch,), generator=gen)
+        params = [p for p in model.parameters() if p.requires_grad]
+
+        def exchanger(spec: str, overlap: bool) -> GradientExchanger:
+            ex = GradientExchanger(params, args.comm, topo, density=args.density, selector=args.selector,
+                                   hybrid_threshold_bytes=0, skip_nonfinite=False, overlap=overlap,
+                                   **plan_options(spec))
+            ex.enabled = False  # hooks fire only in this exchanger's own mode
+            return ex
+
+        def backward() -> None:
+            model.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+
+        def compute() -> dict:
+            dist.barrier()  # every rank starts together, as after an exchange; nothing else in the time
+            start = time.perf_counter()
+            backward()
+            return {"step": time.perf_counter() - start}
+
+        def exchange_alone(ex: GradientExchanger):
+            def run() -> dict:
+                dist.barrier()  # every rank starts together: no skew from compute in this time
+                start = time.perf_counter()
+                ex.synchronize()
+                return {"step": time.perf_counter() - start}
+            return run
+
+        def train_step(ex: GradientExchanger):
+            def run() -> dict:
+                ex.enabled = True
+                launch0, wait0 = ex.stats["compress_s"], ex.stats["wait_s"]
+                start = time.perf_counter()
+                backward()
+                mid = time.perf_counter()
+                launch1 = ex.stats["compress_s"]
+                ex.synchronize()
+                end = time.perf_counter()
+                ex.enabled = False
+                return {"step": end - start, "backward": mid - start, "sync": end - mid,
+                        "launch_in_backward": launch1 - launch0, "launch_in_sync": ex.stats["compress_s"] - launch1,
+                        "select_in_backward": ex.last_timings["select_overlapped"],
+                        "blocked": ex.stats["wait_s"] - wait0}
+            return run
+
+        modes, buckets = {"compute": compute}, {}
+        for spec in args.plans:
+            alone = exchanger(spec, overlap=False)
+            modes[f"exchange {spec}"] = exchange_alone(alone)
+            modes[f"no overlap {spec}"] = train_step(alone)
+            modes[f"overlap {spec}"] = train_step(exchanger(spec, overlap=True))
+            buckets[spec] = len(alone.buckets)
+        backward()
+        names = list(modes)
+        times: dict[str, list[dict]] = {n: [] for n in names}
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]  # rotate: no mode always first
+            for name in order:
+                dist.barrier()
+                for i in range(args.warmup + args.steps):
+                    row = modes[name]()
+                    if i >= args.warmup:
+                        times[name].append(row)
+        # slowest rank per step: one all-gather per mode at the end, outside every clock
+        slowest = {}
+        for name in names:
+            keys = sorted(times[name][0])
+            mine = torch.tensor([[row[k] for k in keys] for row in times[name]], dtype=torch.float64)
+            every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+            dist.all_gather(every, mine)
+            per_step = torch.stack(every).amax(dim=0)
+            slowest[name] = [dict(zip(keys, row)) for row in per_step.tolist()]
+        if rank == 0:
+            tmp = args.out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"modes": slowest, "buckets": buckets}, f)
+            os.replace(tmp, args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
