@@ -91,7 +91,7 @@ def test_cli_tiny_real_run_with_a_variant(tmp_path, capsys):
     data = make_dataset(tmp_path / "data", classes=2, per_class=8, val_per_class=2, size=20, seed=0)
     out, rows_json = tmp_path / "conv", tmp_path / "rows.json"
     sets = ["phases.0.batch_size=2", "phases.0.size=16", "train.cache_size=20", "train.eval_size=16",
-            "schedule.warmup_epochs=0", "schedule.decay=constant"]
+            "schedule.warmup_epochs=0", "schedule.decay=constant", "phases.0.density_warmup_epochs=0"]
     code = cli(["bench", "train", "--convergence", str(out), "--data", str(data), "--comm", "hitopk",
                 "--epochs", "1", *(a for s in sets for a in ("--set", s)),
                 "--variant", "lowlr:optim.lr=0.05,optim.scale_lr=false", "--json", str(rows_json)])
