@@ -15,6 +15,26 @@ def test_shipped_recipes_parse_and_dawnbench28_is_the_papers_schedule():
     assert load_recipe("resnet50-90ep").total_epochs == 90
 
 
+def test_cifar10_recipe_trains_resnet_small_on_native_32px_photos_every_phase_sparse():
+    import torch
+
+    from trainer import models
+
+    r = load_recipe("cifar10")
+    assert r.model.name == "resnet_small" and r.total_epochs >= 8
+    assert {(p.size, r.cache_size_of(p), p.comm, p.density, p.hybrid_bytes) for p in r.phases} == {
+        (32, 32, "hitopk", 0.01, 0)}
+    assert r.train.eval_size == 32
+    assert {(p.momentum_correction, p.momentum_masking, p.density_warmup_epochs) for p in r.phases} == {(True, True, 1)}
+    net = models.create("resnet_small", num_classes=10).eval()
+    stages = []
+    for i in range(1, net.num_stages + 1):
+        getattr(net, f"layer{i}").register_forward_hook(lambda m, x, y: stages.append(y.shape[-1]))
+    with torch.no_grad():
+        assert net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert stages == [16, 8, 4]  # the stride-2 stem and two stride-2 stages: no stage below 4 px
+
+
 def test_overrides_apply_to_every_phase_and_single_fields():
     r = override(load_recipe("dawnbench28"), epochs=2, comm="gtopk", density=0.05,
                  sets=["optim.lr=0.5", "phases.1.size=112", "schedule.decay=cosine"])

@@ -2,7 +2,8 @@
 
 With ``--emulate MxN@MBIT`` it measures time to accuracy of exchange algorithms on an
 emulated slow cluster instead (``tools.bench.train_emulated``); with ``--convergence``
-accuracy per epoch of exchange algorithms on the demo recipe.
+accuracy per epoch of exchange algorithms and ablation variants on any recipe and data
+(``tools.bench.train_convergence``).
 
 One training configuration (model, image size, batch, precision) is timed three ways,
 side by side in one run: ``synthetic`` (one random batch kept on the device: the
@@ -20,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.bench import train_convergence, train_emulated
 from tools.bench.table import format_table, machine_description, write_json
 
 __all__ = ["configure", "main"]
@@ -46,18 +48,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
     parser.add_argument("--images", type=int, default=None, help="images in the generated dataset (default: 4 batches' worth)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-    conv = parser.add_argument_group("convergence comparison (instead of throughput)")
-    conv.add_argument("--convergence", default=None, metavar="DIR",
-                      help="train the demo recipe once per --algorithms into DIR/<alg> and plot DIR/report")
-    conv.add_argument("--algorithms", nargs="+", default=["dense", "hitopk", "gtopk"], help="exchange algorithms to compare")
-    conv.add_argument("--density", type=float, default=0.01, help="density of the sparse algorithms")
-    conv.add_argument("--epochs", type=int, default=None,
-                      help="epochs (default: the demo recipe's; with --emulate NOTE [emulate defaults])")
-    from tools.bench import train_emulated
-
+    shared = parser.add_argument_group("--convergence and --emulate")
+    shared.add_argument("--comm", default=None,
+                        help="comma-separated exchange algorithms: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, "
+                             f"powersgd (default: {train_convergence.DEFAULT_COMMS} with --convergence, "
+                             f"{train_emulated.DEFAULTS['comm']} with --emulate)")
+    shared.add_argument("--recipe", default=None, help="training recipe, shipped name or .yaml path (default: demo)")
+    shared.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="recipe override for every run, as cachepipe train --set (repeatable; default: none)")
+    shared.add_argument("--density", type=float, default=0.01, help="density of the sparse algorithms")
+    shared.add_argument("--epochs", type=int, default=None,
+                        help="epochs of every phase (default: the recipe's; with --emulate NOTE [emulate defaults])")
+    train_convergence.configure(parser.add_argument_group("convergence comparison (instead of throughput)"))
     train_emulated.configure(parser.add_argument_group(
         "time to accuracy on an emulated cluster (--emulate; --data, --model, --size, --cache-size, --batch-size, "
-        "--epochs, --density and --json apply too)"))
+        "--epochs, --density, --comm, --recipe, --set and --json apply too)"))
 
 
 def _cycle(loader):
@@ -95,20 +100,6 @@ def _time_source(name, batches, model, optimizer, criterion, autocast, device, c
             "data_wait_ms": 1000 * data_s / steps}
 
 
-def _convergence(args: argparse.Namespace) -> int:
-    from trainer.convergence import compare_convergence
-
-    rows = compare_convergence(args.convergence, algorithms=args.algorithms, density=args.density,
-                               epochs=args.epochs, data=args.data)
-    print(f"\n{machine_description()}; demo recipe, 4 processes as 2 nodes x 2 (gloo), same seed and data")
-    print(format_table(rows, ["algorithm", "density", "epochs", "final_top1", "best_top1", "final_top5",
-                              "final_loss", "delta_top1_vs_dense", "seconds"]))
-    print(f"curves: {Path(args.convergence) / 'report'}")
-    if args.json:
-        write_json(args.json, rows)
-    return 0
-
-
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -116,11 +107,9 @@ def main(args: argparse.Namespace) -> int:
     from trainer.optim import autocast_for
 
     if args.convergence:
-        return _convergence(args)
+        return train_convergence.main(args)
     if args.emulate:
-        from tools.bench.train_emulated import main as emulated
-
-        return emulated(args)
+        return train_emulated.main(args)
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if cuda else "cpu")

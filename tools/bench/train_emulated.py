@@ -33,7 +33,7 @@ from pathlib import Path
 from tools.bench.table import format_table, machine_description, write_json
 from tools.bench.time_to_accuracy import build_rows, parse_emulate, plot_top1_vs_time
 
-__all__ = ["DEFAULTS", "configure", "main"]
+__all__ = ["DEFAULTS", "configure", "main", "parse_comms"]
 
 # NOTE [emulate defaults]
 DEFAULTS = {"mbit": 10.0, "recipe": "demo", "size": 32, "cache_size": 32, "batch_size": 32, "epochs": 8,
@@ -45,19 +45,15 @@ COLUMNS = ["comm", "locality", "final_top1", "target_top1", "seconds_to_target",
 
 def configure(group: argparse._ArgumentGroup) -> None:
     """Flags of the emulated mode (shared ones such as ``--data``, ``--json``, ``--size``,
-    ``--batch-size``, ``--cache-size``, ``--epochs``, ``--density`` come from ``bench train``)."""
+    ``--batch-size``, ``--cache-size``, ``--epochs``, ``--density``, ``--comm``, ``--recipe``, ``--set`` come
+    from ``bench train``)."""
     group.add_argument("--emulate", default=None, metavar="MxN@MBIT",
                        help=f"train on M emulated nodes x N processes with MBIT Mbit/s between nodes "
                             f"(@MBIT optional: {DEFAULTS['mbit']:g}); needs root and iproute2")
-    group.add_argument("--comm", default=DEFAULTS["comm"],
-                       help="comma-separated exchange algorithms: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, powersgd")
     group.add_argument("--locality", default="global",
                        help="comma-separated data localities, each run with every --comm: global (every rank "
                             "shuffles over all samples), node (a node's ranks draw the samples its Redis holds; "
                             "run named COMM-node) (default: global)")
-    group.add_argument("--recipe", default=DEFAULTS["recipe"], help="training recipe (name or .yaml)")
-    group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                       help="extra recipe override passed to every cachepipe train (repeatable)")
     group.add_argument("--powersgd-rank", type=int, default=2, help="matrix approximation rank of powersgd")
     group.add_argument("--target-top1", type=float, default=None,
                        help="target validation top-1 in %% (default: the dense run's final top-1 minus 1)")
@@ -72,7 +68,7 @@ def configure(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--job-timeout", type=float, default=1800.0, help="seconds before one algorithm's job is stopped")
 
 
-def _comms(text: str) -> list[str]:
+def parse_comms(text: str) -> list[str]:
     from trainer.config import COMM_NAMES
 
     comms = [c.strip() for c in text.split(",") if c.strip()]
@@ -95,7 +91,7 @@ def _runs(comms: list[str], text: str) -> dict[str, tuple[str, str]]:
 
 def _train_argv(args, comm: str, locality: str, data: Path, run_dir: Path, cache_dir: Path,
                 urls: list[str]) -> list[str]:
-    argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", args.recipe,
+    argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", _recipe(args),
             "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
             "--comm", comm, "--locality", locality, "--epochs", str(args.epochs or DEFAULTS["epochs"]),
             "--size", str(args.size or DEFAULTS["size"]),
@@ -109,6 +105,10 @@ def _train_argv(args, comm: str, locality: str, data: Path, run_dir: Path, cache
     for item in args.set:
         argv += ["--set", item]
     return argv
+
+
+def _recipe(args) -> str:
+    return args.recipe or DEFAULTS["recipe"]
 
 
 def _cache_size(args) -> int:
@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
     """Train (unless ``--reuse``), then print the table, write ``--json`` and the plot."""
     try:
         emu = parse_emulate(args.emulate, DEFAULTS["mbit"])
-        runs = _runs(_comms(args.comm), args.locality)
+        runs = _runs(parse_comms(args.comm or DEFAULTS["comm"]), args.locality)
         for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
@@ -217,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"cachepipe bench train: error: {exc}", file=sys.stderr)
         return 2
     target = rows[0]["target_top1"]
-    title = (f"{emu.nodes}x{emu.local_size} @ {emu.mbit:g} Mbit/s, {args.recipe} recipe, "
+    title = (f"{emu.nodes}x{emu.local_size} @ {emu.mbit:g} Mbit/s, {_recipe(args)} recipe, "
              f"{args.size or DEFAULTS['size']} px")
     plot = plot_top1_vs_time({name: r["metrics"] for name, r in done.items()}, target, args.plot or out / "top1_vs_time.png",
                              title)
