@@ -8,7 +8,7 @@ import pytest
 
 from tools.bench.train_convergence import build_runs, parse_variant
 from tools.cli import main as cli
-from trainer.convergence import add_dense_reference
+from tools.bench.convergence import add_dense_reference
 from trainer.recipes import load_recipe
 
 
@@ -86,7 +86,7 @@ def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys
 def test_cli_tiny_real_run_with_a_variant(tmp_path, capsys):
     """One short epoch on 4 real gloo processes per run: hitopk, and hitopk with a variant's
     overrides; rows and per-epoch curves in the JSON, one run directory each."""
-    from cachepipe.demo_data import make_dataset
+    from tools.demo_dataset import make_dataset
 
     data = make_dataset(tmp_path / "data", classes=2, per_class=8, val_per_class=2, size=20, seed=0)
     out, rows_json = tmp_path / "conv", tmp_path / "rows.json"

@@ -1,7 +1,7 @@
 """``cachepipe bench train --convergence DIR``: accuracy per epoch of exchange algorithms.
 
 Trains ``--recipe`` (default ``demo``) once per ``--comm`` algorithm at ``--density``,
-same seed and data, on 4 processes as 2 nodes x 2 (``trainer.convergence``), then once per
+same seed and data, on 4 processes as 2 nodes x 2 (``tools.bench.convergence``), then once per
 ``--variant`` and sparse algorithm: ``--variant NAME:SET[,SET...]`` adds a row
 ``<comm>-<NAME>`` with extra recipe overrides (``section.field=value``, as ``--set``), for
 ablations such as ``--variant nomc:comm.momentum_correction=false``. Dense runs once, as
@@ -59,7 +59,7 @@ def build_runs(base, comms: list[str], *, density: float, epochs: int | None, se
         ValueError: naming ``--set`` or ``--variant`` for an override the recipe rejects.
     """
     from trainer.config import SPARSE_COMMS
-    from trainer.convergence import ConvergenceRun
+    from tools.bench.convergence import ConvergenceRun
     from trainer.recipes import override
 
     try:
@@ -94,7 +94,7 @@ def _data(args, out: Path, base) -> Path:
         return data
     data = out / "data"
     if not (data / "val").is_dir():
-        from cachepipe.demo_data import make_dataset
+        from tools.demo_dataset import make_dataset
 
         make_dataset(data, classes=10, per_class=120, val_per_class=30, size=base.train.cache_size, seed=0)
     return data
@@ -103,7 +103,7 @@ def _data(args, out: Path, base) -> Path:
 def main(args: argparse.Namespace) -> int:
     from tools.bench.train_emulated import parse_comms
     from tools.cli import UsageError
-    from trainer.convergence import compare_convergence
+    from tools.bench.convergence import compare_convergence
     from trainer.recipes import load_recipe
 
     out = Path(args.convergence)
