@@ -6,7 +6,8 @@ old file or the new one, never half of one. So every file is written under a tem
 name in the same folder and moved over the old one with ``os.replace``. The temporary file
 is made with ``open(..., 0o666)``, not ``mkstemp``: mkstemp makes it 0600, and these files
 get the umask's mode like any other the user writes (the cache's own files are private
-instead: NOTE [private cache files] in ``cachepipe/private_files.py``).
+instead: NOTE [private cache files] in ``cachepipe/private_files.py``). ``comm`` imports
+torch only, so ``comm.omgs.save_profile`` writes its one JSON file the same way itself.
 """
 from __future__ import annotations
 

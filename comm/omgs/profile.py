@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -247,9 +247,10 @@ def robust_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]
 
 def save_profile(path: str | os.PathLike, profile: BackwardProfile, cost: CostModel) -> None:
     """Write the profile and costs as JSON, atomically."""
+    # NOTE [atomic files] in trainer/atomic_file.py, written here because comm imports torch only.
     path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as f:
         json.dump({"profile": asdict(profile), "cost": asdict(cost)}, f)
     os.replace(tmp, path)
 

@@ -1,6 +1,7 @@
 """OMGS plans on the engine (``plan="omgs"``, topk_ag) in real gloo process groups."""
 from __future__ import annotations
 
+import os
 import statistics
 
 import pytest
@@ -8,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from comm import GradientExchanger, Topology
-from comm.omgs import (CostModel, fit_alpha_beta, fit_gamma, groups_from_plan, load_profile, measure_backward_times,
-                       plan_omgs, save_profile)
+from comm.omgs import (BackwardProfile, CostModel, fit_alpha_beta, fit_gamma, groups_from_plan, load_profile,
+                       measure_backward_times, plan_omgs, save_profile)
 from tests.distributed import run_distributed
 
 
@@ -169,3 +170,16 @@ def test_robust_line_follows_the_pairs_that_span_the_range():
     assert beta == pytest.approx((28.0e-3 - 4.2e-3) / (xs[-1] - 2000), rel=0.1)
     assert 2.5e-3 < alpha < 5.5e-3
     assert robust_line([1, 2, 3], [3.0, 2.0, 1.0]) == (2.0, 0.0)  # never a negative slope
+
+
+def test_saved_profile_has_the_usual_permissions_and_no_temporary_left(tmp_path):
+    """The profile is replaced atomically and gets the umask's mode, as other written files do."""
+    old = os.umask(0o022)
+    try:
+        save_profile(tmp_path / "prof.json", BackwardProfile(names=["w"], tb=[0.001], d=[3], order=[0]),
+                     CostModel(1e-3, 1e-9, 1e-9, 0.01))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "prof.json").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["prof.json"]
+    assert load_profile(tmp_path / "prof.json")[0].d == [3]
