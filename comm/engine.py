@@ -233,10 +233,9 @@ class GradientExchanger:
 
     def _local_update(self, params: list[int], flat: torch.Tensor) -> None:
         """Clip, add weight decay and the carried residual to ``flat`` in place (NOTE [local update])."""
-        if self.local_clip:
-            norm = float((flat if flat.dtype in (torch.float32, torch.float64) else flat.float()).norm())
-            if norm > self.local_clip:  # the coefficient of torch.nn.utils.clip_grad_norm_
-                flat.mul_(self.local_clip / (norm + 1e-6))
+        if self.local_clip:  # clip_grad_norm_'s coefficient, on the device: no host sync in backward's hooks
+            norm = (flat if flat.dtype in (torch.float32, torch.float64) else flat.float()).norm()
+            flat.mul_(torch.clamp(self.local_clip / (norm + 1e-6), max=1.0).to(flat.dtype))
         offset = 0
         for i in params:
             n = self.params[i].numel()
