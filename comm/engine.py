@@ -104,11 +104,14 @@ class GradientExchanger:
         algorithm: name in ``comm.ALGORITHMS`` for the buckets (a plan may pick others,
             as ``size``'s hybrid choice does).
         topology: a :class:`comm.Topology`.
-        density, selector, error_feedback, value_dtype: as in :func:`comm.build_exchanger`.
+        density, selector, error_feedback, value_dtype, index_union: as in
+            :func:`comm.build_exchanger`.
         plan: a planner name from ``comm.plans.PLANNERS`` (``size``, ``layer``, ``omgs``) or
             a list of :class:`comm.plans.Bucket` (default ``size``).
         bucket_bytes, hybrid_threshold_bytes: options of the ``size`` plan: fusion threshold
             theta (default 25 MiB) and the hybrid choice eta (default 1 MiB; 0 disables).
+        dense_vectors: option of the ``size`` plan: parameters of at most one dimension
+            go densely (NOTE [dense vectors] in comm/plans/size.py).
         merged: option of the ``omgs`` plan (:func:`comm.omgs.find_merged_layers`).
         skip_nonfinite: see NOTE [overflow steps] (default True).
         overlap: start each bucket's exchange from a post-accumulate-grad hook as soon as
@@ -148,7 +151,8 @@ class GradientExchanger:
                  plan: str | list[Bucket] = "size", bucket_bytes: int = 25 * 2**20,
                  hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
                  overlap: bool = True, momentum: float = 0.0, masking: bool = True,
-                 weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0):
+                 weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0,
+                 index_union: bool = False, dense_vectors: bool = False):
         get_algorithm(algorithm)
         self.params = [p for p in params if p.requires_grad]
         if clip_norm < 0 or any(wd < 0 for wd in (weight_decay or {}).values()):
@@ -161,7 +165,8 @@ class GradientExchanger:
         self.skip_nonfinite, self.overlap = skip_nonfinite, overlap
         self.skipped_steps = 0
         if isinstance(plan, str):
-            options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes},
+            options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes,
+                                "dense_vectors": dense_vectors},
                        "omgs": {"merged": merged}}.get(plan, {})
             plan = make_plan(plan, self.params, algorithm, **options)
         self.buckets = list(plan)
@@ -177,7 +182,7 @@ class GradientExchanger:
         for b in self.buckets:
             ex = build_exchanger(b.algorithm, topology, density=density, selector=selector,
                                  error_feedback=error_feedback, value_dtype=value_dtype, momentum=momentum,
-                                 masking=masking)
+                                 masking=masking, index_union=index_union)
             if ex.sparse:
                 ex.select = self._select.wrap(ex.select)
             self.exchangers.append(ex)
@@ -257,6 +262,12 @@ class GradientExchanger:
         for ex in self.exchangers:
             if ex.sparse:
                 ex.density = float(density)
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate the optimiser applies this step's output with: the residuals
+        are kept in update units (NOTE [residual in update units] in comm/residual.py)."""
+        for ex in self.exchangers:
+            ex.memory.rescale(lr)
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.params[i]

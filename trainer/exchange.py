@@ -104,6 +104,11 @@ class PhaseExchange:
         if self.inner is not None:
             self.inner.set_density(density)
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the coming step (NOTE [residual in update units])."""
+        if self.inner is not None:
+            self.inner.set_lr(lr)
+
     def take_inter_node_bytes(self) -> int:
         """Bytes this rank sent to other nodes since the last call (NOTE [inter-node bytes])."""
         return self.inner.take_inter_node_bytes() if self.inner is not None else 0
@@ -138,7 +143,8 @@ def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pi
 def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
                    pipelined: bool = True, hybrid_bytes: int = 2**20, probe=None,
                    layout: dict | None = None, momentum: float = 0.0, masking: bool = True,
-                   weight_decay: dict | None = None, clip_norm: float = 0.0) -> PhaseExchange:
+                   weight_decay: dict | None = None, clip_norm: float = 0.0,
+                   index_union: bool = False, dense_vectors: bool = False) -> PhaseExchange:
     """The exchanger for phase algorithm ``name`` (see the module docstring).
 
     Args:
@@ -153,6 +159,10 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
             off), momentum-factor masking, the weight decay per parameter it then adds and
             local gradient clipping (``comm.GradientExchanger``; NOTE [local update] in
             comm/engine.py).
+        index_union: ``hitopk``'s joint selection (NOTE [index union] in
+            comm/collectives/hitopk.py).
+        dense_vectors: parameters of at most one dimension go densely (NOTE [dense
+            vectors] in comm/plans/size.py; not ``omgs``, whose planner places every layer).
 
     Raises:
         ValueError: for an unknown name (lists the valid ones) or a bad density/selector.
@@ -163,7 +173,8 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
         if name not in COMM_NAMES:
             raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
         return PhaseExchange(None)
-    local = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm}
+    local = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm,
+             "index_union": index_union}
     if name == "omgs":
         return _build_omgs(model, topology, density=density, selector=selector, pipelined=pipelined, probe=probe,
                            layout=layout, **local)
@@ -174,7 +185,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
     return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
                                            density=density, selector=selector, error_feedback=True,
                                            skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes,
-                                           overlap=pipelined, **local))
+                                           overlap=pipelined, dense_vectors=dense_vectors, **local))
 
 
 class DDPExchange:
@@ -228,6 +239,11 @@ class DDPExchange:
                 ex.density = density
         if hasattr(self.hook_state, "exchangers"):
             self.hook_state.density = density
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the coming step (NOTE [residual in update units])."""
+        for ex in self._hook_exchangers():
+            ex.memory.rescale(lr)
 
     def close(self) -> None:
         self.module = self.hook_state = None  # drops the reducer and its autograd hooks

@@ -238,3 +238,97 @@ def test_inter_node_bytes_count_what_crosses_between_the_two_nodes(sparse_runs):
     steps = 3
     assert total == {"dense": 2 * 480, "topk_ag": steps * 2 * 3 * 4 * 12, "hitopk": steps * 4 * 2 * 12,
                      "gtopk": steps * 2 * 4 * 12}
+
+
+LRS = (0.5, 0.25, 1.0, 0.125)  # powers of two: the rescaling is exact in fp64
+
+
+def _lr_worker(rank, world, d, density):
+    """Every sparse algorithm with momentum correction and a learning rate that changes
+    each step (NOTE [residual in update units])."""
+    from comm import Topology, build_exchanger
+
+    topo = Topology(nodes=NODES, local_size=LOCAL)
+    out = {}
+    for alg in SPARSE:
+        ex = build_exchanger(alg, topo, density=density, selector="exact", momentum=M)
+        fed, applied = torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
+        for step, lr in enumerate(LRS):
+            ex.memory.rescale(lr)
+            u_old = ex.memory.momentum
+            g = make_input(rank, step, d)
+            fed += lr * (g + (_placed(u_old * M, alg, topo, d) if u_old is not None else 0))
+            applied += lr * ex.exchange(g)
+        out[alg] = {"fed": fed, "applied": applied, "v": LRS[-1] * _placed(ex.memory.residual, alg, topo, d)}
+    return portable(out)
+
+
+@pytest.mark.parametrize("alg", SPARSE)
+def test_conservation_in_update_units_under_a_changing_learning_rate(alg):
+    """With the residual rescaled to each step's learning rate: sum over ranks and steps of
+    lr * (momentum-corrected update fed) == sum of lr * P * output + lr_last * residuals."""
+    runs = [restore(r)[alg] for r in run_distributed(_lr_worker, NODES * LOCAL, 40, 0.1)]
+    world = len(runs)
+    assert all(torch.equal(runs[0]["applied"], r["applied"]) for r in runs)
+    assert_close(sum(r["fed"] for r in runs), world * runs[0]["applied"] + sum(r["v"] for r in runs),
+                 rtol=0, atol=1e-12)
+
+
+def test_rescale_expresses_the_residual_at_the_new_rate_and_resumes():
+    from comm.residual import ResidualMemory
+
+    mem = ResidualMemory()
+    mem.rescale(0.0)  # warm-up's first step: nothing to express, nothing recorded
+    mem.rescale(0.4)
+    mem.update(torch.tensor([1.0, -2.0]))
+    mem.rescale(0.0)
+    assert torch.equal(mem.residual, torch.tensor([1.0, -2.0])) and mem.lr == 0.4
+    mem.rescale(0.1)
+    assert_close(mem.residual, torch.tensor([4.0, -8.0]))
+    again = ResidualMemory()
+    again.load_state_dict(mem.state_dict())
+    again.rescale(0.2)
+    assert_close(again.residual, torch.tensor([2.0, -4.0]))
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="learning rate must be finite and >= 0"):
+            mem.rescale(bad)
+
+
+def _union_worker(rank, world, d, density):
+    """hitopk with the joint selection (NOTE [index union]): one step from a fresh state,
+    then three with momentum correction, for conservation."""
+    from comm import Topology, build_exchanger
+
+    topo = Topology(nodes=NODES, local_size=LOCAL)
+    fresh = build_exchanger("hitopk", topo, density=density, selector="exact", index_union=True)
+    first = fresh.exchange(make_input(rank, 0, d))
+    ex = build_exchanger("hitopk", topo, density=density, selector="exact", momentum=M, index_union=True)
+    fed, applied = torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64)
+    for step in range(3):
+        u_old = ex.memory.momentum
+        g = make_input(rank, step, d)
+        fed += g + (_placed(u_old * M, "hitopk", topo, d) if u_old is not None else 0)
+        applied += ex.exchange(g)
+    return portable({"g": make_input(rank, 0, d), "first": first, "fed": fed, "applied": applied,
+                     "v": _placed(ex.memory.residual, "hitopk", topo, d), "bytes": fresh.inter_node_bytes})
+
+
+def test_index_union_applies_the_whole_sum_at_every_chosen_index_and_conserves():
+    """Every entry a node chose arrives as the dense average of all workers' values there
+    (nothing of it waits in another node's residual); conservation holds with momentum
+    correction; the union is larger than one node's choice but at most both nodes'."""
+    d, density = 41, 0.1
+    runs = [restore(r) for r in run_distributed(_union_worker, NODES * LOCAL, d, density)]
+    dense = sum(r["g"] for r in runs) / len(runs)
+    first = runs[0]["first"]
+    assert all(torch.equal(first, r["first"]) for r in runs) and all(torch.equal(runs[0]["applied"], r["applied"])
+                                                                    for r in runs)
+    chosen = first != 0
+    assert_close(first[chosen], dense[chosen], rtol=0, atol=1e-15)
+    k = 3  # per node and chunk: ceil(0.1 * 21)
+    assert LOCAL * k < int(chosen.sum()) <= NODES * LOCAL * k
+    assert_close(sum(r["fed"] for r in runs), len(runs) * runs[0]["applied"] + sum(r["v"] for r in runs),
+                 rtol=0, atol=1e-12)
+    # NOTE [inter-node bytes]: every rank sends its k int32 indices and, in the 2-member
+    # all-reduce of its chunk's union, the union's fp64 values; both nodes do so per chunk
+    assert sum(r["bytes"] for r in runs) == len(runs) * k * 4 + NODES * 8 * int(chosen.sum())
