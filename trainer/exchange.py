@@ -158,7 +158,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
         momentum, masking, weight_decay, clip_norm: DGC's momentum correction (factor; 0 is
             off), momentum-factor masking, the weight decay per parameter it then adds and
             local gradient clipping (``comm.GradientExchanger``; NOTE [local update] in
-            comm/engine.py).
+            comm/local_update.py).
         index_union: ``hitopk``'s joint selection (NOTE [index union] in
             comm/collectives/hitopk.py).
         dense_vectors: parameters of at most one dimension go densely (NOTE [dense

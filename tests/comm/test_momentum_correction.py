@@ -1,6 +1,6 @@
 """DGC momentum correction, momentum-factor masking and local clipping in the engine, in
 real gloo groups (NOTE [momentum correction] in comm/residual.py, NOTE [local update] in
-comm/engine.py): density 1 equals dense momentum SGD bit for bit, masking clears exactly
+comm/local_update.py): density 1 equals dense momentum SGD bit for bit, masking clears exactly
 the sent entries, conservation holds in update units, clipping happens before accumulation."""
 from __future__ import annotations
 
