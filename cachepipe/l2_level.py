@@ -30,14 +30,15 @@ class L2Level:
         embedded_server: when L2 is the cache's embedded server,
             :meth:`TwoLevelCache.embedded_server`, to restart it (empty) when it died and its
             backoff window is over; ``None`` for servers the cache does not own.
+        l2_memory: the embedded server's memory limit when it is restarted.
     """
 
     def __init__(self, store: SampleStore, cache_size: int, counters: Counter,
-                 embedded_server: Callable[..., EmbeddedRedis] | None = None) -> None:
+                 embedded_server: Callable[[], EmbeddedRedis] | None = None, l2_memory=None) -> None:
         self.store = store
         self.cache_size = cache_size
         self.counters = counters
-        self.embedded_server = embedded_server
+        self.embedded_server, self.l2_memory = embedded_server, l2_memory
         self._warned: set = set()
         self._write_back: bool | None = None  # NOTE [fixed L2 subset]: asked once per process
 
@@ -86,7 +87,7 @@ class L2Level:
             if self.embedded_server().identity() is not None:
                 return  # ours and alive, only busy: never restarted under a reader (NOTE [server identity])
             try:
-                if self.embedded_server(start=True):
+                if self.embedded_server().start(self.l2_memory):  # False: another process revived it
                     self.counters["l2_restarts"] += 1
             except (RuntimeError, OSError):
                 pass  # still down: the read below fails fast and backs off again

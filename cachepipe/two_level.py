@@ -162,7 +162,7 @@ class TwoLevelCache:
             self._store = open_store(urls, self.namespace, self.counters,
                                      replicas=cfg.replicas, timeout=cfg.timeout)
             self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
-                               self.embedded_server if cfg.redis is None else None)
+                               self.embedded_server if cfg.redis is None else None, cfg.l2_memory)
         self._pid = os.getpid()
 
     # -- properties --------------------------------------------------------------------
