@@ -63,8 +63,7 @@ class GradientExchanger:
         algorithm: name in ``comm.ALGORITHMS`` for the buckets (a plan may pick others,
             as ``size``'s hybrid choice does).
         topology: a :class:`comm.Topology`.
-        density, selector, error_feedback, value_dtype, index_union: as in
-            :func:`comm.build_exchanger`.
+        density, selector, error_feedback, value_dtype: as in :func:`comm.build_exchanger`.
         plan: a planner name from ``comm.plans.PLANNERS`` (``size``, ``layer``, ``omgs``) or
             a list of :class:`comm.plans.Bucket` (default ``size``).
         bucket_bytes, hybrid_threshold_bytes: options of the ``size`` plan: fusion threshold
@@ -111,7 +110,7 @@ class GradientExchanger:
                  hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
                  overlap: bool = True, momentum: float = 0.0, masking: bool = True,
                  weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0,
-                 index_union: bool = False, dense_vectors: bool = False):
+                 dense_vectors: bool = False):
         get_algorithm(algorithm)
         self.params = [p for p in params if p.requires_grad]
         self._local = LocalUpdate(self.params, topology.world_size, weight_decay, clip_norm)
@@ -137,7 +136,7 @@ class GradientExchanger:
         for b in self.buckets:
             ex = build_exchanger(b.algorithm, topology, density=density, selector=selector,
                                  error_feedback=error_feedback, value_dtype=value_dtype, momentum=momentum,
-                                 masking=masking, index_union=index_union)
+                                 masking=masking)
             if ex.sparse:
                 ex.select = self._select.wrap(ex.select)
             self.exchangers.append(ex)
@@ -201,12 +200,6 @@ class GradientExchanger:
         for ex in self.exchangers:
             if ex.sparse:
                 ex.density = float(density)
-
-    def set_lr(self, lr: float) -> None:
-        """The learning rate the optimiser applies this step's output with: the residuals
-        are kept in update units (NOTE [residual in update units] in comm/residual.py)."""
-        for ex in self.exchangers:
-            ex.memory.rescale(lr)
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.params[i]

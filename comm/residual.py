@@ -39,24 +39,6 @@ P * output + sum(new v)``. What a corrected exchange still owes at a phase switc
 ``m * u + (1 - m) * v`` in gradient units (:meth:`ResidualMemory.owed`): added to the next
 gradient of an exchange with plain optimiser momentum, ``m * u`` continues the momentum
 exactly and ``(1 - m) * v``, spread by that momentum, applies ``v`` once in total.
-
-NOTE [residual in update units]: the optimiser applies ``lr_t * output`` and the learning
-rate changes every step (warm-up, cosine), so a residual kept in gradient units is
-applied at the learning rate of the step that finally sends it, not of the steps that
-produced it: gradients held back under a large learning rate and sent late in the decay
-arrive shrunk (the slow coordinates are under-trained at the end of a run), and those
-held back during warm-up arrive amplified. Error feedback as analysed by Stich et al.
-(2018, "Sparsified SGD with memory", ``m_{t+1} = m_t + eta_t g_t - comp(m_t + eta_t g_t)``)
-and Karimireddy et al. (2019, EF-SGD) keeps the memory in *update* units. The exchange
-keeps its gradient-unit interface (the optimiser still multiplies by ``lr_t``), so
-:meth:`ResidualMemory.rescale` expresses the stored residual at the new rate,
-``v *= lr_{t-1} / lr_t``, before each step: what is applied plus what remains then equals
-the sum of ``lr_t * (g_t or u_t)`` fed in, whatever the schedule. The DGC momentum ``u``
-is not rescaled (it is torch's SGD buffer, in gradient units, whose ``lr_t * u`` is what
-a step adds to ``v``). A learning rate of 0 (warm-up's first step) leaves the residual
-as it is, expressed at the last positive rate. With LARS the trust ratio scales each
-layer's rate on top of the schedule; the rescaling follows the schedule's rate only (the
-trust ratio moves slowly from step to step).
 """
 from __future__ import annotations
 
@@ -92,7 +74,6 @@ class ResidualMemory:
         self.factor, self.masking = float(momentum), bool(masking)
         self.residual: torch.Tensor | None = None
         self.momentum: torch.Tensor | None = None
-        self.lr = 0.0  # the learning rate the residual is expressed at (0: not tracked)
 
     def correct(self, x: torch.Tensor) -> torch.Tensor:
         """``u = m * u + x`` in accumulation precision; returns ``u`` itself (do not
@@ -139,23 +120,6 @@ class ResidualMemory:
         if self.factor and self.masking and self.momentum is not None:
             self.momentum[indices] = 0
 
-    def rescale(self, lr: float) -> None:
-        """Express the residual at learning rate ``lr`` for the coming step (NOTE [residual
-        in update units]): ``residual *= previous lr / lr``; the first call and ``lr == 0``
-        only record the rate.
-
-        Raises:
-            ValueError: for a negative or non-finite ``lr``.
-        """
-        lr = float(lr)
-        if not (lr >= 0.0 and lr != float("inf")):
-            raise ValueError(f"learning rate must be finite and >= 0; got {lr}")
-        if lr == 0.0:
-            return
-        if self.lr and self.residual is not None and lr != self.lr:
-            self.residual.mul_(self.lr / lr)
-        self.lr = lr
-
     def update(self, residual: torch.Tensor) -> None:
         """Store ``residual`` (taken, not copied) as what is left for the next step."""
         self.residual = residual if self.enabled else None
@@ -185,10 +149,9 @@ class ResidualMemory:
             return None if t is None else t.detach().to("cpu", copy=True)
 
         return {"enabled": self.enabled, "residual": cpu(self.residual), "factor": self.factor,
-                "momentum": cpu(self.momentum), "lr": self.lr}
+                "momentum": cpu(self.momentum)}
 
     def load_state_dict(self, state: dict) -> None:
         residual, momentum = state.get("residual"), state.get("momentum")
         self.residual = None if residual is None or not self.enabled else residual.clone()
         self.momentum = None if momentum is None or not self.factor else momentum.clone()
-        self.lr = float(state.get("lr", 0.0))

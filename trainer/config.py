@@ -122,9 +122,7 @@ class PhaseConfig:
     warm-up: ``density_warmup_epochs`` W decays the density exponentially from 25 % at
     the phase's start to ``density`` after W epochs (per step, fractional W allowed), or
     ``density_schedule`` lists the density of each epoch of the phase explicitly (then
-    ``density``); see ``trainer.schedules.density_at``. ``lr_scaled_residual`` keeps the
-    residual in update units, rescaled as the learning rate changes (NOTE [residual in
-    update units] in comm/residual.py).
+    ``density``); see ``trainer.schedules.density_at``.
     """
 
     epochs: int = 1
@@ -140,8 +138,6 @@ class PhaseConfig:
     momentum_correction: bool = True
     momentum_masking: bool = True
     local_clipping: bool = True
-    lr_scaled_residual: bool = False
-    index_union: bool = False
     dense_vectors: bool = False
     density_warmup_epochs: float = 0.0
     density_schedule: tuple[float, ...] = ()

@@ -104,11 +104,6 @@ class PhaseExchange:
         if self.inner is not None:
             self.inner.set_density(density)
 
-    def set_lr(self, lr: float) -> None:
-        """The learning rate of the coming step (NOTE [residual in update units])."""
-        if self.inner is not None:
-            self.inner.set_lr(lr)
-
     def take_inter_node_bytes(self) -> int:
         """Bytes this rank sent to other nodes since the last call (NOTE [inter-node bytes])."""
         return self.inner.take_inter_node_bytes() if self.inner is not None else 0
@@ -144,7 +139,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
                    pipelined: bool = True, hybrid_bytes: int = 2**20, probe=None,
                    layout: dict | None = None, momentum: float = 0.0, masking: bool = True,
                    weight_decay: dict | None = None, clip_norm: float = 0.0,
-                   index_union: bool = False, dense_vectors: bool = False) -> PhaseExchange:
+                   dense_vectors: bool = False) -> PhaseExchange:
     """The exchanger for phase algorithm ``name`` (see the module docstring).
 
     Args:
@@ -159,8 +154,6 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
             off), momentum-factor masking, the weight decay per parameter it then adds and
             local gradient clipping (``comm.GradientExchanger``; NOTE [local update] in
             comm/local_update.py).
-        index_union: ``hitopk``'s joint selection (NOTE [index union] in
-            comm/collectives/hitopk.py).
         dense_vectors: parameters of at most one dimension go densely (NOTE [dense
             vectors] in comm/plans/size.py; not ``omgs``, whose planner places every layer).
 
@@ -173,8 +166,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
         if name not in COMM_NAMES:
             raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
         return PhaseExchange(None)
-    local = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm,
-             "index_union": index_union}
+    local = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm}
     if name == "omgs":
         return _build_omgs(model, topology, density=density, selector=selector, pipelined=pipelined, probe=probe,
                            layout=layout, **local)
@@ -239,11 +231,6 @@ class DDPExchange:
                 ex.density = density
         if hasattr(self.hook_state, "exchangers"):
             self.hook_state.density = density
-
-    def set_lr(self, lr: float) -> None:
-        """The learning rate of the coming step (NOTE [residual in update units])."""
-        for ex in self._hook_exchangers():
-            ex.memory.rescale(lr)
 
     def close(self) -> None:
         self.module = self.hook_state = None  # drops the reducer and its autograd hooks

@@ -132,7 +132,7 @@ class _Run:
                                                 momentum=momentum, masking=phase.momentum_masking,
                                                 weight_decay=decay_of(self.optimizer) if momentum else None,
                                                 clip_norm=self.recipe.local_clip_of(phase, self._sparse(phase)),
-                                                index_union=phase.index_union, dense_vectors=phase.dense_vectors)
+                                                dense_vectors=phase.dense_vectors)
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
@@ -171,8 +171,6 @@ class _Run:
             density = density_at(into_phase, density=phase.density, warmup_epochs=phase.density_warmup_epochs,
                                  schedule=phase.density_schedule)
             self.exchanger.set_density(density)
-            if phase.lr_scaled_residual:  # NOTE [residual in update units] in comm/residual.py
-                self.exchanger.set_lr(self.optimizer.param_groups[0]["lr"])
         self.accum["density_sum"] = self.accum.get("density_sum", 0.0) + density
         with times.part("compute"):
             images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)

@@ -32,7 +32,7 @@ def get_algorithm(name: str) -> type[Exchanger]:
 
 def build_exchanger(name: str, topology, *, density: float | None = None, selector: str = "mstopk",
                     error_feedback: bool = True, value_dtype=None, momentum: float = 0.0,
-                    masking: bool = True, index_union: bool = False) -> Exchanger:
+                    masking: bool = True) -> Exchanger:
     """Build the exchanger ``name`` over ``topology``.
 
     Args:
@@ -44,8 +44,6 @@ def build_exchanger(name: str, topology, *, density: float | None = None, select
         value_dtype: wire dtype of values (``"fp16"``, ``"bf16"``, a torch dtype or None).
         momentum, masking: DGC momentum correction factor (0: off) and momentum-factor
             masking (NOTE [momentum correction] in comm/residual.py).
-        index_union: ``hitopk``'s joint selection (NOTE [index union] in
-            comm/collectives/hitopk.py); ignored by the other algorithms.
 
     Returns:
         An object with ``exchange(flat) -> averaged flat``, ``state_dict()`` and
@@ -60,4 +58,4 @@ def build_exchanger(name: str, topology, *, density: float | None = None, select
     """
     cls = get_algorithm(name)
     return cls(topology, density=density, selector=selector, error_feedback=error_feedback, value_dtype=value_dtype,
-               momentum=momentum, masking=masking, index_union=index_union)
+               momentum=momentum, masking=masking)

@@ -51,9 +51,6 @@ class Exchanger:
         masking: momentum-factor masking with momentum correction (default True).
         value_dtype: dtype of values on the wire (``torch.float16``/``bfloat16``/``float32``
             or ``"fp16"``/``"bf16"``); ``None`` sends the input's dtype.
-        index_union: ``hitopk`` only (ignored by the others): the nodes agree on the union
-            of their selected indices and every node sends its value at all of them
-            (NOTE [index union] in comm/collectives/hitopk.py).
 
     Raises:
         ValueError: for a density outside (0, 1], an unknown selector or wire dtype, a
@@ -64,10 +61,8 @@ class Exchanger:
     sparse: ClassVar[bool] = False
 
     def __init__(self, topology: Topology, *, density: float | None = None, selector: str = "mstopk",
-                 error_feedback: bool = True, value_dtype=None, momentum: float = 0.0, masking: bool = True,
-                 index_union: bool = False):
+                 error_feedback: bool = True, value_dtype=None, momentum: float = 0.0, masking: bool = True):
         self.topology = topology
-        self.index_union = bool(index_union)
         if isinstance(value_dtype, str) or value_dtype is None:
             if value_dtype not in WIRE_DTYPES:
                 raise ValueError(f"unknown value_dtype {value_dtype!r}; valid: {sorted(k for k in WIRE_DTYPES if k)}")
