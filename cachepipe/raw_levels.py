@@ -1,7 +1,7 @@
 """L1 in front of the source: raw file bytes by sample index, read-through.
 
-The lower half of the two-level cache: the decoded L2 sits above it in
-:class:`~cachepipe.TwoLevelCache`, and the warm-up uses it directly.
+The lower half of the two-level cache: the decoded L2 (:class:`~cachepipe.l2_level.L2Level`)
+sits above it in :class:`~cachepipe.TwoLevelCache`, and the warm-up uses it directly.
 """
 from __future__ import annotations
 

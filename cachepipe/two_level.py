@@ -19,14 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from cachepipe.config import CacheConfig
-from cachepipe.decode import decode_and_resize, possible_shape
+from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
-from cachepipe.l2_codec import decode_sample, encode_sample
+from cachepipe.l2_codec import encode_sample
+from cachepipe.l2_level import L2Level
 from cachepipe.l2_registry import open_store
-from cachepipe.l2_store import SampleStore, namespace, warn_once
+from cachepipe.l2_store import SampleStore, namespace
 from cachepipe.manifest import Manifest
 from cachepipe.private_files import private_dir
 from cachepipe.raw_levels import RawLevels
@@ -132,8 +133,7 @@ class TwoLevelCache:
         self._l1: L1Mirror | None = None
         self._store: SampleStore | None = None
         self._raw: RawLevels | None = None
-        self._warned: set = set()
-        self._write_back: bool | None = None  # NOTE [fixed L2 subset]: asked once per process
+        self._l2: L2Level | None = None
         self.counters: Counter = Counter()
 
     def __getstate__(self) -> dict:
@@ -161,6 +161,8 @@ class TwoLevelCache:
             urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
             self._store = open_store(urls, self.namespace, self.counters,
                                      replicas=cfg.replicas, timeout=cfg.timeout)
+            self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
+                               self.embedded_server if cfg.redis is None else None, cfg.l2_memory)
         self._pid = os.getpid()
 
     # -- properties --------------------------------------------------------------------
@@ -244,25 +246,7 @@ class TwoLevelCache:
         c = self.counters
         c["requests"] += len(idx)
         uniq = list(dict.fromkeys(idx))
-        result: dict[int, np.ndarray] = {}
-        if self._store is not None and uniq:
-            self._revive_embedded()
-            for i, value in zip(uniq, self._store.get_many(uniq)):
-                if value is None:
-                    continue
-                try:
-                    arr = decode_sample(value, i, copy=copy)
-                    if not possible_shape(arr.shape, self.config.cache_size):  # NOTE [decoder tag]
-                        raise ValueError(f"shape {arr.shape} is impossible at cache size "
-                                         f"{self.config.cache_size}")
-                    result[i] = arr
-                    c["l2_bytes"] += len(value)
-                except ValueError as exc:
-                    c["l2_corrupt"] += 1
-                    warn_once(self._warned, "l2corrupt", f"corrupt L2 value for sample {i} "
-                              f"({exc}); treated as a miss and rewritten")
-            c["l2_hits"] += len(result)
-            c["l2_misses"] += len(uniq) - len(result)
+        result = self._l2.read(uniq, copy=copy) if self._l2 is not None and uniq else {}
         need = [i for i in uniq if i not in result]
         errors_seen: list[CorruptSampleError] = []
         if need:
@@ -280,10 +264,10 @@ class TwoLevelCache:
                     errors_seen.append(exc)
                     continue
                 result[i] = arr
-                if self._store is not None and i not in self._raw.changed:
+                if self._l2 is not None and i not in self._raw.changed:
                     encoded.append((i, encode_sample(i, arr)))
-            if encoded and self._writes_back():
-                c["l2_writes"] += self._store.put_many(encoded)
+            if encoded:
+                self._l2.write_back(encoded)
         if errors_seen and errors == "raise":
             raise errors_seen[0]
         out, seen = [], set()
@@ -292,26 +276,6 @@ class TwoLevelCache:
             out.append(arr.copy() if arr is not None and i in seen else arr)
             seen.add(i)
         return out
-
-    def _writes_back(self) -> bool:
-        """Whether misses are written to L2: not when warm-up left L2 a fixed subset of the
-        source (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``); the rest is read from L1."""
-        if self._write_back is None:
-            self._write_back = not self._store.partial()
-        return self._write_back
-
-    def _revive_embedded(self) -> None:
-        """Restart the embedded server when it died and its backoff window is over
-        (it starts empty and refills from L1 as samples are read)."""
-        health = getattr(self._store, "health", None)
-        if self.config.redis is None and health and health[0].failures and health[0].available():
-            if self.embedded_server().identity() is not None:
-                return  # ours and alive, only busy: never restarted under a reader (NOTE [server identity])
-            try:
-                if self.embedded_server(start=True):
-                    self.counters["l2_restarts"] += 1
-            except (RuntimeError, OSError):
-                pass  # still down: the read below fails fast and backs off again
 
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
         """Raw bytes via L1, else the source (see :class:`~cachepipe.raw_levels.RawLevels`)."""

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives.base import nonfinite_anywhere
-from comm.engine import InFlight
+from comm.in_flight import InFlight
 
 __all__ = ["SparseHookState", "sparse_hook", "register_sparse_hook"]
 

@@ -33,67 +33,26 @@ new phase. Per rank, ``sum(gradients) + sum(residual taken) ==`` what the next e
 receive, and over all ranks nothing is lost. With momentum correction what is handed back
 is ``m * u + (1 - m) * v`` (NOTE [momentum correction] in comm/residual.py).
 
-NOTE [local update]: the DGC options act on each worker's bucket before it is exchanged,
-in this order: local gradient clipping (``clip_norm``: the bucket's L2 norm is clipped to
-``clip_norm / sqrt(P)``, DGC section 3.3: summed over ``P`` workers with independent
-noise the norms add in quadrature, so each worker gets its ``P**-1/2`` share of the
-threshold; a one-bucket plan clips the worker's whole gradient, a plan of several
-buckets clips each bucket on its own, as DGC's reference code clips each tensor), then
-weight decay (``weight_decay``: ``wd * w`` added to the gradient, so that it goes through
-the momentum correction as DGC does), then a residual carried from the previous phase,
-then the exchanger's momentum correction and residual. Clipping comes before anything
-enters the momentum or the residual, so a spike is cut before it is accumulated.
+NOTE [local update] (comm/local_update.py): clipping, weight decay and a carried
+residual act on each worker's bucket before it is exchanged.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Iterable, Mapping
 
 import torch
-import torch.distributed as dist
 
-from comm import collective_ops as ops
 from comm.collectives import build_exchanger, get_algorithm
-from comm.collectives.base import Stages, nonfinite_anywhere
+from comm.collectives.base import nonfinite_anywhere
+from comm.in_flight import InFlight
+from comm.local_update import LocalUpdate
 from comm.plans import Bucket, make_plan
+from comm.plans.same_layout import check_same_layout
 from comm.select_timer import SelectTimer
 
-__all__ = ["GradientExchanger", "InFlight"]
-
-
-class InFlight:
-    """One exchange in progress: its stages run up to the first yield (NOTE [exchange stages]).
-
-    ``finish()`` waits on each yielded ``Work`` and resumes until the result is there.
-    """
-
-    __slots__ = ("_stages", "_work", "result", "waited_s")
-
-    def __init__(self, stages: Stages):
-        self._stages, self._work, self.result, self.waited_s = stages, None, None, 0.0
-        self._advance()
-
-    def _advance(self) -> None:
-        try:
-            self._work = self._stages.send(None)
-        except StopIteration as stop:
-            self._work, self.result, self._stages = None, stop.value, None
-
-    @property
-    def done(self) -> bool:
-        return self._stages is None
-
-    def finish(self) -> torch.Tensor:
-        """Run the remaining stages; the exchange's result."""
-        while not self.done:
-            if self._work is not None:
-                start = time.perf_counter()
-                self._work.wait()
-                self.waited_s += time.perf_counter() - start
-            self._advance()
-        return self.result
+__all__ = ["GradientExchanger"]
 
 
 class GradientExchanger:
@@ -109,6 +68,8 @@ class GradientExchanger:
             a list of :class:`comm.plans.Bucket` (default ``size``).
         bucket_bytes, hybrid_threshold_bytes: options of the ``size`` plan: fusion threshold
             theta (default 25 MiB) and the hybrid choice eta (default 1 MiB; 0 disables).
+        dense_vectors: option of the ``size`` plan: parameters of at most one dimension
+            go densely (NOTE [dense vectors] in comm/plans/size.py).
         merged: option of the ``omgs`` plan (:func:`comm.omgs.find_merged_layers`).
         skip_nonfinite: see NOTE [overflow steps] (default True).
         overlap: start each bucket's exchange from a post-accumulate-grad hook as soon as
@@ -118,7 +79,7 @@ class GradientExchanger:
             must then apply ``p.grad`` without momentum or weight decay) and momentum-factor
             masking (default True): NOTE [momentum correction] in comm/residual.py.
         weight_decay: parameter -> weight decay added to its gradient before the exchange
-            (NOTE [local update]); default none.
+            (NOTE [local update] in comm/local_update.py); default none.
         clip_norm: local gradient clipping threshold before ``P**-1/2`` scaling (NOTE
             [local update]); 0 (default) does not clip.
 
@@ -148,27 +109,25 @@ class GradientExchanger:
                  plan: str | list[Bucket] = "size", bucket_bytes: int = 25 * 2**20,
                  hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
                  overlap: bool = True, momentum: float = 0.0, masking: bool = True,
-                 weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0):
+                 weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0,
+                 dense_vectors: bool = False):
         get_algorithm(algorithm)
         self.params = [p for p in params if p.requires_grad]
-        if clip_norm < 0 or any(wd < 0 for wd in (weight_decay or {}).values()):
-            raise ValueError(f"clip_norm and weight decay must be >= 0; got {clip_norm=}")
+        self._local = LocalUpdate(self.params, topology.world_size, weight_decay, clip_norm)
         self.momentum = float(momentum)
-        decay = {id(p): float(wd) for p, wd in (weight_decay or {}).items()}
-        self._decay = [decay.get(id(p), 0.0) for p in self.params]
-        self.local_clip = float(clip_norm) / math.sqrt(topology.world_size) if clip_norm else 0.0
         self.topology, self.algorithm = topology, algorithm
         self.skip_nonfinite, self.overlap = skip_nonfinite, overlap
         self.skipped_steps = 0
         if isinstance(plan, str):
-            options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes},
+            options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes,
+                                "dense_vectors": dense_vectors},
                        "omgs": {"merged": merged}}.get(plan, {})
             plan = make_plan(plan, self.params, algorithm, **options)
         self.buckets = list(plan)
         seen = sorted(i for b in self.buckets for i in b.params)
         if seen != list(range(len(self.params))):
             raise ValueError("a bucket plan must hold every parameter exactly once")
-        _check_same_layout([sum(self.params[i].numel() for i in b.params) for b in self.buckets], topology)
+        check_same_layout([sum(self.params[i].numel() for i in b.params) for b in self.buckets], topology)
         self.stats = dict.fromkeys(("select_s", "compress_s", "wait_s", "sync_s"), 0.0)
         self.bucket_compress_s = [0.0] * len(self.buckets)
         self.last_timings = {"select": 0.0, "select_overlapped": 0.0, "wait": 0.0, "launched_in_backward": 0}
@@ -184,7 +143,6 @@ class GradientExchanger:
         self._bucket_of = {i: bi for bi, b in enumerate(self.buckets) for i in b.params}
         self._ready = [0] * len(self.buckets)
         self._inflight: list[tuple[int, InFlight | None]] = []  # (bucket, exchange); None: skipped
-        self._carry: dict[int, torch.Tensor] = {}  # NOTE [residual at a phase switch]
         self._skipped = False
         self.enabled = True
         self._handles = []
@@ -224,27 +182,12 @@ class GradientExchanger:
     def _start(self, b: int, check: bool) -> None:
         grads = [self._grad(i) for i in self.buckets[b].params]
         flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
-        self._local_update(self.buckets[b].params, flat)
+        self._local.apply(self.buckets[b].params, flat)  # NOTE [local update]
         if check and nonfinite_anywhere(flat):
             self._skipped = True
             self._inflight.append((b, None))
             return
         self._inflight.append((b, InFlight(self.exchangers[b].stages(flat))))
-
-    def _local_update(self, params: list[int], flat: torch.Tensor) -> None:
-        """Clip, add weight decay and the carried residual to ``flat`` in place (NOTE [local update])."""
-        if self.local_clip:  # clip_grad_norm_'s coefficient, on the device: no host sync in backward's hooks
-            norm = (flat if flat.dtype in (torch.float32, torch.float64) else flat.float()).norm()
-            flat.mul_(torch.clamp(self.local_clip / (norm + 1e-6), max=1.0).to(flat.dtype))
-        offset = 0
-        for i in params:
-            n = self.params[i].numel()
-            if self._decay[i]:
-                flat[offset:offset + n].add_(self.params[i].detach().reshape(-1), alpha=self._decay[i])
-            carried = self._carry.pop(i, None)
-            if carried is not None:
-                flat[offset:offset + n] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
-            offset += n
 
     def set_density(self, density: float) -> None:
         """Send ``density`` of every sparse bucket from the next step on (density warm-up).
@@ -366,7 +309,7 @@ class GradientExchanger:
         for p, r in residuals.items():
             if id(p) not in index or r.shape != p.shape:
                 raise ValueError(f"carried residual of shape {tuple(r.shape)} matches no parameter of this exchanger")
-            self._carry[index[id(p)]] = r
+            self._local.carried[index[id(p)]] = r  # NOTE [residual at a phase switch]
 
     def state_dict(self) -> dict:
         """Residuals of every bucket (for checkpoints), with the bucket layout."""
@@ -384,23 +327,3 @@ class GradientExchanger:
                              "bucket_bytes and hybrid_threshold_bytes as when the state was saved")
         for ex, s in zip(self.exchangers, state["exchangers"]):
             ex.load_state_dict(s)
-
-
-def _check_same_layout(sizes: list[int], topology) -> None:
-    """NOTE [same plan everywhere]: every rank must exchange buckets of the same sizes in the
-    same order, or the collectives mismatch; a plan made from per-rank timings may differ.
-    Refuse to start when ranks disagree (two small all-reduces; collective)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    device = getattr(topology, "device", None) or torch.device("cpu")
-    mine = torch.tensor([len(sizes), *sizes], dtype=torch.int64, device=device)
-    length = torch.tensor([mine.numel()], dtype=torch.int64, device=device)
-    ops.all_reduce(length, op=dist.ReduceOp.MAX)
-    hi = torch.full((int(length),), -1, dtype=torch.int64, device=device)
-    hi[:mine.numel()] = mine
-    lo = hi.clone()
-    ops.all_reduce(hi, op=dist.ReduceOp.MAX)
-    ops.all_reduce(lo, op=dist.ReduceOp.MIN)
-    if not torch.equal(hi, lo):
-        raise ValueError("ranks disagree on the gradient buckets (plan or parameter order); compute the "
-                         "plan once and share it, e.g. with comm.omgs.broadcast_plan()")

@@ -54,7 +54,7 @@ class OptimConfig:
     ``clip_norm``: gradient-norm clipping threshold (0 = no clipping). Dense phases clip
     the averaged gradient before the step; sparse phases with ``local_clipping`` clip each
     worker's gradient to ``clip_norm / sqrt(world size)`` before it enters the residual
-    (NOTE [local update] in comm/engine.py)."""
+    (NOTE [local update] in comm/local_update.py)."""
 
     name: str = "sgd"
     lr: float = 0.1
@@ -138,6 +138,7 @@ class PhaseConfig:
     momentum_correction: bool = True
     momentum_masking: bool = True
     local_clipping: bool = True
+    dense_vectors: bool = False
     density_warmup_epochs: float = 0.0
     density_schedule: tuple[float, ...] = ()
 
@@ -252,7 +253,7 @@ class Recipe:
 
     def local_clip_of(self, phase: PhaseConfig, sparse: bool) -> float:
         """``optim.clip_norm`` when ``phase``'s exchange runs ``sparse`` and clips locally
-        (NOTE [local update]), else 0."""
+        (NOTE [local update] in comm/local_update.py), else 0."""
         return self.optim.clip_norm if sparse and phase.local_clipping else 0.0
 
     def phase_of(self, epoch: int) -> tuple[int, PhaseConfig]:

@@ -138,7 +138,8 @@ def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pi
 def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
                    pipelined: bool = True, hybrid_bytes: int = 2**20, probe=None,
                    layout: dict | None = None, momentum: float = 0.0, masking: bool = True,
-                   weight_decay: dict | None = None, clip_norm: float = 0.0) -> PhaseExchange:
+                   weight_decay: dict | None = None, clip_norm: float = 0.0,
+                   dense_vectors: bool = False) -> PhaseExchange:
     """The exchanger for phase algorithm ``name`` (see the module docstring).
 
     Args:
@@ -152,7 +153,9 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
         momentum, masking, weight_decay, clip_norm: DGC's momentum correction (factor; 0 is
             off), momentum-factor masking, the weight decay per parameter it then adds and
             local gradient clipping (``comm.GradientExchanger``; NOTE [local update] in
-            comm/engine.py).
+            comm/local_update.py).
+        dense_vectors: parameters of at most one dimension go densely (NOTE [dense
+            vectors] in comm/plans/size.py; not ``omgs``, whose planner places every layer).
 
     Raises:
         ValueError: for an unknown name (lists the valid ones) or a bad density/selector.
@@ -174,7 +177,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
     return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
                                            density=density, selector=selector, error_feedback=True,
                                            skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes,
-                                           overlap=pipelined, **local))
+                                           overlap=pipelined, dense_vectors=dense_vectors, **local))
 
 
 class DDPExchange:

@@ -131,7 +131,8 @@ class _Run:
                                                 probe=probe if phase.omgs_plan == "auto" else None,
                                                 momentum=momentum, masking=phase.momentum_masking,
                                                 weight_decay=decay_of(self.optimizer) if momentum else None,
-                                                clip_norm=self.recipe.local_clip_of(phase, self._sparse(phase)))
+                                                clip_norm=self.recipe.local_clip_of(phase, self._sparse(phase)),
+                                                dense_vectors=phase.dense_vectors)
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)

@@ -1,5 +1,15 @@
 """``size`` plan (Jizhi's tensor fusion): buckets up to a byte threshold, and the hybrid
-choice that sends small buckets through ``hier``."""
+choice that sends small buckets through ``hier``.
+
+NOTE [dense vectors]: with ``dense_vectors`` a sparse plan takes the parameters of at
+most one dimension (batch-norm scales and shifts, biases) out of the sparse buckets and
+sends them densely (``hier``) in buckets of their own, launched after the sparse ones
+(they are spread over the whole network, so they are complete only when backward ends).
+This is what Deep Gradient Compression's reference code does (it compresses only
+parameters with ``dim() > 1``): these parameters are under 1 % of a convolutional
+network's but steer every layer's scale and offset, and a global top-k over a fused
+bucket delays their small gradients like any other entry's.
+"""
 from __future__ import annotations
 
 import torch
@@ -26,20 +36,29 @@ def plan_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[int
 
 
 def plan(params: list[torch.Tensor], algorithm: str, *, bucket_bytes: int = 25 * 2**20,
-         hybrid_threshold_bytes: int = 2**20):
+         hybrid_threshold_bytes: int = 2**20, dense_vectors: bool = False):
     """Fused buckets of at most ``bucket_bytes``; those under ``hybrid_threshold_bytes`` use
-    ``hier`` (0 disables the hybrid choice).
+    ``hier`` (0 disables the hybrid choice); with ``dense_vectors`` and a sparse
+    ``algorithm``, parameters of at most one dimension go densely in buckets of their own,
+    last (NOTE [dense vectors]).
 
     Raises:
         ValueError: for a non-positive ``bucket_bytes`` or a negative hybrid threshold.
     """
+    from comm.collectives import get_algorithm
     from comm.plans import Bucket
 
     if bucket_bytes <= 0 or hybrid_threshold_bytes < 0:
         raise ValueError(f"bucket_bytes must be > 0 and hybrid_threshold_bytes >= 0, "
                          f"got {bucket_bytes} and {hybrid_threshold_bytes}")
+    vectors = [i for i, p in enumerate(params) if p.dim() <= 1] if dense_vectors and get_algorithm(algorithm).sparse \
+        else []
+    dense = set(vectors)
+    rest = [i for i in range(len(params)) if i not in dense]
     out = []
-    for bucket in plan_buckets(params, bucket_bytes):
-        nbytes = sum(params[i].numel() * params[i].element_size() for i in bucket)
-        out.append(Bucket(tuple(bucket), "hier" if nbytes < hybrid_threshold_bytes else algorithm))
+    for bucket in plan_buckets([params[i] for i in rest], bucket_bytes):
+        nbytes = sum(params[rest[i]].numel() * params[rest[i]].element_size() for i in bucket)
+        out.append(Bucket(tuple(rest[i] for i in bucket), "hier" if nbytes < hybrid_threshold_bytes else algorithm))
+    out += [Bucket(tuple(vectors[i] for i in bucket), "hier")
+            for bucket in plan_buckets([params[i] for i in vectors], bucket_bytes)]
     return out

@@ -250,3 +250,19 @@ def test_residual_is_applied_across_a_phase_switch(path):
     assert_close(owed(kept), torch.zeros_like(owed(kept)), rtol=0, atol=1e-10)  # nothing lost
     dropped = restore(run_distributed(_phase_switch_worker, NODES * LOCAL, False))
     assert owed(dropped).abs().max() > 1e-3  # without carrying it, the residual would be lost
+
+
+def test_size_plan_sends_vector_parameters_densely_last_when_asked():
+    """NOTE [dense vectors]: with a sparse algorithm, the biases and batch-norm parameters
+    leave the sparse buckets for ``hier`` buckets launched after them; a dense algorithm
+    and the default plan are unchanged."""
+    from comm.plans import make_plan
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.Linear(16, 2))
+    params = list(model.parameters())  # conv w, conv b, bn w, bn b, fc w, fc b
+    plan = make_plan("size", params, "hitopk", hybrid_threshold_bytes=0, dense_vectors=True)
+    assert [(b.params, b.algorithm) for b in plan] == [((4, 0), "hitopk"), ((5, 3, 2, 1), "hier")]
+    for algorithm, dense_vectors in (("hier", True), ("hitopk", False)):
+        plan = make_plan("size", params, algorithm, hybrid_threshold_bytes=0, dense_vectors=dense_vectors)
+        assert [(b.params, b.algorithm) for b in plan] == [((5, 4, 3, 2, 1, 0), algorithm)]

@@ -1,6 +1,6 @@
 """DGC momentum correction, momentum-factor masking and local clipping in the engine, in
 real gloo groups (NOTE [momentum correction] in comm/residual.py, NOTE [local update] in
-comm/engine.py): density 1 equals dense momentum SGD bit for bit, masking clears exactly
+comm/local_update.py): density 1 equals dense momentum SGD bit for bit, masking clears exactly
 the sent entries, conservation holds in update units, clipping happens before accumulation."""
 from __future__ import annotations
 
@@ -238,3 +238,4 @@ def test_inter_node_bytes_count_what_crosses_between_the_two_nodes(sparse_runs):
     steps = 3
     assert total == {"dense": 2 * 480, "topk_ag": steps * 2 * 3 * 4 * 12, "hitopk": steps * 4 * 2 * 12,
                      "gtopk": steps * 2 * 4 * 12}
+

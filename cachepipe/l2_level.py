@@ -1,0 +1,93 @@
+"""L2 above the raw levels: decoded samples by index, checked on read, written back on a miss.
+
+The upper half of the two-level cache (:class:`~cachepipe.TwoLevelCache`); the lower half
+is :class:`~cachepipe.raw_levels.RawLevels`. Like it, a failure here (corrupt value, dead
+embedded server) is counted, warned about once and read past, never a wrong sample.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+
+from cachepipe.decode import possible_shape
+from cachepipe.embedded import EmbeddedRedis
+from cachepipe.l2_codec import decode_sample
+from cachepipe.l2_store import SampleStore, warn_once
+
+__all__ = ["L2Level"]
+
+
+class L2Level:
+    """Read decoded samples from an L2 store and write misses back (one per process).
+
+    Args:
+        store: the L2 store.
+        cache_size: shorter side of the cached samples; a value of a shape impossible at it
+            is corrupt (NOTE [decoder tag]).
+        counters: where hits, misses and failures are counted (shared with the cache).
+        embedded_server: when L2 is the cache's embedded server,
+            :meth:`TwoLevelCache.embedded_server`, to restart it (empty) when it died and its
+            backoff window is over; ``None`` for servers the cache does not own.
+        l2_memory: the embedded server's memory limit when it is restarted.
+    """
+
+    def __init__(self, store: SampleStore, cache_size: int, counters: Counter,
+                 embedded_server: Callable[[], EmbeddedRedis] | None = None, l2_memory=None) -> None:
+        self.store = store
+        self.cache_size = cache_size
+        self.counters = counters
+        self.embedded_server, self.l2_memory = embedded_server, l2_memory
+        self._warned: set = set()
+        self._write_back: bool | None = None  # NOTE [fixed L2 subset]: asked once per process
+
+    def read(self, indices: list[int], *, copy: bool = True) -> dict[int, np.ndarray]:
+        """The samples of ``indices`` (distinct) that L2 holds, with one round trip per
+        shard; a corrupt value is counted, warned about once and left out (a miss, rewritten).
+
+        Args:
+            copy: ``False`` gives read-only views of the Redis reply.
+        """
+        self._revive_embedded()
+        c = self.counters
+        result: dict[int, np.ndarray] = {}
+        for i, value in zip(indices, self.store.get_many(indices)):
+            if value is None:
+                continue
+            try:
+                arr = decode_sample(value, i, copy=copy)
+                if not possible_shape(arr.shape, self.cache_size):  # NOTE [decoder tag]
+                    raise ValueError(f"shape {arr.shape} is impossible at cache size {self.cache_size}")
+                result[i] = arr
+                c["l2_bytes"] += len(value)
+            except ValueError as exc:
+                c["l2_corrupt"] += 1
+                warn_once(self._warned, "l2corrupt", f"corrupt L2 value for sample {i} "
+                          f"({exc}); treated as a miss and rewritten")
+        c["l2_hits"] += len(result)
+        c["l2_misses"] += len(indices) - len(result)
+        return result
+
+    def write_back(self, encoded: list[tuple[int, bytes]]) -> None:
+        """Store ``encoded`` (index, value) misses, unless warm-up left L2 a fixed subset of
+        the source (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``); the rest is read from L1."""
+        if not encoded:
+            return
+        if self._write_back is None:
+            self._write_back = not self.store.partial()
+        if self._write_back:
+            self.counters["l2_writes"] += self.store.put_many(encoded)
+
+    def _revive_embedded(self) -> None:
+        """Restart the embedded server when it died and its backoff window is over
+        (it starts empty and refills from L1 as samples are read)."""
+        health = getattr(self.store, "health", None)
+        if self.embedded_server is not None and health and health[0].failures and health[0].available():
+            if self.embedded_server().identity() is not None:
+                return  # ours and alive, only busy: never restarted under a reader (NOTE [server identity])
+            try:
+                if self.embedded_server().start(self.l2_memory):  # False: another process revived it
+                    self.counters["l2_restarts"] += 1
+            except (RuntimeError, OSError):
+                pass  # still down: the read below fails fast and backs off again
