@@ -55,8 +55,8 @@ class EmulatedCluster:
         nodes: number of node namespaces (1..250).
         inter_mbit: egress rate of every node's link in Mbit/s; None: unlimited.
         tag: short unique tag in namespace/interface names (default: random).
-        burst_bytes: tbf bucket size; None: NOTE [tbf burst]. Benchmarks of many small
-            messages pass a smaller bucket so that each message pays the link rate.
+        burst_bytes: tbf bucket size, at least 2048; None: NOTE [tbf burst]. Benchmarks
+            of small messages pass a smaller bucket so that each message pays the link rate.
 
     Raises:
         ValueError: for a bad node count or rate.
@@ -123,7 +123,15 @@ class EmulatedCluster:
         # NOTE [tbf burst]: veth hands tbf GSO packets of up to 64 KiB; a bucket smaller
         # than one such packet drops it forever, so the burst is at least 256 KiB. That
         # lets a message under 256 KiB cross at line rate; benchmarks of small messages
-        # (OMGS groups) pass ``burst_bytes`` (32 KiB there, measured to limit correctly).
+        # (OMGS groups, ``bench overlap --burst``) pass ``burst_bytes`` (32 KiB for OMGS,
+        # measured to limit correctly). An idle link refills the bucket, so its first
+        # ``burst`` bytes cross at once: a real link has no such credit, and a bucket
+        # near the size of a sparse exchange hides most of it. The old rule that a
+        # bucket must hold rate / HZ bytes dates from jiffies timers; tbf keeps its
+        # tokens in nanoseconds (high-resolution timers), and on the kernel of
+        # docs/BENCHMARKS.md (HZ 250) a 2 KiB bucket gave 9.5 of 10 and 92 of 100
+        # Mbit/s of TCP payload, as 16 and 64 KiB buckets did (bulk TCP, GSO on: no
+        # packet was lost for good there, tbf splits a GSO packet larger than its bucket).
         rate_bytes = self.inter_mbit * 1e6 / 8
         burst = self.burst_bytes or max(256 * 1024, int(rate_bytes / 100))
         cmd = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",

@@ -27,7 +27,7 @@ def test_plan_options_rejects_other_specs_naming_the_flag(spec):
 
 
 def _steps(*seconds, **extra):
-    return [dict({"step": s}, **extra) for s in seconds]
+    return [dict({"step": s, "cpu": s / 2}, **extra) for s in seconds]
 
 
 def test_summarize_takes_medians_and_compares_overlap_with_the_larger_part():
@@ -44,10 +44,13 @@ def test_summarize_takes_medians_and_compares_overlap_with_the_larger_part():
     assert size["no_overlap_ms"] == pytest.approx(34.0) and size["overlap_ms"] == pytest.approx(26.0)
     assert size["overlap_vs_max"] == pytest.approx(26.0 / 22.0)
     assert size["blocked_ms"] == pytest.approx(6.0) and size["launch_in_backward_ms"] == pytest.approx(4.0)
+    assert size["compute_cpu_ms"] == pytest.approx(11.0) and size["exchange_cpu_ms"] == pytest.approx(5.5)
+    assert layer["overlap_cpu_ms"] == pytest.approx(25.0)
 
 
 @pytest.mark.parametrize("flags, match", [(["--emulate", "2by2"], "--emulate"), (["--plans", "size:-1"], "--plans"),
-                                          (["--rounds", "0"], "--rounds must be >= 1")])
+                                          (["--rounds", "0"], "--rounds must be >= 1"),
+                                          (["--burst", "1"], "--burst 1: ")])
 def test_bad_flags_exit_2_with_one_line(flags, match, capsys):
     assert cli(["bench", "overlap", *flags]) == 2
     err = capsys.readouterr().err.strip()

@@ -32,7 +32,13 @@ backward with the launches inside it), ``launch_in_backward`` (the hooks' share:
 the first stages of the collectives, waiting there for the other ranks to reach the same
 bucket, and ``select_in_backward``, the top-k selection), ``sync`` (after backward returned), of which
 ``blocked`` is waiting on collectives and ``launch_in_sync`` launches that had to wait for
-``synchronize()``.
+``synchronize()``. The ``cpu`` columns are the process's CPU time in the same interval
+(all its threads, gloo's included; the largest over the ranks): an exchange whose wall
+time is far above its CPU time waits for the link or for other ranks to be scheduled.
+
+``--burst`` sets the tbf bucket of the emulated links (NOTE [tbf burst] in
+tools/cluster.py): the default bucket of 256 KiB passes a whole sparse exchange at once,
+so only a smaller one makes every byte pay the link rate, as on a real slow link.
 """
 from __future__ import annotations
 
@@ -51,13 +57,16 @@ __all__ = ["configure", "main", "summarize"]
 _ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
            "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms",
-           "launch_in_sync_ms"]
+           "launch_in_sync_ms", "compute_cpu_ms", "exchange_cpu_ms", "overlap_cpu_ms"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emulate", default="2x2@10", metavar="MxN@MBIT",
                         help="M emulated nodes x N processes, MBIT Mbit/s between nodes (default: 2x2@10, "
                              "bench train --emulate's defaults); needs root and iproute2")
+    parser.add_argument("--burst", type=int, default=None, metavar="KIB",
+                        help="tbf bucket of the emulated links in KiB, at least 2 (default: 256 KiB or more, "
+                             "NOTE [tbf burst]); a smaller one makes a sparse exchange pay the link rate")
     parser.add_argument("--comm", default="hitopk", help="exchange algorithm (comm.ALGORITHMS; default: hitopk)")
     parser.add_argument("--density", type=float, default=0.01, help="density of sparse algorithms (default: 0.01)")
     parser.add_argument("--selector", default="mstopk", help="top-k selector (default: mstopk)")
@@ -81,14 +90,15 @@ def _median_ms(rows: list[dict], key: str) -> float:
 
 def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str, int]) -> list[dict]:
     """One row per plan from the per-step times of NOTE [overlap breakdown]."""
-    compute = _median_ms(modes["compute"], "step")
+    compute, compute_cpu = _median_ms(modes["compute"], "step"), _median_ms(modes["compute"], "cpu")
     rows = []
     for plan in plans:
         exchange = _median_ms(modes[f"exchange {plan}"], "step")
         over = modes[f"overlap {plan}"]
         row = {"plan": plan, "buckets": buckets[plan], "compute_ms": compute, "exchange_ms": exchange,
                "max_ms": max(compute, exchange), "no_overlap_ms": _median_ms(modes[f"no overlap {plan}"], "step"),
-               "overlap_ms": _median_ms(over, "step")}
+               "overlap_ms": _median_ms(over, "step"), "compute_cpu_ms": compute_cpu,
+               "exchange_cpu_ms": _median_ms(modes[f"exchange {plan}"], "cpu"), "overlap_cpu_ms": _median_ms(over, "cpu")}
         row["overlap_vs_max"] = row["overlap_ms"] / row["max_ms"]
         for key in ("backward", "launch_in_backward", "select_in_backward", "sync", "blocked", "launch_in_sync"):
             row[f"{key}_ms"] = _median_ms(over, key)
@@ -109,6 +119,9 @@ def main(args: argparse.Namespace) -> int:
         for flag in ("rounds", "steps", "batch", "size"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1; got {getattr(args, flag)}")
+        if args.burst is not None and args.burst < 2:
+            raise ValueError(f"--burst {args.burst}: the tbf bucket must hold one packet: at least 2 KiB")
+        burst = None if args.burst is None else args.burst * 1024
         reason = netns_unavailable_reason()
         if reason:
             raise ValueError(f"--emulate needs network namespaces: {reason}")
@@ -125,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
                     "--comm", args.comm, "--density", str(args.density), "--selector", args.selector,
                     "--model", args.model, "--plans", *args.plans, "--out", str(out)]
 
-        with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14o{uuid.uuid4().hex[:3]}") as cluster:
+        with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14o{uuid.uuid4().hex[:3]}", burst_bytes=burst) as cluster:
             try:
                 launch(cluster, argv, local_size=emu.local_size, timeout=args.timeout, log_dir=Path(tmp) / "logs",
                        env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(_ROOT)})
@@ -136,7 +149,8 @@ def main(args: argparse.Namespace) -> int:
         result = json.loads(out.read_text())
     buckets = result["buckets"]
     rows = summarize(result["modes"], args.plans, buckets)
-    print(f"\n{machine_description()}; {emu.nodes}x{emu.local_size} @ {emu.mbit:g} Mbit/s, {args.model} "
+    link = f"{emu.mbit:g} Mbit/s" + (f" (tbf burst {args.burst} KiB)" if args.burst else "")
+    print(f"\n{machine_description()}; {emu.nodes}x{emu.local_size} @ {link}, {args.model} "
           f"batch {args.batch} at {args.size} px, {args.comm} density {args.density} {args.selector}; "
           f"medians of {args.rounds} x {args.steps} steps per mode (slowest rank per step)")
     print(format_table(rows, COLUMNS))

@@ -76,30 +76,31 @@ def main(argv: list[str] | None = None) -> int:
 
         def compute() -> dict:
             dist.barrier()  # every rank starts together, as after an exchange; nothing else in the time
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             backward()
-            return {"step": time.perf_counter() - start}
+            return {"step": time.perf_counter() - start, "cpu": time.process_time() - cpu}
 
         def exchange_alone(ex: GradientExchanger):
             def run() -> dict:
                 dist.barrier()  # every rank starts together: no skew from compute in this time
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 ex.synchronize()
-                return {"step": time.perf_counter() - start}
+                return {"step": time.perf_counter() - start, "cpu": time.process_time() - cpu}
             return run
 
         def train_step(ex: GradientExchanger):
             def run() -> dict:
                 ex.enabled = True
                 launch0, wait0 = ex.stats["compress_s"], ex.stats["wait_s"]
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 backward()
                 mid = time.perf_counter()
                 launch1 = ex.stats["compress_s"]
                 ex.synchronize()
                 end = time.perf_counter()
                 ex.enabled = False
-                return {"step": end - start, "backward": mid - start, "sync": end - mid,
+                return {"step": end - start, "cpu": time.process_time() - cpu, "backward": mid - start,
+                        "sync": end - mid,
                         "launch_in_backward": launch1 - launch0, "launch_in_sync": ex.stats["compress_s"] - launch1,
                         "select_in_backward": ex.last_timings["select_overlapped"],
                         "blocked": ex.stats["wait_s"] - wait0}
