@@ -118,7 +118,9 @@ class PhaseConfig:
     ``momentum_correction`` (the residual accumulates the momentum-corrected update and
     the optimiser applies it without momentum; NOTE [momentum correction] in
     comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries),
-    ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation) and density
+    ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation),
+    ``dense_vectors`` (parameters of at most one dimension travel densely, NOTE [dense
+    vectors] in comm/plans/size.py) and density
     warm-up: ``density_warmup_epochs`` W decays the density exponentially from 25 % at
     the phase's start to ``density`` after W epochs (per step, fractional W allowed), or
     ``density_schedule`` lists the density of each epoch of the phase explicitly (then
@@ -138,7 +140,7 @@ class PhaseConfig:
     momentum_correction: bool = True
     momentum_masking: bool = True
     local_clipping: bool = True
-    dense_vectors: bool = False
+    dense_vectors: bool = True
     density_warmup_epochs: float = 0.0
     density_schedule: tuple[float, ...] = ()
 

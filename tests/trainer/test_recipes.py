@@ -113,10 +113,10 @@ def test_density_warmup_schedules():
 def test_dgc_fields_can_be_set_from_the_command_line():
     r = override(load_recipe("demo"), sets=["phases.0.momentum_correction=false", "phases.0.density_warmup_epochs=1.5",
                                             "optim.clip_norm=5", "phases.0.local_clipping=false",
-                                            "phases.0.momentum_masking=false", "phases.0.dense_vectors=true"])
+                                            "phases.0.momentum_masking=false", "phases.0.dense_vectors=false"])
     p = r.phases[0]
     assert (p.momentum_correction, p.momentum_masking, p.local_clipping, p.density_warmup_epochs) == (False, False, False, 1.5)
-    assert p.dense_vectors
+    assert not p.dense_vectors and load_recipe("demo").phases[0].dense_vectors
     assert r.optim.clip_norm == 5.0
     r = override(load_recipe("demo"), sets=["phases.0.density_warmup_epochs=0", "phases.0.density_schedule=[0.25, 0.05]"])
     assert r.phases[0].density_schedule == (0.25, 0.05)
