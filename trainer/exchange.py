@@ -274,7 +274,7 @@ def saved_residuals(phase, model: nn.Module, topology, state: dict, momentum: fl
         return {}
     saved = build_exchange(phase.comm, model, topology, density=phase.density, selector=phase.selector,
                            pipelined=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"),
-                           momentum=momentum)
+                           momentum=momentum, dense_vectors=phase.dense_vectors)
     try:
         saved.load_state_dict(state)
         return saved.take_residuals()
