@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from comm.collectives import build_exchanger, get_algorithm
+from comm.collectives import base
 from comm.collectives.base import nonfinite_anywhere
 from comm.in_flight import InFlight
 from comm.local_update import LocalUpdate
@@ -114,7 +115,6 @@ class GradientExchanger:
         get_algorithm(algorithm)
         self.params = [p for p in params if p.requires_grad]
         self._local = LocalUpdate(self.params, topology.world_size, weight_decay, clip_norm)
-        self.momentum = float(momentum)
         self.topology, self.algorithm = topology, algorithm
         self.skip_nonfinite, self.overlap = skip_nonfinite, overlap
         self.skipped_steps = 0
@@ -195,11 +195,7 @@ class GradientExchanger:
         Raises:
             ValueError: for a density outside (0, 1].
         """
-        if not 0.0 < float(density) <= 1.0:
-            raise ValueError(f"density must be in (0, 1]; got {density!r}")
-        for ex in self.exchangers:
-            if ex.sparse:
-                ex.density = float(density)
+        base.set_density(self.exchangers, density)
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -271,14 +267,11 @@ class GradientExchanger:
     def take_inter_node_bytes(self) -> int:
         """Bytes this rank sent to other nodes since the last call (NOTE [inter-node
         bytes] in comm/link_bytes.py); the counters restart from zero."""
-        sent = sum(ex.inter_node_bytes for ex in self.exchangers)
-        for ex in self.exchangers:
-            ex.inter_node_bytes = 0
-        return sent
+        return base.take_inter_node_bytes(self.exchangers)
 
     def residual_sq(self) -> float:
         """Sum of squares of this rank's residuals (update units under momentum correction)."""
-        return sum(ex.memory.norm() ** 2 for ex in self.exchangers)
+        return base.residual_sq(self.exchangers)
 
     # -- residuals -----------------------------------------------------------------------
     def take_residuals(self) -> dict[torch.Tensor, torch.Tensor]:

@@ -216,19 +216,21 @@ class DDPExchange:
     def take_inter_node_bytes(self) -> int:
         """Bytes the sparse hook's exchangers sent to other nodes since the last call;
         DDP's own all-reduce and the PowerSGD hook are not counted (0)."""
-        sent = sum(ex.inter_node_bytes for ex in self._hook_exchangers())
-        for ex in self._hook_exchangers():
-            ex.inter_node_bytes = 0
-        return sent
+        from comm.collectives.base import take_inter_node_bytes
+
+        return take_inter_node_bytes(self._hook_exchangers())
 
     def residual_sq(self) -> float:
-        return sum(ex.memory.norm() ** 2 for ex in self._hook_exchangers())
+        from comm.collectives.base import residual_sq
+
+        return residual_sq(self._hook_exchangers())
 
     def set_density(self, density: float) -> None:
-        """Density of the sparse hook's buckets from the next step on (density warm-up)."""
-        for ex in getattr(self.hook_state, "exchangers", {}).values():
-            if ex.sparse:
-                ex.density = density
+        """Density of the sparse hook's buckets from the next step on (density warm-up);
+        buckets the hook builds later take it too."""
+        from comm.collectives.base import set_density
+
+        density = set_density(self._hook_exchangers(), density)
         if hasattr(self.hook_state, "exchangers"):
             self.hook_state.density = density
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,7 @@ from comm.topology import Topology
 
 __all__ = ["Exchanger", "Stages", "WIRE_DTYPES", "drive", "all_gather_flat", "all_gather_async",
            "reduce_scatter_flat", "nonfinite_anywhere", "index_dtype", "pack_pairs", "add_pairs_",
+           "set_density", "take_inter_node_bytes", "residual_sq",
            "pad_to_multiple"]
 
 Stages = Generator[object, None, torch.Tensor]  # yields Work handles, returns the result
@@ -130,6 +131,35 @@ class Exchanger:
         if state.get("algorithm") != self.name:
             raise ValueError(f"state of algorithm {state.get('algorithm')!r} cannot load into {self.name!r}")
         self.memory.load_state_dict(state["memory"])
+
+
+def set_density(exchangers: Iterable[Exchanger], density: float) -> float:
+    """Send ``density`` of every sparse exchanger's input from its next exchange on
+    (density warm-up); returns it as a float.
+
+    Raises:
+        ValueError: for a density outside (0, 1].
+    """
+    if not 0.0 < float(density) <= 1.0:
+        raise ValueError(f"density must be in (0, 1]; got {density!r}")
+    for ex in exchangers:
+        if ex.sparse:
+            ex.density = float(density)
+    return float(density)
+
+
+def take_inter_node_bytes(exchangers: Iterable[Exchanger]) -> int:
+    """Bytes the exchangers sent to other nodes since the last call (NOTE [inter-node
+    bytes] in comm/link_bytes.py); their counters restart from zero."""
+    sent = 0
+    for ex in exchangers:
+        sent, ex.inter_node_bytes = sent + ex.inter_node_bytes, 0
+    return sent
+
+
+def residual_sq(exchangers: Iterable[Exchanger]) -> float:
+    """Sum of squares of the exchangers' residuals (update units under momentum correction)."""
+    return sum(ex.memory.norm() ** 2 for ex in exchangers)
 
 
 def drive(stages: Stages) -> torch.Tensor:

@@ -17,15 +17,17 @@ import torch
 __all__ = ["plan", "plan_buckets"]
 
 
-def plan_buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+def plan_buckets(params: list[torch.Tensor], bucket_bytes: int,
+                 indices: list[int] | None = None) -> list[list[int]]:
     """Group parameter indices into buckets of at most ``bucket_bytes`` (one dtype each).
 
     Parameters are taken last to first, the order backward produces their gradients; a
-    parameter larger than the threshold gets a bucket of its own.
+    parameter larger than the threshold gets a bucket of its own. ``indices`` (ascending)
+    limits the grouping to those parameters (default all).
     """
     buckets: list[list[int]] = []
     size, dtype = 0, None
-    for i in reversed(range(len(params))):
+    for i in reversed(range(len(params)) if indices is None else indices):
         nbytes = params[i].numel() * params[i].element_size()
         if not buckets or params[i].dtype != dtype or size + nbytes > bucket_bytes:
             buckets.append([])
@@ -51,14 +53,11 @@ def plan(params: list[torch.Tensor], algorithm: str, *, bucket_bytes: int = 25 *
     if bucket_bytes <= 0 or hybrid_threshold_bytes < 0:
         raise ValueError(f"bucket_bytes must be > 0 and hybrid_threshold_bytes >= 0, "
                          f"got {bucket_bytes} and {hybrid_threshold_bytes}")
-    vectors = [i for i, p in enumerate(params) if p.dim() <= 1] if dense_vectors and get_algorithm(algorithm).sparse \
-        else []
-    dense = set(vectors)
-    rest = [i for i in range(len(params)) if i not in dense]
+    split = dense_vectors and get_algorithm(algorithm).sparse
+    vectors = [i for i, p in enumerate(params) if split and p.dim() <= 1]
+    rest = [i for i, p in enumerate(params) if not (split and p.dim() <= 1)]
     out = []
-    for bucket in plan_buckets([params[i] for i in rest], bucket_bytes):
-        nbytes = sum(params[rest[i]].numel() * params[rest[i]].element_size() for i in bucket)
-        out.append(Bucket(tuple(rest[i] for i in bucket), "hier" if nbytes < hybrid_threshold_bytes else algorithm))
-    out += [Bucket(tuple(vectors[i] for i in bucket), "hier")
-            for bucket in plan_buckets([params[i] for i in vectors], bucket_bytes)]
-    return out
+    for bucket in plan_buckets(params, bucket_bytes, rest):
+        nbytes = sum(params[i].numel() * params[i].element_size() for i in bucket)
+        out.append(Bucket(tuple(bucket), "hier" if nbytes < hybrid_threshold_bytes else algorithm))
+    return out + [Bucket(tuple(bucket), "hier") for bucket in plan_buckets(params, bucket_bytes, vectors)]
