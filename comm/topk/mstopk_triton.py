@@ -76,7 +76,11 @@ FALLBACKS = {"count": 0}  # how often this process fell back to the torch path
 
 def interpreted() -> bool:
     """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` at import)."""
-    return isinstance(_load_key, triton.runtime.interpreter.InterpretedFunction)
+    # triton imports its interpreter module only when TRITON_INTERPRET is set, so on a GPU
+    # ``triton.runtime.interpreter`` is not there to look at (seen on an H200, triton 3.6)
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_load_key, InterpretedFunction)
 
 
 @triton.jit

@@ -6,6 +6,10 @@ interpreter in tests]), which checks the logic, masking, atomics and counts, not
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -243,3 +247,13 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="kernel='gpu' needs a CUDA tensor"):
         mstopk(torch.randn(100), 3, kernel="gpu")
+
+
+def test_the_kernel_module_imports_without_the_interpreter():
+    # on a GPU TRITON_INTERPRET is unset and triton never imports its interpreter module;
+    # asking for triton.runtime.interpreter there broke every kernel (seen on an H200)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "import comm.topk.mstopk_triton as k; print(k.interpreted())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
