@@ -1,4 +1,8 @@
-"""NCCL paths: the same exchanges on GPUs (skipped with a reason without enough GPUs)."""
+"""NCCL paths: every exchange, alone and through the engine launching buckets from
+backward's hooks, on CUDA tensors over an NCCL group, one process per GPU present (skipped
+with a reason without a GPU). With one GPU the group has one member: the collectives then
+move nothing, but every tensor on the way still has to be on the device NCCL carries
+(NOTE [device check] in comm/collective_ops.py)."""
 from __future__ import annotations
 
 import os
@@ -8,43 +12,60 @@ import torch
 
 from tests.redis_servers import free_port
 
-NEEDED = 2
-
 
 def _nccl_worker(rank, world, port, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
 
-    from comm import ALGORITHMS, Topology, build_exchanger
+    from comm import ALGORITHMS, GradientExchanger, Topology, build_exchanger
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
     try:
         topo = Topology(nodes=world, local_size=1)
         x = torch.full((1000,), float(rank + 1), device="cuda")
-        got = {}
+        got, engine = {}, {}
         for name in ALGORITHMS:
             ex = build_exchanger(name, topo, density=1.0, selector="exact")
             got[name] = ex.exchange(x).cpu().tolist()
-        queue.put((rank, got))
+            # the engine: one bucket per layer, launched from backward's hooks while the
+            # first layer's large matmul is still queued on the stream
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 8)).cuda()
+            ex = GradientExchanger(model.parameters(), name, topo, density=1.0, selector="exact", plan="layer")
+            inputs = torch.randn(4096, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(rank))
+            model(inputs).square().mean().backward()
+            local = [p.grad.clone() for p in model.parameters()]
+            ex.synchronize()
+            ex.remove()
+            # numpy: pickled by value (a CPU tensor would travel as a file descriptor of this process)
+            engine[name] = [(g.cpu().numpy(), p.grad.cpu().numpy()) for g, p in zip(local, model.parameters())]
+        queue.put((rank, got, engine))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.gpu
 def test_nccl_exchanges_equal_the_mean():
-    if torch.cuda.device_count() < NEEDED:
-        pytest.skip(f"NCCL test needs {NEEDED} GPUs, {torch.cuda.device_count()} present")
+    world = torch.cuda.device_count()
+    if world < 1:
+        pytest.skip("NCCL test needs a GPU")
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_nccl_worker, args=(r, NEEDED, port, queue)) for r in range(NEEDED)]
+    procs = [ctx.Process(target=_nccl_worker, args=(r, world, port, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
+    results = {rank: (got, engine) for rank, got, engine in (queue.get(timeout=300) for _ in procs)}
     for p in procs:
         p.join(timeout=30)
-    mean = sum(range(1, NEEDED + 1)) / NEEDED
-    for got in results.values():
+    mean = sum(range(1, world + 1)) / world
+    local_mean = [sum(results[r][1]["dense"][i][0] for r in results) / world
+                  for i in range(len(results[0][1]["dense"]))]
+    for got, engine in results.values():
         for name, values in got.items():
             assert values == pytest.approx([mean] * 1000), name
+        for name, grads in engine.items():
+            for want, (_, averaged) in zip(local_mean, grads):
+                torch.testing.assert_close(torch.from_numpy(averaged), torch.from_numpy(want), rtol=1e-5, atol=1e-6,
+                                           msg=name)
