@@ -15,9 +15,16 @@ implementations, chosen by ``kernel``, return the same indices for the same gene
   kernels in Triton's interpreter (NOTE [Triton interpreter]). A kernel that fails to
   compile or launch falls back to ``"torch"`` with one warning per process (NOTE
   [MSTopK kernel fallback]).
-- ``"auto"``: ``"gpu"`` for CUDA float16/bfloat16/float32 tensors when triton is
-  installed; ``"torch"`` for float64, for CPU tensors (the interpreter is a test tool,
-  never picked automatically) and when triton is missing.
+- ``"auto"``: ``"torch"`` everywhere (NOTE [MSTopK kernel choice]).
+
+NOTE [MSTopK kernel choice]: the first run on a GPU (H200, triton 3.6, 2026-11-26,
+docs/BENCHMARKS.md) measured the fused kernel 1.7-4.7x *slower* than the torch path on
+the same CUDA tensors at every size from 256K to 64M (16M, k = 0.1 %: 2.6 ms against
+1.0 ms; ``torch.topk``: 0.4 ms). Its two histogram passes take about 0.5-0.6 ms each at
+16M where a read pass takes 31 us: the magnitudes of a gradient fall into a few dozen of
+the 2048 bins, and the per-block histograms contend on them (``torch.bincount`` of the
+same keys takes as long). Until the histograms stop contending, ``"auto"`` never picks
+the kernel; ``kernel="gpu"`` still runs it (tested on CUDA and in the interpreter).
 
 See NOTE [MSTopK thresholds from the (k+1)-th magnitude] and NOTE [MSTopK fill rule] in
 ``comm/topk/mstopk_band.py`` for why the implementations agree and how the fill differs
@@ -88,8 +95,7 @@ def resolve_kernel(kernel: str, x: torch.Tensor) -> str:
             for a tensor or machine the kernel cannot serve.
     """
     if kernel == "auto":
-        gpu_ok = x.is_cuda and x.dtype != torch.float64 and gpu_kernel_available()
-        return "gpu" if gpu_ok else "torch"
+        return "torch"  # NOTE [MSTopK kernel choice]
     if kernel not in KERNELS:
         raise ValueError(f"unknown mstopk kernel {kernel!r}; valid: {['auto'] + sorted(KERNELS)}")
     if kernel == "gpu" and not (gpu_kernel_available() if x.is_cuda else

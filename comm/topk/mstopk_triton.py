@@ -202,12 +202,10 @@ def _key_floor(key: int) -> float:
     return float(np.int32(key << KEY_SHIFT).view(np.float32))
 
 
-def _above(hist: list[int]) -> list[int]:
-    """``above[b]`` = entries in bins ``>= b``; one extra 0 at the end."""
-    out = [0] * (len(hist) + 1)
-    for b in range(len(hist) - 1, -1, -1):
-        out[b] = out[b + 1] + hist[b]
-    return out
+def _above(hist: np.ndarray) -> np.ndarray:
+    """``above[b]`` = entries in bins ``>= b``; one extra 0 at the end (numpy: a Python loop
+    over the 2 x 2048 bins cost 0.6 ms per call, more than the kernels on a small vector)."""
+    return np.append(np.cumsum(hist[::-1])[::-1], 0)
 
 
 class Candidates(NamedTuple):
@@ -246,13 +244,14 @@ def gpu_candidates(x: torch.Tensor, k: int, iters: int) -> Candidates | None:
     total, vmax = psum.sum(), pmax.max()
     host = torch.cat([torch.stack([total, vmax.double(), coarse[0].double()]),
                       coarse_hist.double(), fine_hist.double()]).tolist()  # host sync 1
-    total_h, vmax_h, b = host[0], host[1], int(host[2])
+    host = np.array(host)
+    total_h, vmax_h, b = float(host[0]), float(host[1]), int(host[2])
     check_finite(total_h, vmax_h)
     mean = total_h / n
-    above_c = _above([int(c) for c in host[3:3 + BINS]])
-    fine = [int(c) for c in host[3 + BINS:]]
+    above_c = _above(host[3:3 + BINS].astype(np.int64))
+    fine = host[3 + BINS:].astype(np.int64)
     above_f = _above(fine)
-    f = max(i for i in range(BINS) if above_c[b + 1] + above_f[i] > k)  # fine bin holding v
+    f = int(np.flatnonzero(above_c[b + 1] + above_f[:BINS] > k)[-1])  # fine bin holding v
     q_v = b * BINS + f
     if q_v == 0:  # v == 0: the band's lower end is 0; only entries >= upper are needed
         t = band_from_kth(mean, vmax_h, 0.0, iters).upper
@@ -260,10 +259,10 @@ def gpu_candidates(x: torch.Tensor, k: int, iters: int) -> Candidates | None:
         t = max(band_from_kth(mean, vmax_h, _key_floor(q_v), iters).lower, smallest_positive(torch.float32))
     cut = _key(t) if t != float("inf") else BINS * BINS
     if cut // BINS == b:
-        m = above_c[b + 1] + above_f[cut % BINS]
+        m = int(above_c[b + 1] + above_f[cut % BINS])
     else:  # outside v's coarse bin: lower the cut to a coarse bin edge, where counts are known
         cut = cut // BINS * BINS
-        m = above_c[cut // BINS]
+        m = int(above_c[cut // BINS])
     if m == n:
         return None
     counter = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -274,7 +273,7 @@ def gpu_candidates(x: torch.Tensor, k: int, iters: int) -> Candidates | None:
                 BLOCK=COMPACT_BLOCK, SHIFT=KEY_SHIFT, num_warps=_WARPS)
     order = torch.argsort(out_idx)
     return Candidates(out_idx[order], out_val[order], vmax_h, total / n, vmax.double(), q_v == 0, counter[0],
-                      fine[f] if q_v else 0)
+                      int(fine[f]) if q_v else 0)
 
 
 def _kth_largest(values: torch.Tensor, j: int) -> torch.Tensor:
