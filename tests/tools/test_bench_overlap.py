@@ -15,12 +15,12 @@ REASON = netns_unavailable_reason()
 
 @pytest.mark.parametrize("spec, want", [("size", {"plan": "size"}),
                                         ("size:256", {"plan": "size", "bucket_bytes": 262144}),
-                                        ("layer", {"plan": "layer"})])
+                                        ("layer", {"plan": "layer"}), ("omgs", {"plan": "omgs"})])
 def test_plan_options(spec, want):
     assert plan_options(spec) == want
 
 
-@pytest.mark.parametrize("spec", ["size:0", "size:x", "layer:4", "omgs", ""])
+@pytest.mark.parametrize("spec", ["size:0", "size:x", "layer:4", "omgs:paper", ""])
 def test_plan_options_rejects_other_specs_naming_the_flag(spec):
     with pytest.raises(ValueError, match="^--plans "):
         plan_options(spec)
@@ -60,9 +60,10 @@ def test_bad_flags_exit_2_with_one_line(flags, match, capsys):
 @pytest.mark.skipif(REASON is not None, reason=f"needs network namespaces: {REASON}")
 def test_a_tiny_run_on_the_emulated_cluster_gives_one_row_per_plan(tmp_path):
     out = tmp_path / "rows.json"
-    assert cli(["bench", "overlap", "--emulate", "2x2@100", "--plans", "size", "size:256", "--rounds", "1",
+    assert cli(["bench", "overlap", "--emulate", "2x2@100", "--plans", "size", "size:256", "omgs", "--rounds", "1",
                 "--steps", "2", "--warmup", "0", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert [(r["plan"], r["buckets"]) for r in rows] == [("size", 1), ("size:256", 2)]
+    assert [(r["plan"], r["buckets"]) for r in rows[:2]] == [("size", 1), ("size:256", 2)]
+    assert rows[2]["plan"] == "omgs" and rows[2]["buckets"] >= 1
     for r in rows:
         assert r["overlap_ms"] > 0 and r["exchange_ms"] > 0 and r["backward_ms"] <= r["overlap_ms"] + 1e-9

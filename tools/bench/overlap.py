@@ -74,8 +74,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=32, help="batch per process (default: 32)")
     parser.add_argument("--size", type=int, default=32, help="image side in pixels (default: 32)")
     parser.add_argument("--plans", nargs="+", default=["size", "layer"],
-                        help="bucket plans to compare: size (one 25 MiB fusion bucket), size:KIB, layer "
-                             "(default: size layer)")
+                        help="bucket plans to compare: size (one 25 MiB fusion bucket), size:KIB, layer, "
+                             "omgs (train --comm omgs: merged layers planned from a profile, exchanged with "
+                             "topk_ag whatever --comm says) (default: size layer)")
     parser.add_argument("--rounds", type=int, default=30,
                         help="interleaved rounds: every mode runs in each (default: 30)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per mode and round (default: 2)")

@@ -15,18 +15,19 @@ __all__ = ["main", "plan_options"]
 
 
 def plan_options(spec: str) -> dict:
-    """``size`` (one 25 MiB fusion bucket), ``size:KIB`` (buckets of at most KIB KiB) or
-    ``layer`` as :class:`comm.GradientExchanger` keyword arguments.
+    """``size`` (one 25 MiB fusion bucket), ``size:KIB`` (buckets of at most KIB KiB),
+    ``layer`` or ``omgs`` as :class:`comm.GradientExchanger` keyword arguments (``omgs``'s
+    merged layers come from profiling in the ranks: NOTE [omgs rows]).
 
     Raises:
         ValueError: for any other spec (names ``--plans``).
     """
     kind, _, kib = spec.partition(":")
-    if kind == "layer" and not kib:
-        return {"plan": "layer"}
+    if kind in ("layer", "omgs") and not kib:
+        return {"plan": kind}
     if kind == "size" and (not kib or (kib.isdigit() and int(kib) > 0)):
         return {"plan": "size", **({"bucket_bytes": int(kib) * 1024} if kib else {})}
-    raise ValueError(f"--plans {spec!r}: expected size, size:KIB (a positive integer) or layer")
+    raise ValueError(f"--plans {spec!r}: expected size, size:KIB (a positive integer), layer or omgs")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from comm import GradientExchanger, Topology
+    from comm.omgs import plan_omgs
     from trainer import models
     from trainer.atomic_file import write_atomic
 
@@ -63,16 +65,32 @@ def main(argv: list[str] | None = None) -> int:
         labels = torch.randint(0, 10, (args.batch,), generator=gen)
         params = [p for p in model.parameters() if p.requires_grad]
 
+        omgs = {}  # (merged, order), planned once (collective) when a row asks for it
+
         def exchanger(spec: str, overlap: bool) -> GradientExchanger:
-            ex = GradientExchanger(params, args.comm, topo, density=args.density, selector=args.selector,
-                                   hybrid_threshold_bytes=0, skip_nonfinite=False, overlap=overlap,
-                                   **plan_options(spec))
+            # NOTE [omgs rows]: ``omgs`` is ``train --comm omgs``'s exchange: profile this
+            # batch's backward, fit the cost model, plan merged layers (``optimal``), and
+            # exchange them with topk_ag whatever ``--comm`` says (the planner models topk_ag)
+            options = plan_options(spec)
+            if options["plan"] == "omgs":
+                if not omgs:
+                    omgs["plan"] = plan_omgs(model, loss, topo, density=args.density, selector=args.selector)[:2]
+                merged, order = omgs["plan"]
+                ex = GradientExchanger([params[i] for i in order], "topk_ag", topo, density=args.density,
+                                       selector=args.selector, skip_nonfinite=False, overlap=overlap,
+                                       plan="omgs", merged=merged)
+            else:
+                ex = GradientExchanger(params, args.comm, topo, density=args.density, selector=args.selector,
+                                       hybrid_threshold_bytes=0, skip_nonfinite=False, overlap=overlap, **options)
             ex.enabled = False  # hooks fire only in this exchanger's own mode
             return ex
 
+        def loss() -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(model(images), labels)
+
         def backward() -> None:
             model.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            loss().backward()
 
         def compute() -> dict:
             dist.barrier()  # every rank starts together, as after an exchange; nothing else in the time
