@@ -105,14 +105,15 @@ def _nccl(has_cuda: bool) -> dict:
 
 def _triton(has_cuda: bool) -> dict:
     if importlib.util.find_spec("triton") is None:
-        return _check("triton", None, "not installed: mstopk uses its torch path",
+        return _check("triton", None, "not installed: mstopk's kernel='gpu' is unavailable (the default uses torch)",
                       "pip install 'cachepipe[gpu]' (kernel) or 'cachepipe[dev]' (interpreted tests)")
     try:
         import triton
     except Exception as e:
         return _check("triton", None, f"installed but does not import: {type(e).__name__}: {e}; mstopk uses torch",
                       "reinstall the triton that matches torch (pip install 'cachepipe[gpu]')")
-    where = "the MSTopK kernel runs on CUDA" if has_cuda else "no CUDA: kernel tests run in its interpreter"
+    where = ("mstopk kernel='gpu' runs on CUDA (not the default: NOTE [MSTopK kernel choice])" if has_cuda
+             else "no CUDA: kernel tests run in its interpreter")
     return _check("triton", True, f"triton {triton.__version__}; {where}")
 
 
