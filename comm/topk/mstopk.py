@@ -19,12 +19,12 @@ implementations, chosen by ``kernel``, return the same indices for the same gene
 
 NOTE [MSTopK kernel choice]: the first run on a GPU (H200, triton 3.6, 2026-11-26,
 docs/BENCHMARKS.md) measured the fused kernel 1.7-4.7x *slower* than the torch path on
-the same CUDA tensors at every size from 256K to 64M (16M, k = 0.1 %: 2.6 ms against
+the same CUDA tensors at every size from 256K to 128M (16M, k = 0.1 %: 2.6 ms against
 1.0 ms; ``torch.topk``: 0.4 ms). Its two histogram passes take about 0.5-0.6 ms each at
-16M where a read pass takes 31 us: the magnitudes of a gradient fall into a few dozen of
-the 2048 bins, and the per-block histograms contend on them (``torch.bincount`` of the
-same keys takes as long). Until the histograms stop contending, ``"auto"`` never picks
-the kernel; ``kernel="gpu"`` still runs it (tested on CUDA and in the interpreter).
+16M where a read pass takes 31 us (a gradient's magnitudes fill a few dozen of the 2048
+bins; ``torch.bincount`` of the same keys takes as long). Until the histograms get cheaper,
+``"auto"`` never picks the kernel; ``kernel="gpu"`` still runs it (tested on CUDA and in
+the interpreter).
 
 See NOTE [MSTopK thresholds from the (k+1)-th magnitude] and NOTE [MSTopK fill rule] in
 ``comm/topk/mstopk_band.py`` for why the implementations agree and how the fill differs
