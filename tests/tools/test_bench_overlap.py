@@ -32,7 +32,7 @@ def _steps(*seconds, **extra):
 
 def test_summarize_takes_medians_and_compares_overlap_with_the_larger_part():
     parts = {"backward": 0.02, "launch_in_backward": 0.004, "select_in_backward": 0.001, "sync": 0.01,
-             "blocked": 0.006, "launch_in_sync": 0.0}
+             "blocked": 0.006, "launch_in_sync": 0.0, "first_ready": 0.015}
     modes = {"compute": _steps(0.020, 0.030, 0.022), "exchange size": _steps(0.010, 0.012, 0.011),
              "no overlap size": _steps(0.033, 0.034, 0.035), "overlap size": _steps(0.025, 0.026, 0.0275, **parts),
              "exchange layer": _steps(0.040, 0.041, 0.042), "no overlap layer": _steps(0.06, 0.07, 0.08),
@@ -46,6 +46,9 @@ def test_summarize_takes_medians_and_compares_overlap_with_the_larger_part():
     assert size["blocked_ms"] == pytest.approx(6.0) and size["launch_in_backward_ms"] == pytest.approx(4.0)
     assert size["compute_cpu_ms"] == pytest.approx(11.0) and size["exchange_cpu_ms"] == pytest.approx(5.5)
     assert layer["overlap_cpu_ms"] == pytest.approx(25.0)
+    # NOTE [overlap bound]: nothing leaves before the first bucket is ready
+    assert size["bound_ms"] == pytest.approx(max(22.0, 15.0 + 11.0))
+    assert layer["bound_ms"] == pytest.approx(15.0 + 41.0) and layer["overlap_vs_bound"] == pytest.approx(50.0 / 56.0)
 
 
 @pytest.mark.parametrize("flags, match", [(["--emulate", "2by2"], "--emulate"), (["--plans", "size:-1"], "--plans"),
@@ -67,3 +70,4 @@ def test_a_tiny_run_on_the_emulated_cluster_gives_one_row_per_plan(tmp_path):
     assert rows[2]["plan"] == "omgs" and rows[2]["buckets"] >= 1
     for r in rows:
         assert r["overlap_ms"] > 0 and r["exchange_ms"] > 0 and r["backward_ms"] <= r["overlap_ms"] + 1e-9
+        assert 0 < r["first_ready_ms"] <= r["backward_ms"] + 1e-9 and r["bound_ms"] >= r["compute_ms"]

@@ -27,7 +27,15 @@ machine shared with other jobs the load changes from minute to minute, and block
 of steps per mode measured the load more than the modes.
 
 Without overlap a step is about ``compute + exchange``; perfect overlap would give
-``max(compute, exchange)``. The overlap columns split the step: ``backward`` (forward +
+``max(compute, exchange)``.
+
+NOTE [overlap bound]: an exchange that overlaps backward only cannot start before
+backward has produced the first bucket's last gradient (``first_ready``: forward plus the
+start of backward, measured in the overlapped step), and step ``t + 1``'s forward needs
+the update; so ``bound = max(compute, first_ready + exchange)`` is what scheduling the
+buckets can reach at best (an estimate: the exchange alone includes CPU work that could
+run beside compute on an idle core). ``overlap_vs_bound`` says how much of the gap to
+``max`` is the engine's, the rest is the bound's. The overlap columns split the step: ``backward`` (forward +
 backward with the launches inside it), ``launch_in_backward`` (the hooks' share: packing,
 the first stages of the collectives, waiting there for the other ranks to reach the same
 bucket, and ``select_in_backward``, the top-k selection), ``sync`` (after backward returned), of which
@@ -56,7 +64,7 @@ __all__ = ["configure", "main", "summarize"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
-           "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms",
+           "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms",
            "launch_in_sync_ms", "compute_cpu_ms", "exchange_cpu_ms", "overlap_cpu_ms"]
 
 
@@ -101,8 +109,11 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
                "overlap_ms": _median_ms(over, "step"), "compute_cpu_ms": compute_cpu,
                "exchange_cpu_ms": _median_ms(modes[f"exchange {plan}"], "cpu"), "overlap_cpu_ms": _median_ms(over, "cpu")}
         row["overlap_vs_max"] = row["overlap_ms"] / row["max_ms"]
-        for key in ("backward", "launch_in_backward", "select_in_backward", "sync", "blocked", "launch_in_sync"):
+        for key in ("backward", "launch_in_backward", "select_in_backward", "sync", "blocked", "launch_in_sync",
+                    "first_ready"):
             row[f"{key}_ms"] = _median_ms(over, key)
+        row["bound_ms"] = max(compute, row["first_ready_ms"] + exchange)  # NOTE [overlap bound]
+        row["overlap_vs_bound"] = row["overlap_ms"] / row["bound_ms"]
         rows.append(row)
     return rows
 

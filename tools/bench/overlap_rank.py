@@ -107,8 +107,21 @@ def main(argv: list[str] | None = None) -> int:
             return run
 
         def train_step(ex: GradientExchanger):
+            # when backward has produced the first bucket's last gradient (NOTE [overlap bound]);
+            # a gradient hook runs before the engine's post-accumulate hooks launch anything
+            first = {"left": 0, "at": None}
+
+            def produced(_grad) -> None:
+                first["left"] -= 1
+                if first["left"] == 0:
+                    first["at"] = time.perf_counter()
+
+            for i in ex.buckets[0].params:
+                ex.params[i].register_hook(produced)
+
             def run() -> dict:
                 ex.enabled = True
+                first.update(left=len(ex.buckets[0].params), at=None)
                 launch0, wait0 = ex.stats["compress_s"], ex.stats["wait_s"]
                 start, cpu = time.perf_counter(), time.process_time()
                 backward()
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 end = time.perf_counter()
                 ex.enabled = False
                 return {"step": end - start, "cpu": time.process_time() - cpu, "backward": mid - start,
-                        "sync": end - mid,
+                        "sync": end - mid, "first_ready": first["at"] - start,
                         "launch_in_backward": launch1 - launch0, "launch_in_sync": ex.stats["compress_s"] - launch1,
                         "select_in_backward": ex.last_timings["select_overlapped"],
                         "blocked": ex.stats["wait_s"] - wait0}
