@@ -242,9 +242,8 @@ def gpu_candidates(x: torch.Tensor, k: int, iters: int) -> Candidates | None:
     _launch(_fine_kernel, (progs,), x, n, coarse, fine_hist, per_prog,
             BLOCK=BLOCK, BINS=BINS, SHIFT=KEY_SHIFT, num_warps=_WARPS)
     total, vmax = psum.sum(), pmax.max()
-    host = torch.cat([torch.stack([total, vmax.double(), coarse[0].double()]),
-                      coarse_hist.double(), fine_hist.double()]).tolist()  # host sync 1
-    host = np.array(host)
+    host = np.array(torch.cat([torch.stack([total, vmax.double(), coarse[0].double()]),
+                               coarse_hist.double(), fine_hist.double()]).tolist())  # host sync 1
     total_h, vmax_h, b = float(host[0]), float(host[1]), int(host[2])
     check_finite(total_h, vmax_h)
     mean = total_h / n

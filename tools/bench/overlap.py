@@ -35,7 +35,9 @@ start of backward, measured in the overlapped step), and step ``t + 1``'s forwar
 the update; so ``bound = max(compute, first_ready + exchange)`` is what scheduling the
 buckets can reach at best (an estimate: the exchange alone includes CPU work that could
 run beside compute on an idle core). ``overlap_vs_bound`` says how much of the gap to
-``max`` is the engine's, the rest is the bound's. The overlap columns split the step: ``backward`` (forward +
+``max`` is the engine's, the rest is the bound's.
+
+The overlap columns split the step: ``backward`` (forward +
 backward with the launches inside it), ``launch_in_backward`` (the hooks' share: packing,
 the first stages of the collectives, waiting there for the other ranks to reach the same
 bucket, and ``select_in_backward``, the top-k selection), ``sync`` (after backward returned), of which
@@ -64,8 +66,9 @@ __all__ = ["configure", "main", "summarize"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
-           "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms", "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms",
-           "launch_in_sync_ms", "compute_cpu_ms", "exchange_cpu_ms", "overlap_cpu_ms"]
+           "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms", "launch_in_backward_ms",
+           "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms", "compute_cpu_ms", "exchange_cpu_ms",
+           "overlap_cpu_ms"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -116,12 +116,11 @@ def main(argv: list[str] | None = None) -> int:
                 if first["left"] == 0:
                     first["at"] = time.perf_counter()
 
-            for i in ex.buckets[0].params:
-                ex.params[i].register_hook(produced)
-
             def run() -> dict:
                 ex.enabled = True
+                # hooked for this step only: other modes' backward stays free of them
                 first.update(left=len(ex.buckets[0].params), at=None)
+                hooks = [ex.params[i].register_hook(produced) for i in ex.buckets[0].params]
                 launch0, wait0 = ex.stats["compress_s"], ex.stats["wait_s"]
                 start, cpu = time.perf_counter(), time.process_time()
                 backward()
@@ -129,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 launch1 = ex.stats["compress_s"]
                 ex.synchronize()
                 end = time.perf_counter()
+                for h in hooks:
+                    h.remove()
                 ex.enabled = False
                 return {"step": end - start, "cpu": time.process_time() - cpu, "backward": mid - start,
                         "sync": end - mid, "first_ready": first["at"] - start,
