@@ -35,6 +35,25 @@ is ``m * u + (1 - m) * v`` (NOTE [momentum correction] in comm/residual.py).
 
 NOTE [local update] (comm/local_update.py): clipping, weight decay and a carried
 residual act on each worker's bucket before it is exchanged.
+
+NOTE [pipelined exchange]: overlapping backward alone cannot hide an exchange as long as
+the step: step ``t``'s exchange cannot start before backward has produced the first
+bucket's gradient, and step ``t + 1``'s forward needs its update, so a step takes at
+least forward + the start of backward + the exchange (NOTE [overlap bound] in
+tools/bench/overlap.py). With ``pipeline=True`` step ``t``'s exchange runs on during step
+``t + 1``'s forward and backward and is applied by step ``t + 1``'s optimiser step: the
+update uses the gradients of one step earlier (Pipe-SGD, Li et al., NeurIPS 2018: one
+step of staleness, here with error feedback unchanged since every bucket still sends and
+keeps its residual when it is launched). The step then takes about ``max(compute,
+exchange)``. Order, the same on every rank: the previous step's buckets are finished (in
+plan order) right before this step's first bucket is launched, so no collective of two
+steps ever interleaves on a group. :meth:`synchronize` of the first step (and the first
+after :meth:`flush`) has nothing to apply: it zeroes the gradients and returns False, and
+the caller skips the optimiser step; :meth:`flush` finishes what is in flight and leaves
+it in ``p.grad`` for one more optimiser step (the trainer flushes at every epoch end, so
+evaluations and phase switches see every gradient applied). A checkpoint in between
+(:meth:`state_dict`) holds the finished but unapplied gradients, so resuming from it
+takes the same steps as going on.
 """
 from __future__ import annotations
 
@@ -83,6 +102,8 @@ class GradientExchanger:
             (NOTE [local update] in comm/local_update.py); default none.
         clip_norm: local gradient clipping threshold before ``P**-1/2`` scaling (NOTE
             [local update]); 0 (default) does not clip.
+        pipeline: apply each step's exchange one step later, so that it overlaps the next
+            step's forward and backward (NOTE [pipelined exchange]); default False.
 
     Attributes:
         buckets: the plan (list of :class:`comm.plans.Bucket`, launch order).
@@ -111,12 +132,12 @@ class GradientExchanger:
                  hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
                  overlap: bool = True, momentum: float = 0.0, masking: bool = True,
                  weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0,
-                 dense_vectors: bool = False):
+                 dense_vectors: bool = False, pipeline: bool = False):
         get_algorithm(algorithm)
         self.params = [p for p in params if p.requires_grad]
         self._local = LocalUpdate(self.params, topology.world_size, weight_decay, clip_norm)
         self.topology, self.algorithm = topology, algorithm
-        self.skip_nonfinite, self.overlap = skip_nonfinite, overlap
+        self.skip_nonfinite, self.overlap, self.pipeline = skip_nonfinite, overlap, pipeline
         self.skipped_steps = 0
         if isinstance(plan, str):
             options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes,
@@ -144,6 +165,9 @@ class GradientExchanger:
         self._ready = [0] * len(self.buckets)
         self._inflight: list[tuple[int, InFlight | None]] = []  # (bucket, exchange); None: skipped
         self._skipped = False
+        # NOTE [pipelined exchange]: the previous step's exchanges, then their results
+        self._previous: tuple[list[tuple[int, InFlight | None]], bool] | None = None
+        self._finished: tuple[list[tuple[int, torch.Tensor | None]], bool] | None = None
         self.enabled = True
         self._handles = []
         if overlap:
@@ -173,6 +197,7 @@ class GradientExchanger:
             self._launch(b, check=self.skip_nonfinite)
 
     def _launch(self, b: int, check: bool) -> None:
+        self._finish_previous()  # NOTE [pipelined exchange]
         start = time.perf_counter()
         self._start(b, check)
         took = time.perf_counter() - start
@@ -208,11 +233,15 @@ class GradientExchanger:
         """Finish every exchange and leave the averaged gradients in ``p.grad`` (collective).
 
         Buckets not launched during backward (``overlap=False``, parameters without
-        gradient, :meth:`no_sync`) are launched now, in plan order.
+        gradient, :meth:`no_sync`) are launched now, in plan order. With ``pipeline`` this
+        step's exchange stays in flight and ``p.grad`` receives the previous step's
+        averaged gradients (NOTE [pipelined exchange]).
 
         Returns:
-            True if gradients were exchanged, False if the step was skipped because some
-            worker's gradients were non-finite (NOTE [overflow steps]).
+            True if gradients were exchanged; False if the step was skipped because some
+            worker's gradients were non-finite (NOTE [overflow steps]), or, with
+            ``pipeline``, when there is no earlier step to apply (``p.grad`` is zero):
+            skip the optimiser step then.
         """
         start = time.perf_counter()
         overlapped = self._select.take()
@@ -224,26 +253,71 @@ class GradientExchanger:
                 self._inflight = [(b, None) for b in range(len(self.buckets))]
         while self.launched < len(self.buckets):
             self._launch(self.launched, check=self.skip_nonfinite and in_backward > 0)
-        for b, flight in self._inflight:
-            grads = [self._grad(i) for i in self.buckets[b].params]
-            if flight is None:
-                for g in grads:
-                    g.fill_(float("nan"))
-                continue
-            out, offset = flight.finish(), 0
-            self.stats["wait_s"] += flight.waited_s
-            for g in grads:
-                g.copy_(out[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-        skipped = self._skipped
-        self.skipped_steps += skipped
+        current = (self._inflight, self._skipped)
         self._inflight, self._ready, self._skipped = [], [0] * len(self.buckets), False
+        if self.pipeline:
+            self._finish_previous()  # no bucket launched (no parameters)
+            applied = self._apply(self._finished)
+            self._previous, self._finished = current, None
+        else:
+            self._previous = current
+            self._finish_previous()
+            applied = self._apply(self._finished)
+            self._finished = None
         wait = time.perf_counter() - start
         select = self._select.take()
         self.stats["select_s"] += overlapped + select
         self.stats["sync_s"] += wait
         self.last_timings = {"select": select, "select_overlapped": overlapped, "wait": wait,
                              "launched_in_backward": in_backward}
+        return applied
+
+    def flush(self) -> bool:
+        """With ``pipeline``: finish the exchange still in flight and leave its averaged
+        gradients in ``p.grad`` for one more optimiser step (collective); the next
+        :meth:`synchronize` then has nothing to apply. Returns False (and changes nothing)
+        when nothing was in flight or pending; without ``pipeline`` there never is."""
+        if self._previous is None and self._finished is None:
+            return False
+        self._finish_previous()
+        applied = self._apply(self._finished)
+        self._finished = None
+        return applied
+
+    def _finish_previous(self) -> None:
+        """Run the previous step's exchanges to the end, in plan order (NOTE [pipelined exchange])."""
+        if self._previous is None:
+            return
+        flights, skipped = self._previous
+        self._previous = None
+        results = []
+        for b, flight in flights:
+            if flight is not None:
+                results.append((b, flight.finish()))
+                self.stats["wait_s"] += flight.waited_s
+            else:
+                results.append((b, None))
+        self._finished = (results, skipped)
+
+    def _apply(self, finished) -> bool:
+        """Copy finished exchanges into ``p.grad`` (NaN for a skipped bucket); zeros when
+        there are none (the first pipelined step). Returns whether a step may apply them."""
+        if finished is None:
+            for i in range(len(self.params)):
+                self._grad(i).zero_()
+            return False
+        results, skipped = finished
+        for b, out in results:
+            grads = [self._grad(i) for i in self.buckets[b].params]
+            if out is None:
+                for g in grads:
+                    g.fill_(float("nan"))
+                continue
+            offset = 0
+            for g in grads:
+                g.copy_(out[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        self.skipped_steps += skipped
         return not skipped
 
     @contextlib.contextmanager
@@ -276,7 +350,15 @@ class GradientExchanger:
     # -- residuals -----------------------------------------------------------------------
     def take_residuals(self) -> dict[torch.Tensor, torch.Tensor]:
         """This rank's residuals per parameter (parameter -> tensor shaped like it), cleared
-        here (NOTE [residual at a phase switch]). Parameters without residual are left out."""
+        here (NOTE [residual at a phase switch]). Parameters without residual are left out.
+
+        Raises:
+            RuntimeError: with ``pipeline``, while gradients are in flight or not applied
+                (:meth:`flush` first).
+        """
+        if self._previous is not None or self._finished is not None:
+            raise RuntimeError("GradientExchanger.take_residuals() while a pipelined exchange is not applied: call "
+                               "flush() and apply its gradients first (NOTE [pipelined exchange])")
         out = {}
         for b, ex in zip(self.buckets, self.exchangers):
             if ex.memory.residual is None and ex.memory.momentum is None:
@@ -305,9 +387,19 @@ class GradientExchanger:
             self._local.carried[index[id(p)]] = r  # NOTE [residual at a phase switch]
 
     def state_dict(self) -> dict:
-        """Residuals of every bucket (for checkpoints), with the bucket layout."""
-        return {"algorithm": self.algorithm, "buckets": [list(b.params) for b in self.buckets],
-                "exchangers": [ex.state_dict() for ex in self.exchangers]}
+        """Residuals of every bucket (for checkpoints), with the bucket layout. With
+        ``pipeline`` also the previous step's averaged gradients not applied yet (``pending``),
+        so that a run resumed from a checkpoint takes the same steps as one that went on:
+        an exchange still in flight is finished first (collective then; NOTE [pipelined
+        exchange])."""
+        self._finish_previous()
+        state = {"algorithm": self.algorithm, "buckets": [list(b.params) for b in self.buckets],
+                 "exchangers": [ex.state_dict() for ex in self.exchangers]}
+        if self._finished is not None:
+            results, skipped = self._finished
+            state["pending"] = {"buckets": [b for b, _ in results], "skipped": skipped,
+                                "gradients": [out for _, out in results]}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore residuals saved by :meth:`state_dict`.
@@ -320,3 +412,8 @@ class GradientExchanger:
                              "bucket_bytes and hybrid_threshold_bytes as when the state was saved")
         for ex, s in zip(self.exchangers, state["exchangers"]):
             ex.load_state_dict(s)
+        pending = state.get("pending")
+        self._previous = None
+        self._finished = None if pending is None else (
+            [(b, None if g is None else g.to(self.params[0].device))
+             for b, g in zip(pending["buckets"], pending["gradients"])], bool(pending["skipped"]))

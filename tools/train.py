@@ -53,6 +53,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--exchange-fraction", type=float, default=None, metavar="F",
                        help="train.exchange_fraction: with --locality node, the share of samples dealt across "
                             "nodes each epoch, in [0, 1] (default: the recipe's, 0.02)")
+    group.add_argument("--pipeline-exchange", action="store_true", default=None,
+                       help="train.pipeline_exchange: each step's gradient exchange runs on during the next step "
+                            "and is applied one step late, hiding an exchange as long as a step (not with --ddp, "
+                            "powersgd or fp16)")
     group.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                        help="override any recipe field, e.g. optim.eta=0.002 or phases.0.size=112")
     parser.add_argument("--on-error", default="skip", choices=["raise", "skip"],
@@ -126,7 +130,8 @@ def _recipe(args, default_name: str | None = None):
     sets = list(args.set)
     for key, value in (("optim.lr", args.lr), ("model.name", args.model), ("train.amp", args.amp),
                        ("train.seed", args.seed), ("train.locality", args.locality),
-                       ("train.exchange_fraction", args.exchange_fraction)):
+                       ("train.exchange_fraction", args.exchange_fraction),
+                       ("train.pipeline_exchange", args.pipeline_exchange)):
         if value is not None:
             sets.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}")
     return override(load_recipe(args.recipe or default_name), epochs=args.epochs, comm=args.comm,

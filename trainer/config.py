@@ -176,6 +176,11 @@ class TrainConfig:
     ``locality``: ``global`` shuffles over the whole dataset; ``node`` makes the ranks of a
     node draw the samples held by their node's Redis, with ``exchange_fraction`` of them
     dealt across nodes each epoch (NOTE [node-local order] in ``loaders.locality``).
+
+    ``pipeline_exchange``: each step's gradient exchange runs on during the next step's
+    forward and backward and is applied one step late (NOTE [pipelined exchange] in
+    ``comm/engine.py``): it hides an exchange as long as a step, at the price of one step
+    of staleness. Not with fp16 loss scaling nor exchanges inside DDP (``powersgd``, ``--ddp``).
     """
 
     amp: str = "bf16"
@@ -187,6 +192,7 @@ class TrainConfig:
     workers: int = 4
     locality: str = "global"
     exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION
+    pipeline_exchange: bool = False
 
     def __post_init__(self):
         _need(self.amp in AMP_MODES, f"train.amp {self.amp!r} is unknown; valid: {list(AMP_MODES)}")
@@ -198,6 +204,9 @@ class TrainConfig:
         _need(self.locality in LOCALITIES, f"train.locality {self.locality!r} is unknown; valid: {list(LOCALITIES)}")
         _need(0 <= self.exchange_fraction <= 1,
               f"train.exchange_fraction (--exchange-fraction) must be in [0, 1]; got {self.exchange_fraction}")
+        _need(not (self.pipeline_exchange and self.amp == "fp16"),
+              "train.pipeline_exchange (--pipeline-exchange) needs train.amp bf16 or off: fp16 loss scaling checks "
+              "each step's gradients for overflow before they are exchanged")
 
 
 @dataclass(frozen=True)
@@ -219,6 +228,10 @@ class Recipe:
               f"({self.total_epochs}); lower it (--set schedule.warmup_epochs=N) or train longer")
         _need(max(self.schedule.milestones, default=0) <= self.total_epochs,
               f"schedule.milestones must lie within the {self.total_epochs} epochs; got {list(self.schedule.milestones)}")
+        inside_ddp = [f"phases[{i}]" for i, p in enumerate(self.phases) if p.comm in DDP_COMMS]
+        _need(not (self.train.pipeline_exchange and inside_ddp),
+              f"train.pipeline_exchange (--pipeline-exchange) pipelines the comm engine's exchange; "
+              f"{', '.join(inside_ddp)} exchange inside DDP's backward ({', '.join(DDP_COMMS)}): drop one of them")
 
     @property
     def total_epochs(self) -> int:

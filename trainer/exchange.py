@@ -70,18 +70,26 @@ class PhaseExchange:
         self.inner, self.layout = inner, layout or {}
         self.last_timings = {"compress": 0.0, "communicate": 0.0, "compress_overlapped": 0.0}
 
-    def synchronize(self) -> None:
-        """Finish the exchange. ``last_timings``: ``compress`` (top-k selection inside this
-        call), ``communicate`` (the rest of it: waiting for what is still in flight) and
-        ``compress_overlapped`` (selection done during backward, inside its time)."""
+    def synchronize(self) -> bool:
+        """Finish the exchange; False when ``p.grad`` holds nothing to apply (the first step
+        of a pipelined exchange: NOTE [pipelined exchange] in comm/engine.py). ``last_timings``:
+        ``compress`` (top-k selection inside this call), ``communicate`` (the rest of it:
+        waiting for what is still in flight) and ``compress_overlapped`` (selection done
+        during backward, inside its time)."""
         if self.inner is None:
-            return
+            return True
         start = time.perf_counter()
-        self.inner.synchronize()
+        applied = self.inner.synchronize()
         total = time.perf_counter() - start
         split = self.inner.last_timings
         self.last_timings = {"compress": split["select"], "communicate": max(total - split["select"], 0.0),
                              "compress_overlapped": split["select_overlapped"]}
+        return applied
+
+    def flush(self) -> bool:
+        """A pipelined exchange still in flight is finished into ``p.grad``: True if there
+        is one more optimiser step to take (collective)."""
+        return self.inner is not None and self.inner.flush()
 
     def state_dict(self) -> dict:
         """Residuals, plus the layout (OMGS layer order and plan) needed to rebuild alike."""
@@ -117,8 +125,8 @@ class PhaseExchange:
             self.inner.remove()
 
 
-def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pipelined: bool, probe,
-                layout, **local) -> PhaseExchange:
+def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, probe, layout,
+                **engine) -> PhaseExchange:
     from comm import GradientExchanger
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -131,12 +139,12 @@ def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, pi
     else:  # no probe: every layer alone (LAGS)
         order, plan = list(range(len(params))), [False] * len(params)
     inner = GradientExchanger([params[i] for i in order], "topk_ag", topology, density=density, selector=selector,
-                              plan="omgs", merged=plan, skip_nonfinite=False, overlap=pipelined, **local)
+                              plan="omgs", merged=plan, skip_nonfinite=False, **engine)
     return PhaseExchange(inner, layout={"order": order, "plan": plan})
 
 
 def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
-                   pipelined: bool = True, hybrid_bytes: int = 2**20, probe=None,
+                   overlap: bool = True, pipeline: bool = False, hybrid_bytes: int = 2**20, probe=None,
                    layout: dict | None = None, momentum: float = 0.0, masking: bool = True,
                    weight_decay: dict | None = None, clip_norm: float = 0.0,
                    dense_vectors: bool = False) -> PhaseExchange:
@@ -144,8 +152,10 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
 
     Args:
         hybrid_bytes: buckets smaller than this use dense ``hier`` (0: never).
-        pipelined: exchange during backward (False with fp16 loss scaling, whose
+        overlap: exchange during backward (False with fp16 loss scaling, whose
             overflow check must come before any exchange).
+        pipeline: apply each step's exchange one step later (``train.pipeline_exchange``,
+            NOTE [pipelined exchange] in comm/engine.py).
         probe: OMGS only: ``probe() -> loss`` on a representative batch; the merged-layer
             plan then comes from ``comm.omgs.plan_omgs`` (profile, fit, plan). Without it
             every layer is its own group (LAGS).
@@ -166,10 +176,10 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
         if name not in COMM_NAMES:
             raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
         return PhaseExchange(None)
-    local = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm}
+    engine = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm,
+              "overlap": overlap, "pipeline": pipeline}
     if name == "omgs":
-        return _build_omgs(model, topology, density=density, selector=selector, pipelined=pipelined, probe=probe,
-                           layout=layout, **local)
+        return _build_omgs(model, topology, density=density, selector=selector, probe=probe, layout=layout, **engine)
     from comm import GradientExchanger
 
     # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
@@ -177,7 +187,7 @@ def build_exchange(name: str, model: nn.Module, topology, *, density: float, sel
     return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
                                            density=density, selector=selector, error_feedback=True,
                                            skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes,
-                                           overlap=pipelined, dense_vectors=dense_vectors, **local))
+                                           dense_vectors=dense_vectors, **engine))
 
 
 class DDPExchange:
@@ -192,8 +202,11 @@ class DDPExchange:
         self.module, self.hook_state = module, hook_state
         self.last_timings = {"compress": 0.0, "communicate": 0.0}
 
-    def synchronize(self) -> None:
-        pass
+    def synchronize(self) -> bool:
+        return True
+
+    def flush(self) -> bool:
+        return False
 
     def state_dict(self) -> dict:
         return self.hook_state.state_dict() if self.hook_state is not None else {}
@@ -275,7 +288,7 @@ def saved_residuals(phase, model: nn.Module, topology, state: dict, momentum: fl
     if not state.get("exchange"):
         return {}
     saved = build_exchange(phase.comm, model, topology, density=phase.density, selector=phase.selector,
-                           pipelined=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"),
+                           overlap=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"),
                            momentum=momentum, dense_vectors=phase.dense_vectors)
     try:
         saved.load_state_dict(state)

@@ -126,7 +126,8 @@ class _Run:
                          size=phase.size, num_classes=self.identity["num_classes"], seed=self.recipe.train.seed,
                          device=self.device) as probe:
                 self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                                selector=phase.selector, pipelined=self.scaler is None,
+                                                selector=phase.selector, overlap=self.scaler is None,
+                                                pipeline=self.recipe.train.pipeline_exchange,
                                                 hybrid_bytes=phase.hybrid_bytes, layout=saved,
                                                 probe=probe if phase.omgs_plan == "auto" else None,
                                                 momentum=momentum, masking=phase.momentum_masking,
@@ -182,32 +183,50 @@ class _Run:
         # NOTE [skipped steps keep residuals clean]: with fp16 the gradients are unscaled
         # before the exchange and all ranks agree on finiteness first; a step with an
         # inf/NaN anywhere skips the exchange, so error-feedback residuals never see it.
-        finite = True
+        finite, applied = True, True
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
             local_ok = all(bool(torch.isfinite(p.grad).all()) for p in self.model.parameters() if p.grad is not None)
             finite = all_true(local_ok, self.device)
         if finite:
             start = time.perf_counter()
-            self.exchanger.synchronize()
+            applied = self.exchanger.synchronize()  # False: a pipelined exchange's first step
             self._sync()
             times.add_exchange(time.perf_counter() - start, getattr(self.exchanger, "last_timings", None))
         self.accum["inter_node_bytes"] = self.accum.get("inter_node_bytes", 0) + self.exchanger.take_inter_node_bytes()
         with times.part("update"):
-            clip = self.recipe.optim.clip_norm
-            clipped_locally = self.recipe.local_clip_of(phase, self._sparse(phase))  # before the exchange
-            if finite and clip and not clipped_locally:
-                nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            if self.scaler is not None:
-                if finite:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                else:
-                    self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
-            else:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self._update(phase, finite, applied)
         return float(loss.detach())
+
+    def _update(self, phase, finite: bool, applied: bool = True) -> None:
+        """The optimiser step on the exchanged ``p.grad`` (none when not ``applied``), then zero them."""
+        clip = self.recipe.optim.clip_norm
+        clipped_locally = self.recipe.local_clip_of(phase, self._sparse(phase))  # before the exchange
+        if finite and applied and clip and not clipped_locally:
+            nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if self.scaler is not None:
+            if finite:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+        elif applied:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _drain(self, times: TimeBreakdown) -> None:
+        """NOTE [pipelined exchange] in comm/engine.py: at the end of an epoch the exchange
+        still in flight is finished and applied, so evaluations and phase switches see every
+        gradient applied (mid-epoch checkpoints save it instead)."""
+        start = time.perf_counter()
+        flushed = self.exchanger.flush()
+        self._sync()
+        times.add("communicate", time.perf_counter() - start)
+        if flushed:
+            with times.part("update"):
+                self._update(self.recipe.phases[self.phase_index], True)
+        self.accum["seconds"] += time.perf_counter() - start
+        self.accum["breakdown"] = times.state_dict()
 
     def close(self) -> None:
         """Release loader workers, cache connections and exchanger hooks."""
@@ -259,6 +278,7 @@ class _Run:
                           f"batch {done} of {steps}; checkpoint in {Path(self.cfg.out) / 'checkpoints'}", flush=True)
                 return False
             mark = time.perf_counter()
+        self._drain(times)
         bar.close()
         return True
 

@@ -71,6 +71,9 @@ class RunConfig:
         if self.loader == "memory" and self.recipe.train.locality == "node":
             raise ValueError("--locality node needs the cached loaders (--loader torch or dali): the memory loader "
                              "has no L2 whose placement it could follow")
+        if self.ddp and self.recipe.train.pipeline_exchange:
+            raise ValueError("--ddp exchanges inside DDP's backward; --pipeline-exchange (train.pipeline_exchange) "
+                             "pipelines the comm engine's exchange: drop one of them")
         if self.ckpt_every < 0 or self.stop_after_steps < 0:
             raise ValueError(f"--ckpt-every and --stop-after-steps must be >= 0; got {self.ckpt_every}, {self.stop_after_steps}")
         if self.on_error not in ON_ERROR:

@@ -84,7 +84,41 @@ def _engine_worker(rank, world):
     seen.append((ex.launched, None))
     ex.synchronize()
     out["overlap"] = (seen, len(ex.buckets))
-    # 3. async DDP hook: futures of earlier buckets are still open when later buckets' hooks run
+    # 3. pipelined: step t's exchange is still in flight after synchronize(t), finished in
+    # step t + 1's backward and applied by synchronize(t + 1) (NOTE [pipelined exchange])
+    out["pipeline"] = {}
+    for alg in ("hitopk", "gtopk", "2dtar"):
+        plain_model, piped_model = _model(), _model()
+        plain = GradientExchanger(plain_model.parameters(), alg, topo, density=DENSITY, selector="exact", plan="layer")
+        piped = GradientExchanger(piped_model.parameters(), alg, topo, density=DENSITY, selector="exact",
+                                  plan="layer", pipeline=True)
+        steps = []
+        for step in range(3):
+            for model in (plain_model, piped_model):
+                model.zero_grad()
+                _loss(model, rank, step).backward()
+            drained_in_backward = piped._previous is None and (step == 0 or piped._finished is not None)
+            plain.synchronize()
+            applied = piped.synchronize()
+            in_flight = [not f.done for _, f in piped._previous[0]]
+            steps.append((drained_in_backward, in_flight, applied, [p.grad.clone() for p in plain_model.parameters()],
+                          [p.grad.clone() for p in piped_model.parameters()]))
+        try:  # residuals cannot move to another exchange while gradients are not applied
+            piped.take_residuals()
+            refused = False
+        except RuntimeError as exc:
+            refused = "flush()" in str(exc)
+        # a checkpoint taken now holds step 2's gradients: a copy resumed from it applies them
+        resumed = GradientExchanger(_model().parameters(), alg, topo, density=DENSITY, selector="exact",
+                                    plan="layer", pipeline=True)
+        resumed.load_state_dict(piped.state_dict())
+        resumed_flushed = resumed.flush()
+        flushed = piped.flush()
+        last = [p.grad.clone() for p in piped_model.parameters()]
+        resumed_last = [p.grad.clone() for p in resumed.params]
+        out["pipeline"][alg] = (steps, flushed, last, piped.flush(), refused, (resumed_flushed, resumed_last),
+                                "pending" in piped.state_dict())
+    # 4. async DDP hook: futures of earlier buckets are still open when later buckets' hooks run
     # (DDP takes its bucket_cap_mb buckets from the second iteration on)
     plain = DDP(_model(), bucket_cap_mb=0.0002)
     for step in range(2):
@@ -106,7 +140,7 @@ def _engine_worker(rank, world):
         _loss(hooked, rank, step).backward()
     out["ddp_events"] = events
     out["ddp_equal"] = [(a.grad, b.grad) for a, b in zip(plain.parameters(), hooked.parameters())]
-    # 4. sparse gradients under DDP: density 1 equals plain DDP
+    # 5. sparse gradients under DDP: density 1 equals plain DDP
     plain, hooked = DDP(_Bag()), DDP(_Bag())
     register_sparse_hook(hooked, "2dtar", topo, density=1.0)
     sparse = []
@@ -163,6 +197,24 @@ def test_first_bucket_exchange_starts_before_backward_ends(runs):
         # layer, and their collectives are still in flight there
         assert at_first_layer >= 2 and any(in_flight)
         assert after_backward == buckets
+
+
+@pytest.mark.parametrize("alg", ["hitopk", "gtopk", "2dtar"])
+def test_pipelined_exchange_applies_each_step_one_step_later(runs, alg):
+    for res in runs:
+        steps, flushed, last, flushed_again, refused, (resumed_flushed, resumed_last), pending = res["pipeline"][alg]
+        for step, (drained_in_backward, in_flight, applied, plain, piped) in enumerate(steps):
+            assert drained_in_backward  # the previous step was finished inside this backward
+            assert in_flight and all(in_flight)  # this step's buckets run on past synchronize()
+            assert applied == (step > 0)
+            want = steps[step - 1][3] if step else [torch.zeros_like(g) for g in plain]
+            for got, w in zip(piped, want):
+                assert_close(got, w, rtol=1e-9, atol=1e-12)
+        assert flushed and not flushed_again and refused and not pending
+        assert resumed_flushed
+        for got, resumed, w in zip(last, resumed_last, steps[-1][3]):
+            assert_close(got, w, rtol=1e-9, atol=1e-12)
+            assert_close(resumed, w, rtol=0, atol=0)
 
 
 def test_ddp_hook_returns_open_futures_and_equals_plain_ddp(runs):

@@ -35,14 +35,16 @@ def test_summarize_takes_medians_and_compares_overlap_with_the_larger_part():
              "blocked": 0.006, "launch_in_sync": 0.0, "first_ready": 0.015}
     modes = {"compute": _steps(0.020, 0.030, 0.022), "exchange size": _steps(0.010, 0.012, 0.011),
              "no overlap size": _steps(0.033, 0.034, 0.035), "overlap size": _steps(0.025, 0.026, 0.0275, **parts),
+             "pipeline size": _steps(0.023, 0.024, 0.022, **parts),
              "exchange layer": _steps(0.040, 0.041, 0.042), "no overlap layer": _steps(0.06, 0.07, 0.08),
-             "overlap layer": _steps(0.05, 0.05, 0.05, **parts)}
+             "overlap layer": _steps(0.05, 0.05, 0.05, **parts), "pipeline layer": _steps(0.04, 0.05, 0.04, **parts)}
     size, layer = summarize(modes, ["size", "layer"], {"size": 1, "layer": 29})
     assert size["plan"] == "size" and size["buckets"] == 1 and layer["buckets"] == 29
     assert size["compute_ms"] == pytest.approx(22.0) and size["exchange_ms"] == pytest.approx(11.0)
     assert size["max_ms"] == pytest.approx(22.0) and layer["max_ms"] == pytest.approx(41.0)
     assert size["no_overlap_ms"] == pytest.approx(34.0) and size["overlap_ms"] == pytest.approx(26.0)
     assert size["overlap_vs_max"] == pytest.approx(26.0 / 22.0)
+    assert size["pipeline_ms"] == pytest.approx(23.0) and layer["pipeline_vs_max"] == pytest.approx(40.0 / 41.0)
     assert size["blocked_ms"] == pytest.approx(6.0) and size["launch_in_backward_ms"] == pytest.approx(4.0)
     assert size["compute_cpu_ms"] == pytest.approx(11.0) and size["exchange_cpu_ms"] == pytest.approx(5.5)
     assert layer["overlap_cpu_ms"] == pytest.approx(25.0)
@@ -70,4 +72,5 @@ def test_a_tiny_run_on_the_emulated_cluster_gives_one_row_per_plan(tmp_path):
     assert rows[2]["plan"] == "omgs" and rows[2]["buckets"] >= 1
     for r in rows:
         assert r["overlap_ms"] > 0 and r["exchange_ms"] > 0 and r["backward_ms"] <= r["overlap_ms"] + 1e-9
+        assert r["pipeline_ms"] > 0
         assert 0 < r["first_ready_ms"] <= r["backward_ms"] + 1e-9 and r["bound_ms"] >= r["compute_ms"]

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from tools.bench.time_to_accuracy import Emulation, breakdown, build_rows, parse_emulate, time_to_target
+from tools.bench.train_emulated import run_kinds
 from tools.cli import main as cli
 from tools.cluster import netns_unavailable_reason
 
@@ -89,6 +90,22 @@ def test_node_local_runs_are_rows_of_their_algorithm_measured_against_dense_with
         build_rows({"dense-node": runs["dense-node"]})
 
 
+def test_pipelined_runs_are_rows_of_their_algorithm_and_named_after_it():
+    runs = {"dense": {"metrics": DENSE, "inter_node_bytes": 6_000_000, "job_s": 50.0},
+            "dense-pipe": {"metrics": HITOPK, "inter_node_bytes": 6_000_000, "job_s": 40.0, "comm": "dense",
+                           "pipeline": True}}
+    rows = build_rows(runs)
+    assert [(r["comm"], r["pipeline"]) for r in rows] == [("dense", False), ("dense", True)]
+    assert {r["target_top1"] for r in rows} == {69.0}  # the dense run without pipelining sets it
+    with pytest.raises(ValueError, match="off in --pipeline-exchange"):
+        build_rows({"dense-pipe": runs["dense-pipe"]})
+    # every --comm with every choice, except powersgd (inside DDP's backward) pipelined
+    assert run_kinds(["dense", "powersgd"], "global,node", "off,on") == {
+        "dense": ("dense", "global", False), "dense-pipe": ("dense", "global", True),
+        "dense-node": ("dense", "node", False), "dense-node-pipe": ("dense", "node", True),
+        "powersgd": ("powersgd", "global", False), "powersgd-node": ("powersgd", "node", False)}
+
+
 def test_breakdown_weights_epochs_by_their_steps_and_derives_waiting():
     b = breakdown(HITOPK)
     # (2 * 2 ms + 4 ms) / 3 epochs of 20 steps each
@@ -136,6 +153,8 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
     (["--emulate", "2x2", "--per-class", "0"], "--per-class must be >= 1"),
     (["--emulate", "2x2", "--comm", "omgs", "--reuse"], "--reuse: .* holds no finished run"),
     (["--emulate", "2x2", "--locality", "global,rack"], r"--locality 'global,rack': unknown \['rack'\]; valid: \['global'"),
+    (["--emulate", "2x2", "--pipeline-exchange", "yes"],
+     r"--pipeline-exchange 'yes': unknown \['yes'\]; valid: \['off', 'on'\]"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):
     code = cli(["bench", "train", *argv, "--out", str(tmp_path / "o")])
@@ -147,19 +166,20 @@ def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=str(REASON))
 def test_emulated_cluster_end_to_end_tiny(tmp_path):
-    """Two emulated nodes of one process, one short epoch per algorithm and locality: the
+    """Two emulated nodes of one process, one short epoch per algorithm, locality and pipelining: the
     harness runs real ``cachepipe train`` ranks, counts link bytes and cleans up its namespaces."""
     import subprocess
 
     out = tmp_path / "bench"
     code = cli(["bench", "train", "--emulate", "2x1@100", "--comm", "dense,powersgd", "--locality", "global,node",
-                "--epochs", "1",
+                "--pipeline-exchange", "off,on", "--epochs", "1",
                 "--per-class", "8", "--batch-size", "8", "--size", "16", "--cache-size", "20", "--out", str(out),
                 "--json", str(tmp_path / "rows.json"), "--set", "schedule.warmup_epochs=0"])
     assert code == 0
     rows = json.loads((tmp_path / "rows.json").read_text())
-    assert [(r["comm"], r["locality"]) for r in rows] == [("dense", "global"), ("dense", "node"),
-                                                          ("powersgd", "global"), ("powersgd", "node")]
+    assert [(r["comm"], r["locality"], r["pipeline"]) for r in rows] == [
+        ("dense", "global", False), ("dense", "global", True), ("dense", "node", False), ("dense", "node", True),
+        ("powersgd", "global", False), ("powersgd", "node", False)]
     for r in rows:
         assert r["steps"] == 5 and r["inter_node_bytes_per_step"] > 0 and r["seconds"] > 0
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

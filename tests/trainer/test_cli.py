@@ -54,6 +54,11 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     (["--data", "{data}", "--nprocs", "0"], r"--nprocs 0: must be >= 1$"),
     (["--data", "{data}", "--recipe", "demo", "--exchange-fraction", "1.5"],
      r"exchange_fraction \(--exchange-fraction\) must be in \[0, 1\]; got 1.5"),
+    (["--data", "{data}", "--recipe", "demo", "--pipeline-exchange", "--amp", "fp16"],
+     r"pipeline_exchange \(--pipeline-exchange\) needs train.amp bf16 or off"),
+    (["--data", "{data}", "--recipe", "demo", "--pipeline-exchange", "--comm", "powersgd"],
+     r"phases\[0\] exchange inside DDP's backward \(powersgd\)"),
+    (["--data", "{data}", "--recipe", "demo", "--pipeline-exchange", "--ddp"], r"--ddp .* drop one of them$"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
     res = _cli("train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out", tmp_path / "o")

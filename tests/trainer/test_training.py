@@ -13,7 +13,8 @@ from trainer.serialize import load_state
 
 ALGORITHMS = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd"]  # powersgd: always DDP
 DDP_ALGORITHMS = ["dense", "hitopk"]  # also run inside backward as DDP (comm hook)
-RESUME_COMMS = ["hitopk", "omgs"]  # sparse: residuals (and OMGS's planned layout) are resumed state
+RESUME_COMMS = ["hitopk", "omgs", "hitopk-pipe"]  # sparse: residuals (and OMGS's planned layout) are resumed
+# state; -pipe: train.pipeline_exchange (NOTE [pipelined exchange] in comm/engine.py)
 
 
 def _assert_same(a, b, where="state"):
@@ -42,9 +43,12 @@ def _train_each_algorithm(rank, world, data, out):
     from trainer.loop import train
 
     losses = {}
-    for ddp, comm in [(False, c) for c in ALGORITHMS] + [(True, c) for c in DDP_ALGORITHMS]:
-        name = f"ddp-{comm}" if ddp else comm
-        cfg = RunConfig(recipe=_recipe(3, comm), data=str(data), out=f"{out}/{name}", loader="memory",
+    runs = [(False, c, c) for c in ALGORITHMS] + [(True, c, f"ddp-{c}") for c in DDP_ALGORITHMS]
+    for ddp, comm, name in runs + [(False, "hitopk", "hitopk-pipe")]:
+        recipe = _recipe(3, comm)
+        if name.endswith("-pipe"):
+            recipe = override(recipe, sets=["train.pipeline_exchange=true"])
+        cfg = RunConfig(recipe=recipe, data=str(data), out=f"{out}/{name}", loader="memory",
                         nodes=2, local_size=2, device="cpu", ddp=ddp)
         losses[name] = [row["train_loss"] for row in train(cfg)]
     return losses
@@ -53,7 +57,7 @@ def _train_each_algorithm(rank, world, data, out):
 def test_every_exchange_algorithm_lowers_the_loss(small_dataset, tmp_path):
     losses = run_distributed(_train_each_algorithm, 4, small_dataset, tmp_path, timeout=240)
     assert losses[0] == losses[3]  # every rank reports the same (reduced) loss
-    assert len(losses[0]) == len(ALGORITHMS) + len(DDP_ALGORITHMS)
+    assert len(losses[0]) == len(ALGORITHMS) + len(DDP_ALGORITHMS) + 1
     for comm, per_epoch in losses[0].items():
         assert per_epoch[-1] < per_epoch[0] and per_epoch[-1] < 0.9 * math.log(4), (comm, per_epoch)
 
@@ -62,16 +66,19 @@ def _interrupted_and_uninterrupted(rank, world, data, out):
     from trainer.loop import train
 
     epochs = []
-    for comm in RESUME_COMMS:
+    for name in RESUME_COMMS:
+        comm, _, pipe = name.partition("-")
         # omgs: every layer alone; an "auto" plan is timed, so two runs may plan differently. The
         # density warm-up (1.5 epochs) changes the density at every step across the interruption.
         recipe = override(_recipe(2, comm, density=0.05), sets=["phases.0.omgs_plan=lags",
-                                                                "phases.0.density_warmup_epochs=1.5"])
+                                                                "phases.0.density_warmup_epochs=1.5",
+                                                                f"train.pipeline_exchange={bool(pipe)}"])
         common = dict(recipe=recipe, data=str(data), loader="memory", nodes=1, local_size=2, device="cpu")
-        train(RunConfig(out=f"{out}/{comm}/straight", **common))
-        # 6 steps per epoch: epoch 0 finishes, then the run stops at step 9 inside epoch 1.
-        first = train(RunConfig(out=f"{out}/{comm}/broken", ckpt_every=2, stop_after_steps=9, **common))
-        rows = train(RunConfig(out=f"{out}/{comm}/broken", resume=f"{out}/{comm}/broken", **common))
+        train(RunConfig(out=f"{out}/{name}/straight", **common))
+        # 6 steps per epoch: epoch 0 finishes, then the run stops at step 9 inside epoch 1 (with
+        # pipeline_exchange, step 9's gradients are then in flight and saved by the checkpoint)
+        first = train(RunConfig(out=f"{out}/{name}/broken", ckpt_every=2, stop_after_steps=9, **common))
+        rows = train(RunConfig(out=f"{out}/{name}/broken", resume=f"{out}/{name}/broken", **common))
         epochs.append(([r["epoch"] for r in first], [r["epoch"] for r in rows]))
     return epochs
 

@@ -19,7 +19,9 @@ the steps of every round:
   compute nor skew between ranks is in it;
 - ``no overlap``: forward + backward, then ``synchronize()`` exchanges every bucket;
 - ``overlap``: the engine's default: each bucket starts from the post-accumulate-grad hook
-  of its last gradient, ``synchronize()`` finishes what is still in flight.
+  of its last gradient, ``synchronize()`` finishes what is still in flight;
+- ``pipeline``: ``overlap`` with ``pipeline=True``: each step's exchange runs on during
+  the next step's forward and backward (NOTE [pipelined exchange] in comm/engine.py).
 
 Modes alternate every few steps (``--steps``, after ``--warmup`` untimed ones) for
 ``--rounds`` rounds, in a rotating order, so that all see the same load: on a 2-core
@@ -66,9 +68,9 @@ __all__ = ["configure", "main", "summarize"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
-           "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms", "launch_in_backward_ms",
-           "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms", "compute_cpu_ms", "exchange_cpu_ms",
-           "overlap_cpu_ms"]
+           "pipeline_ms", "pipeline_vs_max", "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms",
+           "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms",
+           "compute_cpu_ms", "exchange_cpu_ms", "overlap_cpu_ms"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +114,8 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
                "overlap_ms": _median_ms(over, "step"), "compute_cpu_ms": compute_cpu,
                "exchange_cpu_ms": _median_ms(modes[f"exchange {plan}"], "cpu"), "overlap_cpu_ms": _median_ms(over, "cpu")}
         row["overlap_vs_max"] = row["overlap_ms"] / row["max_ms"]
+        row["pipeline_ms"] = _median_ms(modes[f"pipeline {plan}"], "step")
+        row["pipeline_vs_max"] = row["pipeline_ms"] / row["max_ms"]
         for key in ("backward", "launch_in_backward", "select_in_backward", "sync", "blocked", "launch_in_sync",
                     "first_ready"):
             row[f"{key}_ms"] = _median_ms(over, key)

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
         omgs = {}  # (merged, order), planned once (collective) when a row asks for it
 
-        def exchanger(spec: str, overlap: bool) -> GradientExchanger:
+        def exchanger(spec: str, overlap: bool, pipeline: bool = False) -> GradientExchanger:
             # NOTE [omgs rows]: ``omgs`` is ``train --comm omgs``'s exchange: profile this
             # batch's backward, fit the cost model, plan merged layers (``optimal``), and
             # exchange them with topk_ag whatever ``--comm`` says (the planner models topk_ag)
@@ -78,10 +78,11 @@ def main(argv: list[str] | None = None) -> int:
                 merged, order = omgs["plan"]
                 ex = GradientExchanger([params[i] for i in order], "topk_ag", topo, density=args.density,
                                        selector=args.selector, skip_nonfinite=False, overlap=overlap,
-                                       plan="omgs", merged=merged)
+                                       plan="omgs", merged=merged, pipeline=pipeline)
             else:
                 ex = GradientExchanger(params, args.comm, topo, density=args.density, selector=args.selector,
-                                       hybrid_threshold_bytes=0, skip_nonfinite=False, overlap=overlap, **options)
+                                       hybrid_threshold_bytes=0, skip_nonfinite=False, overlap=overlap,
+                                       pipeline=pipeline, **options)
             ex.enabled = False  # hooks fire only in this exchanger's own mode
             return ex
 
@@ -138,12 +139,16 @@ def main(argv: list[str] | None = None) -> int:
                         "blocked": ex.stats["wait_s"] - wait0}
             return run
 
-        modes, buckets = {"compute": compute}, {}
+        modes, buckets, drain = {"compute": compute}, {}, {}
         for spec in args.plans:
             alone = exchanger(spec, overlap=False)
             modes[f"exchange {spec}"] = exchange_alone(alone)
             modes[f"no overlap {spec}"] = train_step(alone)
             modes[f"overlap {spec}"] = train_step(exchanger(spec, overlap=True))
+            # NOTE [pipelined exchange] in comm/engine.py: each round's first (untimed) step
+            # fills the pipeline, its last exchange is drained after the round, untimed
+            piped = exchanger(spec, overlap=True, pipeline=True)
+            modes[f"pipeline {spec}"], drain[f"pipeline {spec}"] = train_step(piped), piped.flush
             buckets[spec] = len(alone.buckets)
         backward()
         names = list(modes)
@@ -156,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = modes[name]()
                     if i >= args.warmup:
                         times[name].append(row)
+                if name in drain:
+                    drain[name]()
         # slowest rank per step: one all-gather per mode at the end, outside every clock
         slowest = {}
         for name in names:

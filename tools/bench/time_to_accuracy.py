@@ -97,12 +97,13 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
 
     Args:
         runs: ``run name -> {"metrics": [epoch rows], "inter_node_bytes": int, "job_s": float}``,
-            optionally ``"comm"`` and ``"locality"`` (default: the name and ``"global"``).
+            optionally ``"comm"``, ``"locality"`` and ``"pipeline"`` (default: the name,
+            ``"global"`` and False).
         target_top1: the target; None = the final top-1 of the ``dense`` run with global
             sampling minus 1 point.
 
     Returns:
-        Rows with ``comm``, ``locality``, ``final_top1``, ``best_top1``, ``target_top1``,
+        Rows with ``comm``, ``locality``, ``pipeline``, ``final_top1``, ``best_top1``, ``target_top1``,
         ``seconds_to_target`` (None if never reached), ``seconds``, ``epochs``, ``steps``,
         ``step_s``, ``inter_node_bytes_per_step``, ``job_s``, the breakdown columns
         (``*_ms``) and ``speedup_to_target_vs_dense`` when both reached the target.
@@ -113,20 +114,22 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
     for name, run in runs.items():
         if not run["metrics"]:
             raise ValueError(f"the {name} run has no finished epoch (metrics.jsonl is empty)")
-    kinds = {name: (run.get("comm", name), run.get("locality", "global")) for name, run in runs.items()}
-    dense = next((name for name, kind in kinds.items() if kind == ("dense", "global")), None)
+    kinds = {name: (run.get("comm", name), run.get("locality", "global"), bool(run.get("pipeline", False)))
+             for name, run in runs.items()}
+    dense = next((name for name, kind in kinds.items() if kind == ("dense", "global", False)), None)
     if target_top1 is None:
         if dense is None:
             raise ValueError("the default target is the dense run's final top-1 minus 1 point: include dense in "
-                             "--comm (and global in --locality) or pass --target-top1")
+                             "--comm (global in --locality, off in --pipeline-exchange) or pass --target-top1")
         target_top1 = float(runs[dense]["metrics"][-1]["val_top1"]) - 1.0
     rows = []
     for name, run in runs.items():
         metrics = run["metrics"]
-        comm, locality = kinds[name]
+        comm, locality, pipeline = kinds[name]
         seconds = sum(float(r["seconds"]) for r in metrics)
         steps = int(metrics[-1]["steps"])
-        rows.append({"comm": comm, "locality": locality, "final_top1": float(metrics[-1]["val_top1"]),
+        rows.append({"comm": comm, "locality": locality, "pipeline": pipeline,
+                     "final_top1": float(metrics[-1]["val_top1"]),
                      "best_top1": max(float(r["val_top1"]) for r in metrics), "target_top1": target_top1,
                      "seconds_to_target": time_to_target(metrics, target_top1), "seconds": seconds,
                      "epochs": len(metrics), "steps": steps, "step_s": seconds / max(steps, 1),

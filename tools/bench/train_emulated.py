@@ -11,7 +11,9 @@ one torch thread each) with the same seed, data and recipe; the bytes each node'
 sent are read before and after (``link_bytes``). With ``--locality global,node`` every
 algorithm also runs with node-local sampling (NOTE [node-local order] in
 ``loaders.locality``): its run is named ``COMM-node`` and its row has ``locality`` node.
-Rows and plot: ``tools.bench.time_to_accuracy``.
+With ``--pipeline-exchange off,on`` every algorithm of the comm engine also runs with
+its exchange pipelined into the next step (NOTE [pipelined exchange] in comm/engine.py):
+run ``COMM-pipe``, row ``pipeline`` true. Rows and plot: ``tools.bench.time_to_accuracy``.
 
 NOTE [emulate defaults]: ``--emulate 2x2`` means the configuration recorded in
 docs/BENCHMARKS.md: the ``demo`` recipe (``resnet_small``, 78k parameters) at 32 px on a
@@ -33,12 +35,13 @@ from pathlib import Path
 from tools.bench.table import format_table, machine_description, write_json
 from tools.bench.time_to_accuracy import build_rows, parse_emulate, plot_top1_vs_time
 
-__all__ = ["DEFAULTS", "configure", "main", "parse_comms"]
+__all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 
 # NOTE [emulate defaults]
 DEFAULTS = {"mbit": 10.0, "recipe": "demo", "size": 32, "cache_size": 32, "batch_size": 32, "epochs": 8,
             "per_class": 400, "val_per_class": 50, "comm": "dense,hitopk"}
-COLUMNS = ["comm", "locality", "final_top1", "target_top1", "seconds_to_target", "speedup_to_target_vs_dense", "seconds",
+COLUMNS = ["comm", "locality", "pipeline", "final_top1", "target_top1", "seconds_to_target",
+           "speedup_to_target_vs_dense", "seconds",
            "step_s", "compute_ms", "selection_ms", "exchange_ms", "waiting_ms", "data_ms", "update_ms",
            "inter_node_bytes_per_step"]
 
@@ -54,6 +57,10 @@ def configure(group: argparse._ArgumentGroup) -> None:
                        help="comma-separated data localities, each run with every --comm: global (every rank "
                             "shuffles over all samples), node (a node's ranks draw the samples its Redis holds; "
                             "run named COMM-node) (default: global)")
+    group.add_argument("--pipeline-exchange", default="off",
+                       help="comma-separated off/on, each run with every --comm: on applies each step's exchange "
+                            "one step late, overlapping the next step (run named COMM-pipe; not powersgd) "
+                            "(default: off)")
     group.add_argument("--powersgd-rank", type=int, default=2, help="matrix approximation rank of powersgd")
     group.add_argument("--target-top1", type=float, default=None,
                        help="target validation top-1 in %% (default: the dense run's final top-1 minus 1)")
@@ -78,18 +85,27 @@ def parse_comms(text: str) -> list[str]:
     return comms
 
 
-def _runs(comms: list[str], text: str) -> dict[str, tuple[str, str]]:
-    """Run name -> ``(comm, locality)``, every algorithm with every locality of ``--locality``."""
+def _choices(flag: str, text: str, valid) -> list[str]:
+    chosen = [c.strip() for c in text.split(",") if c.strip()]
+    bad = [c for c in chosen if c not in valid]
+    if not chosen or bad:
+        raise ValueError(f"{flag} {text!r}: unknown {bad or 'empty list'}; valid: {list(valid)}")
+    return chosen
+
+
+def run_kinds(comms: list[str], locality: str, pipeline: str = "off") -> dict[str, tuple[str, str, bool]]:
+    """Run name -> ``(comm, locality, pipeline)``: every algorithm with every locality of
+    ``--locality`` and every choice of ``--pipeline-exchange`` (the comm engine's only)."""
     from loaders.locality import LOCALITIES
+    from trainer.config import DDP_COMMS
 
-    localities = [c.strip() for c in text.split(",") if c.strip()]
-    bad = [c for c in localities if c not in LOCALITIES]
-    if not localities or bad:
-        raise ValueError(f"--locality {text!r}: unknown {bad or 'empty list'}; valid: {list(LOCALITIES)}")
-    return {comm if loc == "global" else f"{comm}-{loc}": (comm, loc) for comm in comms for loc in localities}
+    localities = _choices("--locality", locality, LOCALITIES)
+    pipelines = [c == "on" for c in _choices("--pipeline-exchange", pipeline, ("off", "on"))]
+    return {comm + ("" if loc == "global" else f"-{loc}") + ("-pipe" if pipe else ""): (comm, loc, pipe)
+            for comm in comms for loc in localities for pipe in pipelines if not (pipe and comm in DDP_COMMS)}
 
 
-def _train_argv(args, comm: str, locality: str, data: Path, run_dir: Path, cache_dir: Path,
+def _train_argv(args, comm: str, locality: str, pipeline: bool, data: Path, run_dir: Path, cache_dir: Path,
                 urls: list[str]) -> list[str]:
     argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", _recipe(args),
             "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
@@ -100,6 +116,8 @@ def _train_argv(args, comm: str, locality: str, data: Path, run_dir: Path, cache
             "--set", f"train.cache_size={_cache_size(args)}", "--set", f"train.eval_size={args.size or DEFAULTS['size']}"]
     if args.model:
         argv += ["--model", args.model]
+    if pipeline:
+        argv.append("--pipeline-exchange")
     for url in urls:
         argv += ["--redis", url]
     for item in args.set:
@@ -143,7 +161,7 @@ def _warm(cluster, emu, data: Path, out: Path, urls: list[str], cache_size: int)
                 raise RuntimeError(f"warm-up of {split} on node {node} failed: {(done.stderr or done.stdout).strip()[-400:]}")
 
 
-def _run_one(args, cluster, emu, name: str, comm: str, locality: str, data: Path, out: Path,
+def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: Path, out: Path,
              urls: list[str]) -> dict:
     from tools.emulated_job import launch, link_bytes
 
@@ -151,18 +169,19 @@ def _run_one(args, cluster, emu, name: str, comm: str, locality: str, data: Path
     (run_dir / "bench.json").unlink(missing_ok=True)  # --reuse must never pair old counters with a new run
     before = link_bytes(cluster)
     start = time.perf_counter()
-    launch(cluster, lambda rank: _train_argv(args, comm, locality, data, run_dir,
+    comm, locality, pipeline = kind
+    launch(cluster, lambda rank: _train_argv(args, comm, locality, pipeline, data, run_dir,
                                              out / f"cache/node{rank // emu.local_size}", urls),
            local_size=emu.local_size, env={"OMP_NUM_THREADS": "1"}, timeout=args.job_timeout, log_dir=run_dir / "logs")
     job_s = time.perf_counter() - start
     after = link_bytes(cluster)
     result = {"inter_node_bytes": sum(a["tx"] - b["tx"] for a, b in zip(after, before)), "job_s": job_s,
-              "comm": comm, "locality": locality}
+              "comm": comm, "locality": locality, "pipeline": pipeline}
     (run_dir / "bench.json").write_text(json.dumps(result))
     return result
 
 
-def _train_all(args, emu, runs: dict[str, tuple[str, str]], out: Path) -> None:
+def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path) -> None:
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
     from tools.emulated_job import NodeRedis
 
@@ -179,9 +198,9 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str]], out: Path) -> None:
             start = time.perf_counter()
             _warm(cluster, emu, data, out, urls, _cache_size(args))
             print(f"bench train: warmed {emu.nodes} node(s) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-            for name, (comm, locality) in runs.items():
+            for name, kind in runs.items():
                 print(f"bench train: training {name} ...", file=sys.stderr)
-                result = _run_one(args, cluster, emu, name, comm, locality, data, out, urls)
+                result = _run_one(args, cluster, emu, name, kind, data, out, urls)
                 print(f"bench train: {name} done in {result['job_s']:.0f} s", file=sys.stderr)
         finally:
             for s in servers:
@@ -203,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
     """Train (unless ``--reuse``), then print the table, write ``--json`` and the plot."""
     try:
         emu = parse_emulate(args.emulate, DEFAULTS["mbit"])
-        runs = _runs(parse_comms(args.comm or DEFAULTS["comm"]), args.locality)
+        runs = run_kinds(parse_comms(args.comm or DEFAULTS["comm"]), args.locality, args.pipeline_exchange)
         for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
