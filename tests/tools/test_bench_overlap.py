@@ -45,6 +45,7 @@ def test_summarize_takes_medians_and_compares_overlap_with_the_larger_part():
     assert size["no_overlap_ms"] == pytest.approx(34.0) and size["overlap_ms"] == pytest.approx(26.0)
     assert size["overlap_vs_max"] == pytest.approx(26.0 / 22.0)
     assert size["pipeline_ms"] == pytest.approx(23.0) and layer["pipeline_vs_max"] == pytest.approx(40.0 / 41.0)
+    assert size["pipeline_cpu_ms"] == pytest.approx(11.5)
     assert size["blocked_ms"] == pytest.approx(6.0) and size["launch_in_backward_ms"] == pytest.approx(4.0)
     assert size["compute_cpu_ms"] == pytest.approx(11.0) and size["exchange_cpu_ms"] == pytest.approx(5.5)
     assert layer["overlap_cpu_ms"] == pytest.approx(25.0)

@@ -70,7 +70,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
            "pipeline_ms", "pipeline_vs_max", "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms",
            "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms",
-           "compute_cpu_ms", "exchange_cpu_ms", "overlap_cpu_ms"]
+           "compute_cpu_ms", "exchange_cpu_ms", "overlap_cpu_ms", "pipeline_cpu_ms"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +115,7 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
                "exchange_cpu_ms": _median_ms(modes[f"exchange {plan}"], "cpu"), "overlap_cpu_ms": _median_ms(over, "cpu")}
         row["overlap_vs_max"] = row["overlap_ms"] / row["max_ms"]
         row["pipeline_ms"] = _median_ms(modes[f"pipeline {plan}"], "step")
+        row["pipeline_cpu_ms"] = _median_ms(modes[f"pipeline {plan}"], "cpu")
         row["pipeline_vs_max"] = row["pipeline_ms"] / row["max_ms"]
         for key in ("backward", "launch_in_backward", "select_in_backward", "sync", "blocked", "launch_in_sync",
                     "first_ready"):
