@@ -402,17 +402,21 @@ class GradientExchanger:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore residuals saved by :meth:`state_dict`.
+        """Restore residuals (and a pipelined step's unapplied gradients) saved by :meth:`state_dict`.
 
         Raises:
-            ValueError: if the bucket layout differs (other model or plan options).
+            ValueError: if the bucket layout differs (other model or plan options), or the
+                state holds unapplied gradients and this exchanger is not pipelined.
         """
         if [list(b.params) for b in self.buckets] != [list(b) for b in state["buckets"]]:
             raise ValueError("saved gradient buckets differ from this model's: use the same model, plan, "
                              "bucket_bytes and hybrid_threshold_bytes as when the state was saved")
+        pending = state.get("pending")
+        if pending is not None and not self.pipeline:
+            raise ValueError("the saved exchange state holds the gradients of a pipelined step not applied yet: "
+                             "resume with pipeline=True (train.pipeline_exchange), or from an epoch-end checkpoint")
         for ex, s in zip(self.exchangers, state["exchangers"]):
             ex.load_state_dict(s)
-        pending = state.get("pending")
         self._previous = None
         self._finished = None if pending is None else (
             [(b, None if g is None else g.to(self.params[0].device))

@@ -113,11 +113,16 @@ def _engine_worker(rank, world):
                                     plan="layer", pipeline=True)
         resumed.load_state_dict(piped.state_dict())
         resumed_flushed = resumed.flush()
+        try:  # an exchanger without pipeline would drop them: refused
+            plain.load_state_dict(piped.state_dict())
+            refused_unpipelined = False
+        except ValueError as exc:
+            refused_unpipelined = "pipeline=True" in str(exc)
         flushed = piped.flush()
         last = [p.grad.clone() for p in piped_model.parameters()]
         resumed_last = [p.grad.clone() for p in resumed.params]
-        out["pipeline"][alg] = (steps, flushed, last, piped.flush(), refused, (resumed_flushed, resumed_last),
-                                "pending" in piped.state_dict())
+        out["pipeline"][alg] = (steps, flushed, last, piped.flush(), refused and refused_unpipelined,
+                                (resumed_flushed, resumed_last), "pending" in piped.state_dict())
     # 4. async DDP hook: futures of earlier buckets are still open when later buckets' hooks run
     # (DDP takes its bucket_cap_mb buckets from the second iteration on)
     plain = DDP(_model(), bucket_cap_mb=0.0002)
