@@ -115,7 +115,9 @@ class GradientExchanger:
         bucket_compress_s: ``compress_s`` per bucket.
         last_timings: the last step's ``select`` and ``select_overlapped`` (selection
             inside :meth:`synchronize` and during backward), ``wait`` (the time in
-            :meth:`synchronize`) and ``launched_in_backward`` (buckets).
+            :meth:`synchronize`), ``launched_in_backward`` (buckets) and, with
+            ``pipeline``, ``drained_in_backward`` (seconds spent finishing the previous
+            step's exchange inside this backward).
 
     Raises:
         ValueError: unknown algorithm or plan, bad plan options, bad density, momentum
@@ -151,7 +153,8 @@ class GradientExchanger:
         check_same_layout([sum(self.params[i].numel() for i in b.params) for b in self.buckets], topology)
         self.stats = dict.fromkeys(("select_s", "compress_s", "wait_s", "sync_s"), 0.0)
         self.bucket_compress_s = [0.0] * len(self.buckets)
-        self.last_timings = {"select": 0.0, "select_overlapped": 0.0, "wait": 0.0, "launched_in_backward": 0}
+        self.last_timings = {"select": 0.0, "select_overlapped": 0.0, "wait": 0.0, "launched_in_backward": 0,
+                             "drained_in_backward": 0.0}
         self._select = SelectTimer()
         self.exchangers = []
         for b in self.buckets:
@@ -168,6 +171,7 @@ class GradientExchanger:
         # NOTE [pipelined exchange]: the previous step's exchanges, then their results
         self._previous: tuple[list[tuple[int, InFlight | None]], bool] | None = None
         self._finished: tuple[list[tuple[int, torch.Tensor | None]], bool] | None = None
+        self._syncing, self._drained_in_backward = False, 0.0
         self.enabled = True
         self._handles = []
         if overlap:
@@ -244,6 +248,7 @@ class GradientExchanger:
             skip the optimiser step then.
         """
         start = time.perf_counter()
+        self._syncing = True
         overlapped = self._select.take()
         in_backward = self.launched
         if self.skip_nonfinite and in_backward == 0 and self.params:
@@ -264,12 +269,14 @@ class GradientExchanger:
             self._finish_previous()
             applied = self._apply(self._finished)
             self._finished = None
+        self._syncing = False
         wait = time.perf_counter() - start
         select = self._select.take()
         self.stats["select_s"] += overlapped + select
         self.stats["sync_s"] += wait
         self.last_timings = {"select": select, "select_overlapped": overlapped, "wait": wait,
-                             "launched_in_backward": in_backward}
+                             "launched_in_backward": in_backward, "drained_in_backward": self._drained_in_backward}
+        self._drained_in_backward = 0.0
         return applied
 
     def flush(self) -> bool:
@@ -288,6 +295,7 @@ class GradientExchanger:
         """Run the previous step's exchanges to the end, in plan order (NOTE [pipelined exchange])."""
         if self._previous is None:
             return
+        start = time.perf_counter()
         flights, skipped = self._previous
         self._previous = None
         results = []
@@ -298,6 +306,8 @@ class GradientExchanger:
             else:
                 results.append((b, None))
         self._finished = (results, skipped)
+        if not self._syncing:
+            self._drained_in_backward += time.perf_counter() - start
 
     def _apply(self, finished) -> bool:
         """Copy finished exchanges into ``p.grad`` (NaN for a skipped bucket); zeros when

@@ -74,8 +74,9 @@ class PhaseExchange:
         """Finish the exchange; False when ``p.grad`` holds nothing to apply (the first step
         of a pipelined exchange: NOTE [pipelined exchange] in comm/engine.py). ``last_timings``:
         ``compress`` (top-k selection inside this call), ``communicate`` (the rest of it:
-        waiting for what is still in flight) and ``compress_overlapped`` (selection done
-        during backward, inside its time)."""
+        waiting for what is still in flight), ``compress_overlapped`` (selection done
+        during backward, inside its time) and ``communicate_overlapped`` (waiting inside
+        backward for the previous step's pipelined exchange)."""
         if self.inner is None:
             return True
         start = time.perf_counter()
@@ -83,7 +84,8 @@ class PhaseExchange:
         total = time.perf_counter() - start
         split = self.inner.last_timings
         self.last_timings = {"compress": split["select"], "communicate": max(total - split["select"], 0.0),
-                             "compress_overlapped": split["select_overlapped"]}
+                             "compress_overlapped": split["select_overlapped"],
+                             "communicate_overlapped": split["drained_in_backward"]}
         return applied
 
     def flush(self) -> bool:

@@ -5,8 +5,8 @@ an iteration that is not overlapped by another part. Parts: ``data`` (waiting fo
 next batch), ``compute`` (forward + backward, less the top-k selection run inside it),
 ``compress`` (top-k selection, during backward or after it), ``communicate`` (the
 gradient exchange not hidden behind backward: the rest of the time in the exchanger's
-``synchronize()``, waiting for what is still in flight) and ``update`` (LARS / optimiser
-step).
+``synchronize()``, waiting for what is still in flight, and with a pipelined exchange the
+wait inside backward for the previous step's) and ``update`` (LARS / optimiser step).
 """
 from __future__ import annotations
 
@@ -50,13 +50,15 @@ class TimeBreakdown:
         """Charge ``seconds`` spent in an exchanger's ``synchronize()``: its ``compress``
         share (``timings``, the exchanger's ``last_timings``) to compress and the rest to
         communicate; selection run inside backward (``compress_overlapped``) moves from
-        compute to compress."""
+        compute to compress, and waiting inside backward for a pipelined exchange
+        (``communicate_overlapped``) from compute to communicate."""
         timings = timings or {}
         compress = min(float(timings.get("compress", 0.0)), seconds)
         overlapped = float(timings.get("compress_overlapped", 0.0))
-        self.totals["compute"] -= overlapped
+        waited = float(timings.get("communicate_overlapped", 0.0))
+        self.totals["compute"] -= overlapped + waited
         self.totals["compress"] += compress + overlapped
-        self.totals["communicate"] += seconds - compress
+        self.totals["communicate"] += seconds - compress + waited
 
     def per_iteration(self) -> dict[str, float]:
         """Mean seconds per iteration of each part."""

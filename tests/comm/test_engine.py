@@ -101,6 +101,8 @@ def _engine_worker(rank, world):
             plain.synchronize()
             applied = piped.synchronize()
             in_flight = [not f.done for _, f in piped._previous[0]]
+            waited = piped.last_timings["drained_in_backward"]  # for the trainer's breakdown
+            drained_in_backward = drained_in_backward and (waited > 0) == (step > 0)
             steps.append((drained_in_backward, in_flight, applied, [p.grad.clone() for p in plain_model.parameters()],
                           [p.grad.clone() for p in piped_model.parameters()]))
         try:  # residuals cannot move to another exchange while gradients are not applied
