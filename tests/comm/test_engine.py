@@ -15,6 +15,7 @@ NODES, LOCAL, DENSITY = 2, 2, 0.2
 PLANS = {"size": dict(plan="size", bucket_bytes=8 * 50, hybrid_threshold_bytes=0),
          "layer": dict(plan="layer"),
          "omgs": dict(plan="omgs", merged=[False, True, False, True, False, True])}
+PIPELINED = ["hitopk/layer", "gtopk/layer", "2dtar/layer", "topk_ag/omgs", "dense/size"]
 
 
 def _model(seed=0):
@@ -87,11 +88,13 @@ def _engine_worker(rank, world):
     # 3. pipelined: step t's exchange is still in flight after synchronize(t), finished in
     # step t + 1's backward and applied by synchronize(t + 1) (NOTE [pipelined exchange])
     out["pipeline"] = {}
-    for alg in ("hitopk", "gtopk", "2dtar"):
+    for case in PIPELINED:
+        alg, kind = case.split("/")
         plain_model, piped_model = _model(), _model()
-        plain = GradientExchanger(plain_model.parameters(), alg, topo, density=DENSITY, selector="exact", plan="layer")
+        plain = GradientExchanger(plain_model.parameters(), alg, topo, density=DENSITY, selector="exact",
+                                  **PLANS[kind])
         piped = GradientExchanger(piped_model.parameters(), alg, topo, density=DENSITY, selector="exact",
-                                  plan="layer", pipeline=True)
+                                  pipeline=True, **PLANS[kind])
         steps = []
         for step in range(3):
             for model in (plain_model, piped_model):
@@ -112,7 +115,7 @@ def _engine_worker(rank, world):
             refused = "flush()" in str(exc)
         # a checkpoint taken now holds step 2's gradients: a copy resumed from it applies them
         resumed = GradientExchanger(_model().parameters(), alg, topo, density=DENSITY, selector="exact",
-                                    plan="layer", pipeline=True)
+                                    pipeline=True, **PLANS[kind])
         resumed.load_state_dict(piped.state_dict())
         resumed_flushed = resumed.flush()
         try:  # an exchanger without pipeline would drop them: refused
@@ -123,7 +126,7 @@ def _engine_worker(rank, world):
         flushed = piped.flush()
         last = [p.grad.clone() for p in piped_model.parameters()]
         resumed_last = [p.grad.clone() for p in resumed.params]
-        out["pipeline"][alg] = (steps, flushed, last, piped.flush(), refused and refused_unpipelined,
+        out["pipeline"][case] = (steps, flushed, last, piped.flush(), refused and refused_unpipelined,
                                 (resumed_flushed, resumed_last), "pending" in piped.state_dict())
     # 4. async DDP hook: futures of earlier buckets are still open when later buckets' hooks run
     # (DDP takes its bucket_cap_mb buckets from the second iteration on)
@@ -206,10 +209,10 @@ def test_first_bucket_exchange_starts_before_backward_ends(runs):
         assert after_backward == buckets
 
 
-@pytest.mark.parametrize("alg", ["hitopk", "gtopk", "2dtar"])
-def test_pipelined_exchange_applies_each_step_one_step_later(runs, alg):
+@pytest.mark.parametrize("case", PIPELINED)
+def test_pipelined_exchange_applies_each_step_one_step_later(runs, case):
     for res in runs:
-        steps, flushed, last, flushed_again, refused, (resumed_flushed, resumed_last), pending = res["pipeline"][alg]
+        steps, flushed, last, flushed_again, refused, (resumed_flushed, resumed_last), pending = res["pipeline"][case]
         for step, (drained_in_backward, in_flight, applied, plain, piped) in enumerate(steps):
             assert drained_in_backward  # the previous step was finished inside this backward
             assert in_flight and all(in_flight)  # this step's buckets run on past synchronize()
