@@ -66,7 +66,7 @@ import torch
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives import base
 from comm.collectives.base import nonfinite_anywhere
-from comm.in_flight import InFlight
+from comm.in_flight import InFlight, StepFlights
 from comm.local_update import LocalUpdate
 from comm.plans import Bucket, make_plan
 from comm.plans.same_layout import check_same_layout
@@ -168,10 +168,8 @@ class GradientExchanger:
         self._ready = [0] * len(self.buckets)
         self._inflight: list[tuple[int, InFlight | None]] = []  # (bucket, exchange); None: skipped
         self._skipped = False
-        # NOTE [pipelined exchange]: the previous step's exchanges, then their results
-        self._previous: tuple[list[tuple[int, InFlight | None]], bool] | None = None
-        self._finished: tuple[list[tuple[int, torch.Tensor | None]], bool] | None = None
-        self._syncing, self._drained_in_backward = False, 0.0
+        self._previous: StepFlights | None = None  # NOTE [pipelined exchange]: not applied yet
+        self._drained_in_backward = 0.0
         self.enabled = True
         self._handles = []
         if overlap:
@@ -198,10 +196,19 @@ class GradientExchanger:
             b = self.launched
             if self._ready[b] < len(self.buckets[b].params):
                 break
+            self._drained_in_backward += self._drain()
             self._launch(b, check=self.skip_nonfinite)
 
+    def _drain(self) -> float:
+        """Finish the previous step's exchanges before this step launches any (NOTE
+        [pipelined exchange]); the seconds it took."""
+        if self._previous is None or self._previous.done:
+            return 0.0
+        start = time.perf_counter()
+        self._previous.finish()
+        return time.perf_counter() - start
+
     def _launch(self, b: int, check: bool) -> None:
-        self._finish_previous()  # NOTE [pipelined exchange]
         start = time.perf_counter()
         self._start(b, check)
         took = time.perf_counter() - start
@@ -248,7 +255,6 @@ class GradientExchanger:
             skip the optimiser step then.
         """
         start = time.perf_counter()
-        self._syncing = True
         overlapped = self._select.take()
         in_backward = self.launched
         if self.skip_nonfinite and in_backward == 0 and self.params:
@@ -256,20 +262,16 @@ class GradientExchanger:
             if nonfinite_anywhere(torch.tensor([0.0 if local else float("nan")], device=self.params[0].device)):
                 self._skipped = True
                 self._inflight = [(b, None) for b in range(len(self.buckets))]
+        self._drain()
         while self.launched < len(self.buckets):
             self._launch(self.launched, check=self.skip_nonfinite and in_backward > 0)
-        current = (self._inflight, self._skipped)
+        current = StepFlights(self._inflight, self._skipped)
         self._inflight, self._ready, self._skipped = [], [0] * len(self.buckets), False
         if self.pipeline:
-            self._finish_previous()  # no bucket launched (no parameters)
-            applied = self._apply(self._finished)
-            self._previous, self._finished = current, None
-        else:
+            applied = self._apply(self._previous)
             self._previous = current
-            self._finish_previous()
-            applied = self._apply(self._finished)
-            self._finished = None
-        self._syncing = False
+        else:
+            applied = self._apply(current)
         wait = time.perf_counter() - start
         select = self._select.take()
         self.stats["select_s"] += overlapped + select
@@ -284,51 +286,30 @@ class GradientExchanger:
         gradients in ``p.grad`` for one more optimiser step (collective); the next
         :meth:`synchronize` then has nothing to apply. Returns False (and changes nothing)
         when nothing was in flight or pending; without ``pipeline`` there never is."""
-        if self._previous is None and self._finished is None:
-            return False
-        self._finish_previous()
-        applied = self._apply(self._finished)
-        self._finished = None
-        return applied
+        step, self._previous = self._previous, None
+        return step is not None and self._apply(step)
 
-    def _finish_previous(self) -> None:
-        """Run the previous step's exchanges to the end, in plan order (NOTE [pipelined exchange])."""
-        if self._previous is None:
-            return
-        start = time.perf_counter()
-        flights, skipped = self._previous
-        self._previous = None
-        results = []
-        for b, flight in flights:
-            if flight is not None:
-                results.append((b, flight.finish()))
-                self.stats["wait_s"] += flight.waited_s
-            else:
-                results.append((b, None))
-        self._finished = (results, skipped)
-        if not self._syncing:
-            self._drained_in_backward += time.perf_counter() - start
-
-    def _apply(self, finished) -> bool:
-        """Copy finished exchanges into ``p.grad`` (NaN for a skipped bucket); zeros when
-        there are none (the first pipelined step). Returns whether a step may apply them."""
-        if finished is None:
+    def _apply(self, step: StepFlights | None) -> bool:
+        """Finish ``step`` and copy its results into ``p.grad`` (NaN for a skipped bucket);
+        zeros without a step (the first pipelined one). Returns whether a step may apply them."""
+        if step is None:
             for i in range(len(self.params)):
                 self._grad(i).zero_()
             return False
-        results, skipped = finished
-        for b, out in results:
+        step.finish()
+        for b, flight in step.flights:
             grads = [self._grad(i) for i in self.buckets[b].params]
-            if out is None:
+            if flight is None:
                 for g in grads:
                     g.fill_(float("nan"))
                 continue
+            self.stats["wait_s"] += flight.waited_s
             offset = 0
             for g in grads:
-                g.copy_(out[offset:offset + g.numel()].view_as(g))
+                g.copy_(flight.result[offset:offset + g.numel()].view_as(g))
                 offset += g.numel()
-        self.skipped_steps += skipped
-        return not skipped
+        self.skipped_steps += step.skipped
+        return not step.skipped
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -366,7 +347,7 @@ class GradientExchanger:
             RuntimeError: with ``pipeline``, while gradients are in flight or not applied
                 (:meth:`flush` first).
         """
-        if self._previous is not None or self._finished is not None:
+        if self._previous is not None:
             raise RuntimeError("GradientExchanger.take_residuals() while a pipelined exchange is not applied: call "
                                "flush() and apply its gradients first (NOTE [pipelined exchange])")
         out = {}
@@ -402,13 +383,11 @@ class GradientExchanger:
         so that a run resumed from a checkpoint takes the same steps as one that went on:
         an exchange still in flight is finished first (collective then; NOTE [pipelined
         exchange])."""
-        self._finish_previous()
         state = {"algorithm": self.algorithm, "buckets": [list(b.params) for b in self.buckets],
                  "exchangers": [ex.state_dict() for ex in self.exchangers]}
-        if self._finished is not None:
-            results, skipped = self._finished
-            state["pending"] = {"buckets": [b for b, _ in results], "skipped": skipped,
-                                "gradients": [out for _, out in results]}
+        if self._previous is not None:
+            self._drain()
+            state["pending"] = self._previous.state()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -427,7 +406,4 @@ class GradientExchanger:
                              "resume with pipeline=True (train.pipeline_exchange), or from an epoch-end checkpoint")
         for ex, s in zip(self.exchangers, state["exchangers"]):
             ex.load_state_dict(s)
-        self._previous = None
-        self._finished = None if pending is None else (
-            [(b, None if g is None else g.to(self.params[0].device))
-             for b, g in zip(pending["buckets"], pending["gradients"])], bool(pending["skipped"]))
+        self._previous = None if pending is None else StepFlights.from_state(pending, self.params[0].device)

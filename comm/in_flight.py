@@ -1,6 +1,7 @@
 """One exchange in progress, for the engine and the DDP hook: an algorithm's stages run up
 to their first collective in flight, resumed until the result is there (NOTE [exchange
-stages] in comm/collectives/base.py)."""
+stages] in comm/collectives/base.py); and one step's exchanges, which the engine may keep
+in flight into the next step (NOTE [pipelined exchange] in comm/engine.py)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +10,7 @@ import torch
 
 from comm.collectives.base import Stages
 
-__all__ = ["InFlight"]
+__all__ = ["InFlight", "StepFlights"]
 
 
 class InFlight:
@@ -23,6 +24,13 @@ class InFlight:
     def __init__(self, stages: Stages):
         self._stages, self._work, self.result, self.waited_s = stages, None, None, 0.0
         self._advance()
+
+    @classmethod
+    def completed(cls, result: torch.Tensor) -> InFlight:
+        """An exchange already finished with ``result`` (restored from a checkpoint)."""
+        flight = cls.__new__(cls)
+        flight._stages, flight._work, flight.result, flight.waited_s = None, None, result, 0.0
+        return flight
 
     def _advance(self) -> None:
         try:
@@ -43,3 +51,34 @@ class InFlight:
                 self.waited_s += time.perf_counter() - start
             self._advance()
         return self.result
+
+
+class StepFlights:
+    """One step's exchanges in plan order: ``(bucket, InFlight)``, with None for a bucket
+    skipped as non-finite (NOTE [overflow steps] in comm/engine.py)."""
+
+    __slots__ = ("flights", "skipped")
+
+    def __init__(self, flights: list[tuple[int, InFlight | None]], skipped: bool):
+        self.flights, self.skipped = flights, skipped
+
+    @property
+    def done(self) -> bool:
+        return all(f is None or f.done for _, f in self.flights)
+
+    def finish(self) -> None:
+        """Run every exchange to its result, in plan order (every rank alike)."""
+        for _, flight in self.flights:
+            if flight is not None:
+                flight.finish()
+
+    def state(self) -> dict:
+        """The finished results, for a checkpoint (call :meth:`finish` first)."""
+        return {"buckets": [b for b, _ in self.flights], "skipped": self.skipped,
+                "gradients": [None if f is None else f.result for _, f in self.flights]}
+
+    @classmethod
+    def from_state(cls, state: dict, device: torch.device) -> StepFlights:
+        """The finished step :meth:`state` saved, its results on ``device``."""
+        return cls([(b, None if g is None else InFlight.completed(g.to(device)))
+                    for b, g in zip(state["buckets"], state["gradients"])], bool(state["skipped"]))

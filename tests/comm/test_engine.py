@@ -100,10 +100,10 @@ def _engine_worker(rank, world):
             for model in (plain_model, piped_model):
                 model.zero_grad()
                 _loss(model, rank, step).backward()
-            drained_in_backward = piped._previous is None and (step == 0 or piped._finished is not None)
+            drained_in_backward = piped._previous is None if step == 0 else piped._previous.done
             plain.synchronize()
             applied = piped.synchronize()
-            in_flight = [not f.done for _, f in piped._previous[0]]
+            in_flight = [not f.done for _, f in piped._previous.flights]
             waited = piped.last_timings["drained_in_backward"]  # for the trainer's breakdown
             drained_in_backward = drained_in_backward and (waited > 0) == (step > 0)
             steps.append((drained_in_backward, in_flight, applied, [p.grad.clone() for p in plain_model.parameters()],
