@@ -54,6 +54,7 @@ it in ``p.grad`` for one more optimiser step (the trainer flushes at every epoch
 evaluations and phase switches see every gradient applied). A checkpoint in between
 (:meth:`state_dict`) holds the finished but unapplied gradients, so resuming from it
 takes the same steps as going on.
+
 """
 from __future__ import annotations
 
@@ -103,7 +104,9 @@ class GradientExchanger:
         clip_norm: local gradient clipping threshold before ``P**-1/2`` scaling (NOTE
             [local update]); 0 (default) does not clip.
         pipeline: apply each step's exchange one step later, so that it overlaps the next
-            step's forward and backward (NOTE [pipelined exchange]); default False.
+            step's forward and backward (NOTE [pipelined exchange]; look ahead with
+            :meth:`lookahead_grads`, NOTE [lookahead] in trainer/lookahead.py); default
+            False.
 
     Attributes:
         buckets: the plan (list of :class:`comm.plans.Bucket`, launch order).
@@ -167,6 +170,7 @@ class GradientExchanger:
         self._bucket_of = {i: bi for bi, b in enumerate(self.buckets) for i in b.params}
         self._ready = [0] * len(self.buckets)
         self._inflight: list[tuple[int, InFlight | None]] = []  # (bucket, exchange); None: skipped
+        self._estimates: list[torch.Tensor] = []  # this rank's inputs, pipelined: NOTE [lookahead]
         self._skipped = False
         self._previous: StepFlights | None = None  # NOTE [pipelined exchange]: not applied yet
         self._drained_in_backward = 0.0
@@ -223,6 +227,8 @@ class GradientExchanger:
             self._skipped = True
             self._inflight.append((b, None))
             return
+        if self.pipeline:
+            self._estimates.append(flat.clone())  # the stages may consume flat
         self._inflight.append((b, InFlight(self.exchangers[b].stages(flat))))
 
     def set_density(self, density: float) -> None:
@@ -265,8 +271,8 @@ class GradientExchanger:
         self._drain()
         while self.launched < len(self.buckets):
             self._launch(self.launched, check=self.skip_nonfinite and in_backward > 0)
-        current = StepFlights(self._inflight, self._skipped)
-        self._inflight, self._ready, self._skipped = [], [0] * len(self.buckets), False
+        current = StepFlights(self._inflight, self._skipped, None if self._skipped else self._estimates)
+        self._inflight, self._estimates, self._ready, self._skipped = [], [], [0] * len(self.buckets), False
         if self.pipeline:
             applied = self._apply(self._previous)
             self._previous = current
@@ -280,6 +286,24 @@ class GradientExchanger:
                              "launched_in_backward": in_backward, "drained_in_backward": self._drained_in_backward}
         self._drained_in_backward = 0.0
         return applied
+
+    def lookahead_grads(self) -> bool:
+        """With ``pipeline``: put this rank's own gradients of the step still in flight (its
+        exchange's input, after the local update) into ``p.grad``, for an optimiser step to
+        the weights that step will lead to (NOTE [lookahead] in trainer/lookahead.py). Once
+        per step: the copies are freed here. Returns False (``p.grad`` untouched) when there is nothing to look ahead
+        with (no step in flight, it was skipped, or they were taken already)."""
+        step = self._previous
+        if step is None or step.estimates is None:
+            return False
+        for (b, _), est in zip(step.flights, step.estimates):
+            offset = 0
+            for i in self.buckets[b].params:
+                g = self._grad(i)
+                g.copy_(est[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        step.estimates = None
+        return True
 
     def flush(self) -> bool:
         """With ``pipeline``: finish the exchange still in flight and leave its averaged

@@ -55,12 +55,16 @@ class InFlight:
 
 class StepFlights:
     """One step's exchanges in plan order: ``(bucket, InFlight)``, with None for a bucket
-    skipped as non-finite (NOTE [overflow steps] in comm/engine.py)."""
+    skipped as non-finite (NOTE [overflow steps] in comm/engine.py); with a pipelined
+    exchange also this rank's own input of each exchange (``estimates``, kept until
+    :meth:`GradientExchanger.lookahead_grads` takes them; NOTE [lookahead] in
+    trainer/lookahead.py)."""
 
-    __slots__ = ("flights", "skipped")
+    __slots__ = ("flights", "skipped", "estimates")
 
-    def __init__(self, flights: list[tuple[int, InFlight | None]], skipped: bool):
-        self.flights, self.skipped = flights, skipped
+    def __init__(self, flights: list[tuple[int, InFlight | None]], skipped: bool,
+                 estimates: list[torch.Tensor] | None = None):
+        self.flights, self.skipped, self.estimates = flights, skipped, estimates
 
     @property
     def done(self) -> bool:
@@ -73,12 +77,16 @@ class StepFlights:
                 flight.finish()
 
     def state(self) -> dict:
-        """The finished results, for a checkpoint (call :meth:`finish` first)."""
+        """The finished results (and estimates not taken yet), for a checkpoint (call
+        :meth:`finish` first)."""
         return {"buckets": [b for b, _ in self.flights], "skipped": self.skipped,
-                "gradients": [None if f is None else f.result for _, f in self.flights]}
+                "gradients": [None if f is None else f.result for _, f in self.flights],
+                "estimates": self.estimates}
 
     @classmethod
     def from_state(cls, state: dict, device: torch.device) -> StepFlights:
-        """The finished step :meth:`state` saved, its results on ``device``."""
+        """The finished step :meth:`state` saved, its tensors on ``device``."""
+        estimates = state.get("estimates")
         return cls([(b, None if g is None else InFlight.completed(g.to(device)))
-                    for b, g in zip(state["buckets"], state["gradients"])], bool(state["skipped"]))
+                    for b, g in zip(state["buckets"], state["gradients"])], bool(state["skipped"]),
+                   None if estimates is None else [e.to(device) for e in estimates])

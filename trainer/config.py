@@ -180,7 +180,9 @@ class TrainConfig:
     ``pipeline_exchange``: each step's gradient exchange runs on during the next step's
     forward and backward and is applied one step late (NOTE [pipelined exchange] in
     ``comm/engine.py``): it hides an exchange as long as a step, at the price of one step
-    of staleness. Not with fp16 loss scaling nor exchanges inside DDP (``powersgd``, ``--ddp``).
+    of staleness, softened by computing each step's gradients at the weights the step in
+    flight will lead to (NOTE [lookahead] in ``trainer/lookahead.py``). Not with fp16 loss
+    scaling nor exchanges inside DDP (``powersgd``, ``--ddp``).
     """
 
     amp: str = "bf16"

@@ -88,6 +88,11 @@ class PhaseExchange:
                              "communicate_overlapped": split["drained_in_backward"]}
         return applied
 
+    def lookahead_grads(self) -> bool:
+        """This rank's own gradients of a pipelined step still in flight, into ``p.grad``
+        (NOTE [lookahead] in trainer/lookahead.py); False when there are none."""
+        return self.inner is not None and self.inner.lookahead_grads()
+
     def flush(self) -> bool:
         """A pipelined exchange still in flight is finished into ``p.grad``: True if there
         is one more optimiser step to take (collective)."""
@@ -208,6 +213,9 @@ class DDPExchange:
         return True
 
     def flush(self) -> bool:
+        return False
+
+    def lookahead_grads(self) -> bool:
         return False
 
     def state_dict(self) -> dict:

@@ -25,6 +25,7 @@ from trainer.distributed import (all_sum, all_true, broadcast_buffers, broadcast
                                  world)
 from trainer.evaluate import evaluate
 from trainer.exchange import build_ddp_exchange, build_exchange, saved_residuals, topology_for
+from trainer.lookahead import WeightStash
 from trainer.metrics import MetricsLog, TimeBreakdown
 from trainer.omgs_probe import probing
 from trainer.optim import (autocast_for, build_optimizer, decay_of, exchange_momentum, make_scaler, peak_lr,
@@ -173,6 +174,10 @@ class _Run:
                                  schedule=phase.density_schedule)
             self.exchanger.set_density(density)
         self.accum["density_sum"] = self.accum.get("density_sum", 0.0) + density
+        stash = None
+        if self.recipe.train.pipeline_exchange:  # timed only then: a part syncs CUDA
+            with times.part("update"):
+                stash = self._look_ahead(phase)
         with times.part("compute"):
             images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
             if self.channels_last:
@@ -180,6 +185,9 @@ class _Run:
             with self.autocast():
                 loss = self.criterion(self.forward_model(images), labels)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
+        if stash is not None:
+            with times.part("update"):
+                stash.restore()
         # NOTE [skipped steps keep residuals clean]: with fp16 the gradients are unscaled
         # before the exchange and all ranks agree on finiteness first; a step with an
         # inf/NaN anywhere skips the exchange, so error-feedback residuals never see it.
@@ -197,6 +205,16 @@ class _Run:
         with times.part("update"):
             self._update(phase, finite, applied)
         return float(loss.detach())
+
+    def _look_ahead(self, phase) -> WeightStash | None:
+        """NOTE [lookahead] in trainer/lookahead.py: with a pipelined exchange, step to the
+        weights the step still in flight will lead to, using this rank's own gradients of
+        it; the returned stash puts weights and optimiser state back after backward."""
+        if not self.exchanger.lookahead_grads():
+            return None
+        stash = WeightStash(self.model.parameters(), self.optimizer)
+        self._update(phase, True)
+        return stash
 
     def _update(self, phase, finite: bool, applied: bool = True) -> None:
         """The optimiser step on the exchanged ``p.grad`` (none when not ``applied``), then zero them."""

@@ -101,13 +101,19 @@ def _engine_worker(rank, world):
                 model.zero_grad()
                 _loss(model, rank, step).backward()
             drained_in_backward = piped._previous is None if step == 0 else piped._previous.done
+            local = [p.grad.clone() for p in piped_model.parameters()]
             plain.synchronize()
             applied = piped.synchronize()
             in_flight = [not f.done for _, f in piped._previous.flights]
             waited = piped.last_timings["drained_in_backward"]  # for the trainer's breakdown
             drained_in_backward = drained_in_backward and (waited > 0) == (step > 0)
+            piped_grads = [p.grad.clone() for p in piped_model.parameters()]
+            ahead = None  # NOTE [lookahead]: this rank's own gradients of the step in flight, once
+            if step < 2:  # step 2's go into the checkpoint below
+                ahead = (piped.lookahead_grads(), [p.grad.clone() for p in piped_model.parameters()],
+                         piped.lookahead_grads())
             steps.append((drained_in_backward, in_flight, applied, [p.grad.clone() for p in plain_model.parameters()],
-                          [p.grad.clone() for p in piped_model.parameters()]))
+                          piped_grads, local, ahead))
         try:  # residuals cannot move to another exchange while gradients are not applied
             piped.take_residuals()
             refused = False
@@ -117,6 +123,7 @@ def _engine_worker(rank, world):
         resumed = GradientExchanger(_model().parameters(), alg, topo, density=DENSITY, selector="exact",
                                     pipeline=True, **PLANS[kind])
         resumed.load_state_dict(piped.state_dict())
+        resumed_ahead = (resumed.lookahead_grads(), [p.grad.clone() for p in resumed.params])
         resumed_flushed = resumed.flush()
         try:  # an exchanger without pipeline would drop them: refused
             plain.load_state_dict(piped.state_dict())
@@ -127,7 +134,7 @@ def _engine_worker(rank, world):
         last = [p.grad.clone() for p in piped_model.parameters()]
         resumed_last = [p.grad.clone() for p in resumed.params]
         out["pipeline"][case] = (steps, flushed, last, piped.flush(), refused and refused_unpipelined,
-                                (resumed_flushed, resumed_last), "pending" in piped.state_dict())
+                                (resumed_flushed, resumed_last, resumed_ahead), "pending" in piped.state_dict())
     # 4. async DDP hook: futures of earlier buckets are still open when later buckets' hooks run
     # (DDP takes its bucket_cap_mb buckets from the second iteration on)
     plain = DDP(_model(), bucket_cap_mb=0.0002)
@@ -212,15 +219,24 @@ def test_first_bucket_exchange_starts_before_backward_ends(runs):
 @pytest.mark.parametrize("case", PIPELINED)
 def test_pipelined_exchange_applies_each_step_one_step_later(runs, case):
     for res in runs:
-        steps, flushed, last, flushed_again, refused, (resumed_flushed, resumed_last), pending = res["pipeline"][case]
-        for step, (drained_in_backward, in_flight, applied, plain, piped) in enumerate(steps):
+        steps, flushed, last, flushed_again, refused, resumed, pending = res["pipeline"][case]
+        resumed_flushed, resumed_last, (resumed_ahead, resumed_ahead_grads) = resumed
+        for step, (drained_in_backward, in_flight, applied, plain, piped, local, ahead) in enumerate(steps):
             assert drained_in_backward  # the previous step was finished inside this backward
             assert in_flight and all(in_flight)  # this step's buckets run on past synchronize()
             assert applied == (step > 0)
             want = steps[step - 1][3] if step else [torch.zeros_like(g) for g in plain]
             for got, w in zip(piped, want):
                 assert_close(got, w, rtol=1e-9, atol=1e-12)
+            if ahead is not None:  # NOTE [lookahead]: this step's own gradients, given once
+                took, grads, took_again = ahead
+                assert took and not took_again
+                for got, w in zip(grads, local):
+                    assert_close(got, w, rtol=0, atol=0)
         assert flushed and not flushed_again and refused and not pending
+        assert resumed_ahead  # a checkpoint carries the step's own gradients for the look-ahead
+        for got, w in zip(resumed_ahead_grads, steps[-1][5]):
+            assert_close(got, w, rtol=0, atol=0)
         assert resumed_flushed
         for got, resumed, w in zip(last, resumed_last, steps[-1][3]):
             assert_close(got, w, rtol=1e-9, atol=1e-12)
