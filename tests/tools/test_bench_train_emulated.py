@@ -151,10 +151,14 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
     (["--emulate", "2x2", "--comm", "dense,ring"], r"--comm 'dense,ring': unknown \['ring'\]; valid: \['dense'"),
     (["--emulate", "2x2", "--comm", "dense", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
     (["--emulate", "2x2", "--per-class", "0"], "--per-class must be >= 1"),
-    (["--emulate", "2x2", "--comm", "omgs", "--reuse"], "--reuse: .* holds no finished run"),
+    (["--emulate", "2x2", "--comm", "dense,omgs", "--reuse"], "--reuse: .* holds no finished run"),
     (["--emulate", "2x2", "--locality", "global,rack"], r"--locality 'global,rack': unknown \['rack'\]; valid: \['global'"),
     (["--emulate", "2x2", "--pipeline-exchange", "yes"],
      r"--pipeline-exchange 'yes': unknown \['yes'\]; valid: \['off', 'on'\]"),
+    # refused before any training: without the dense reference run there is no default target
+    (["--emulate", "2x2", "--comm", "dense,hitopk", "--pipeline-exchange", "on"],
+     r"default target is the dense run's final top-1 .* or pass --target-top1"),
+    (["--emulate", "2x2", "--comm", "hitopk", "--locality", "node"], "include dense in --comm"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):
     code = cli(["bench", "train", *argv, "--out", str(tmp_path / "o")])

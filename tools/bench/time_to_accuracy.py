@@ -27,11 +27,12 @@ breakdown] in tools/bench/overlap.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Emulation", "parse_emulate", "time_to_target", "breakdown", "build_rows", "plot_top1_vs_time"]
+__all__ = ["Emulation", "parse_emulate", "time_to_target", "breakdown", "check_target", "build_rows",
+           "plot_top1_vs_time"]
 
 _EMULATE = re.compile(r"^(\d+)x(\d+)(?:@(\d+(?:\.\d+)?))?$")
 
@@ -92,6 +93,20 @@ def breakdown(metrics: Sequence[Mapping]) -> dict[str, float]:
     return {f"{k}_ms": v / max(steps, 1) for k, v in totals.items()}
 
 
+DENSE_REFERENCE = ("dense", "global", False)  # (comm, locality, pipeline) of the default target's run
+
+
+def check_target(kinds: Iterable[tuple[str, str, bool]], target_top1: float | None) -> None:
+    """Refuse runs of these ``(comm, locality, pipeline)`` kinds that would have no target.
+
+    Raises:
+        ValueError: no ``target_top1`` and no dense run with global sampling, unpipelined.
+    """
+    if target_top1 is None and DENSE_REFERENCE not in set(kinds):
+        raise ValueError("the default target is the dense run's final top-1 minus 1 point: include dense in "
+                         "--comm (global in --locality, off in --pipeline-exchange) or pass --target-top1")
+
+
 def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) -> list[dict]:
     """One row per run, in ``runs`` order.
 
@@ -116,11 +131,9 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
             raise ValueError(f"the {name} run has no finished epoch (metrics.jsonl is empty)")
     kinds = {name: (run.get("comm", name), run.get("locality", "global"), bool(run.get("pipeline", False)))
              for name, run in runs.items()}
-    dense = next((name for name, kind in kinds.items() if kind == ("dense", "global", False)), None)
+    dense = next((name for name, kind in kinds.items() if kind == DENSE_REFERENCE), None)
     if target_top1 is None:
-        if dense is None:
-            raise ValueError("the default target is the dense run's final top-1 minus 1 point: include dense in "
-                             "--comm (global in --locality, off in --pipeline-exchange) or pass --target-top1")
+        check_target(kinds.values(), target_top1)
         target_top1 = float(runs[dense]["metrics"][-1]["val_top1"]) - 1.0
     rows = []
     for name, run in runs.items():

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.time_to_accuracy import build_rows, parse_emulate, plot_top1_vs_time
+from tools.bench.time_to_accuracy import build_rows, check_target, parse_emulate, plot_top1_vs_time
 
 __all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 
@@ -226,6 +226,7 @@ def main(args: argparse.Namespace) -> int:
         for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
+        check_target(runs.values(), args.target_top1)  # before minutes of training, not after
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if not args.reuse:
