@@ -159,6 +159,7 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
     (["--emulate", "2x2", "--comm", "dense,hitopk", "--pipeline-exchange", "on"],
      r"default target is the dense run's final top-1 .* or pass --target-top1"),
     (["--emulate", "2x2", "--comm", "hitopk", "--locality", "node"], "include dense in --comm"),
+    (["--emulate", "2x2", "--burst", "1"], "--burst 1: the tbf bucket must hold one packet"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):
     code = cli(["bench", "train", *argv, "--out", str(tmp_path / "o")])

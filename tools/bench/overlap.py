@@ -127,7 +127,7 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools.bench.time_to_accuracy import parse_emulate
+    from tools.bench.time_to_accuracy import burst_bytes, parse_emulate
     from tools.bench.overlap_rank import plan_options
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
     from tools.emulated_job import JobFailed, launch
@@ -139,9 +139,7 @@ def main(args: argparse.Namespace) -> int:
         for flag in ("rounds", "steps", "batch", "size"):
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1; got {getattr(args, flag)}")
-        if args.burst is not None and args.burst < 2:
-            raise ValueError(f"--burst {args.burst}: the tbf bucket must hold one packet: at least 2 KiB")
-        burst = None if args.burst is None else args.burst * 1024
+        burst = burst_bytes(args.burst)
         reason = netns_unavailable_reason()
         if reason:
             raise ValueError(f"--emulate needs network namespaces: {reason}")

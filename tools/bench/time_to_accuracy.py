@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Emulation", "parse_emulate", "time_to_target", "breakdown", "check_target", "build_rows",
-           "plot_top1_vs_time"]
+__all__ = ["Emulation", "parse_emulate", "burst_bytes", "time_to_target", "breakdown", "check_target",
+           "build_rows", "plot_top1_vs_time"]
 
 _EMULATE = re.compile(r"^(\d+)x(\d+)(?:@(\d+(?:\.\d+)?))?$")
 
@@ -63,6 +63,18 @@ def parse_emulate(text: str, default_mbit: float) -> Emulation:
     if mbit <= 0:
         raise ValueError(f"--emulate {text!r}: the link rate MBIT must be > 0")
     return Emulation(nodes, local, mbit)
+
+
+def burst_bytes(kib: int | None) -> int | None:
+    """``--burst KIB`` as the tbf bucket in bytes (None: the cluster's default, NOTE [tbf
+    burst] in tools/cluster.py).
+
+    Raises:
+        ValueError: one line naming ``--burst``, for a bucket under one packet (2 KiB).
+    """
+    if kib is not None and kib < 2:
+        raise ValueError(f"--burst {kib}: the tbf bucket must hold one packet: at least 2 KiB")
+    return None if kib is None else kib * 1024
 
 
 def time_to_target(metrics: Sequence[Mapping], target: float) -> float | None:

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.time_to_accuracy import build_rows, check_target, parse_emulate, plot_top1_vs_time
+from tools.bench.time_to_accuracy import build_rows, burst_bytes, check_target, parse_emulate, plot_top1_vs_time
 
 __all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 
@@ -61,6 +61,10 @@ def configure(group: argparse._ArgumentGroup) -> None:
                        help="comma-separated off/on, each run with every --comm: on applies each step's exchange "
                             "one step late, overlapping the next step (run named COMM-pipe; not powersgd) "
                             "(default: off)")
+    group.add_argument("--burst", type=int, default=None, metavar="KIB",
+                       help="tbf bucket of the emulated links in KiB, at least 2 (default: 256 KiB or more, "
+                            "NOTE [tbf burst]: an idle link's credit lets a small exchange cross at once); a "
+                            "smaller one makes every exchange and remote read pay the link rate")
     group.add_argument("--powersgd-rank", type=int, default=2, help="matrix approximation rank of powersgd")
     group.add_argument("--target-top1", type=float, default=None,
                        help="target validation top-1 in %% (default: the dense run's final top-1 minus 1)")
@@ -189,7 +193,8 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path) -> 
     if reason:
         raise ValueError(f"--emulate needs network namespaces: {reason}")
     data = _prepare_data(args, out)
-    with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}") as cluster:
+    with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}",
+                         burst_bytes=burst_bytes(args.burst)) as cluster:
         servers = []
         try:
             for node in range(emu.nodes):
@@ -227,6 +232,7 @@ def main(args: argparse.Namespace) -> int:
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
         check_target(runs.values(), args.target_top1)  # before minutes of training, not after
+        burst_bytes(args.burst)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if not args.reuse:
@@ -237,7 +243,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"cachepipe bench train: error: {exc}", file=sys.stderr)
         return 2
     target = rows[0]["target_top1"]
-    title = (f"{emu.nodes}x{emu.local_size} @ {emu.mbit:g} Mbit/s, {_recipe(args)} recipe, "
+    link = f"{emu.mbit:g} Mbit/s" + (f" (tbf burst {args.burst} KiB)" if args.burst else "")
+    title = (f"{emu.nodes}x{emu.local_size} @ {link}, {_recipe(args)} recipe, "
              f"{args.size or DEFAULTS['size']} px")
     plot = plot_top1_vs_time({name: r["metrics"] for name, r in done.items()}, target, args.plot or out / "top1_vs_time.png",
                              title)
