@@ -54,7 +54,6 @@ it in ``p.grad`` for one more optimiser step (the trainer flushes at every epoch
 evaluations and phase switches see every gradient applied). A checkpoint in between
 (:meth:`state_dict`) holds the finished but unapplied gradients, so resuming from it
 takes the same steps as going on.
-
 """
 from __future__ import annotations
 
@@ -291,17 +290,14 @@ class GradientExchanger:
         """With ``pipeline``: put this rank's own gradients of the step still in flight (its
         exchange's input, after the local update) into ``p.grad``, for an optimiser step to
         the weights that step will lead to (NOTE [lookahead] in trainer/lookahead.py). Once
-        per step: the copies are freed here. Returns False (``p.grad`` untouched) when there is nothing to look ahead
-        with (no step in flight, it was skipped, or they were taken already)."""
+        per step: the copies are freed here. Returns False (``p.grad`` untouched) when
+        there is nothing to look ahead with (no step in flight, it was skipped, or they
+        were taken already)."""
         step = self._previous
         if step is None or step.estimates is None:
             return False
         for (b, _), est in zip(step.flights, step.estimates):
-            offset = 0
-            for i in self.buckets[b].params:
-                g = self._grad(i)
-                g.copy_(est[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+            self._write_grads(b, est)
         step.estimates = None
         return True
 
@@ -322,18 +318,22 @@ class GradientExchanger:
             return False
         step.finish()
         for b, flight in step.flights:
-            grads = [self._grad(i) for i in self.buckets[b].params]
             if flight is None:
-                for g in grads:
-                    g.fill_(float("nan"))
+                for i in self.buckets[b].params:
+                    self._grad(i).fill_(float("nan"))
                 continue
             self.stats["wait_s"] += flight.waited_s
-            offset = 0
-            for g in grads:
-                g.copy_(flight.result[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
+            self._write_grads(b, flight.result)
         self.skipped_steps += step.skipped
         return not step.skipped
+
+    def _write_grads(self, b: int, flat: torch.Tensor) -> None:
+        """Copy bucket ``b``'s concatenated gradients ``flat`` into its parameters' ``p.grad``."""
+        offset = 0
+        for i in self.buckets[b].params:
+            g = self._grad(i)
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     @contextlib.contextmanager
     def no_sync(self):

@@ -215,9 +215,6 @@ class DDPExchange:
     def flush(self) -> bool:
         return False
 
-    def lookahead_grads(self) -> bool:
-        return False
-
     def state_dict(self) -> dict:
         return self.hook_state.state_dict() if self.hook_state is not None else {}
 

@@ -185,7 +185,7 @@ def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: P
     return result
 
 
-def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path) -> None:
+def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, burst: int | None) -> None:
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
     from tools.emulated_job import NodeRedis
 
@@ -193,8 +193,7 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path) -> 
     if reason:
         raise ValueError(f"--emulate needs network namespaces: {reason}")
     data = _prepare_data(args, out)
-    with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}",
-                         burst_bytes=burst_bytes(args.burst)) as cluster:
+    with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}", burst_bytes=burst) as cluster:
         servers = []
         try:
             for node in range(emu.nodes):
@@ -232,11 +231,11 @@ def main(args: argparse.Namespace) -> int:
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
         check_target(runs.values(), args.target_top1)  # before minutes of training, not after
-        burst_bytes(args.burst)
+        burst = burst_bytes(args.burst)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         if not args.reuse:
-            _train_all(args, emu, runs, out)
+            _train_all(args, emu, runs, out, burst)
         done = _load(out, list(runs))
         rows = build_rows(done, args.target_top1)
     except (ValueError, RuntimeError, subprocess.SubprocessError) as exc:
