@@ -63,10 +63,12 @@ import uuid
 from pathlib import Path
 
 from tools.bench.table import format_table, machine_description, write_json
+from tools.bench.train_emulated import DEFAULTS
 
 __all__ = ["configure", "main", "summarize"]
 
 _ROOT = Path(__file__).resolve().parents[2]
+_EMULATE = f"2x2@{DEFAULTS['mbit']:g}"  # NOTE [emulate defaults] in tools/bench/train_emulated.py
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
            "pipeline_ms", "pipeline_vs_max", "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms",
            "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms",
@@ -74,8 +76,8 @@ COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--emulate", default="2x2@10", metavar="MxN@MBIT",
-                        help="M emulated nodes x N processes, MBIT Mbit/s between nodes (default: 2x2@10, "
+    parser.add_argument("--emulate", default=_EMULATE, metavar="MxN@MBIT",
+                        help=f"M emulated nodes x N processes, MBIT Mbit/s between nodes (default: {_EMULATE}, "
                              "bench train --emulate's defaults); needs root and iproute2")
     parser.add_argument("--burst", type=int, default=None, metavar="KIB",
                         help="tbf bucket of the emulated links in KiB, at least 2 (default: 256 KiB or more, "
@@ -84,8 +86,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--density", type=float, default=0.01, help="density of sparse algorithms (default: 0.01)")
     parser.add_argument("--selector", default="mstopk", help="top-k selector (default: mstopk)")
     parser.add_argument("--model", default="resnet_small", help="model name (default: resnet_small)")
-    parser.add_argument("--batch", type=int, default=32, help="batch per process (default: 32)")
-    parser.add_argument("--size", type=int, default=32, help="image side in pixels (default: 32)")
+    parser.add_argument("--batch", type=int, default=DEFAULTS["batch_size"],
+                        help=f"batch per process (default: {DEFAULTS['batch_size']})")
+    parser.add_argument("--size", type=int, default=DEFAULTS["size"], help=f"image side in pixels (default: {DEFAULTS['size']})")
     parser.add_argument("--plans", nargs="+", default=["size", "layer"],
                         help="bucket plans to compare: size (one 25 MiB fusion bucket), size:KIB, layer, "
                              "omgs (train --comm omgs: merged layers planned from a profile, exchanged with "

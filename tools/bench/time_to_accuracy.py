@@ -105,18 +105,21 @@ def breakdown(metrics: Sequence[Mapping]) -> dict[str, float]:
     return {f"{k}_ms": v / max(steps, 1) for k, v in totals.items()}
 
 
-DENSE_REFERENCE = ("dense", "global", False)  # (comm, locality, pipeline) of the default target's run
+def _is_reference(kind: tuple[str, str, bool]) -> bool:
+    """The default target's run: dense, unpipelined (the first such run: the first locality given)."""
+    comm, _locality, pipeline = kind
+    return comm == "dense" and not pipeline
 
 
 def check_target(kinds: Iterable[tuple[str, str, bool]], target_top1: float | None) -> None:
     """Refuse runs of these ``(comm, locality, pipeline)`` kinds that would have no target.
 
     Raises:
-        ValueError: no ``target_top1`` and no dense run with global sampling, unpipelined.
+        ValueError: no ``target_top1`` and no unpipelined dense run.
     """
-    if target_top1 is None and DENSE_REFERENCE not in set(kinds):
+    if target_top1 is None and not any(_is_reference(k) for k in kinds):
         raise ValueError("the default target is the dense run's final top-1 minus 1 point: include dense in "
-                         "--comm (global in --locality, off in --pipeline-exchange) or pass --target-top1")
+                         "--comm (off in --pipeline-exchange) or pass --target-top1")
 
 
 def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) -> list[dict]:
@@ -126,8 +129,8 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
         runs: ``run name -> {"metrics": [epoch rows], "inter_node_bytes": int, "job_s": float}``,
             optionally ``"comm"``, ``"locality"`` and ``"pipeline"`` (default: the name,
             ``"global"`` and False).
-        target_top1: the target; None = the final top-1 of the ``dense`` run with global
-            sampling minus 1 point.
+        target_top1: the target; None = the final top-1 of the first unpipelined ``dense``
+            run minus 1 point.
 
     Returns:
         Rows with ``comm``, ``locality``, ``pipeline``, ``final_top1``, ``best_top1``, ``target_top1``,
@@ -143,7 +146,7 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
             raise ValueError(f"the {name} run has no finished epoch (metrics.jsonl is empty)")
     kinds = {name: (run.get("comm", name), run.get("locality", "global"), bool(run.get("pipeline", False)))
              for name, run in runs.items()}
-    dense = next((name for name, kind in kinds.items() if kind == DENSE_REFERENCE), None)
+    dense = next((name for name, kind in kinds.items() if _is_reference(kind)), None)
     if target_top1 is None:
         check_target(kinds.values(), target_top1)
         target_top1 = float(runs[dense]["metrics"][-1]["val_top1"]) - 1.0
