@@ -67,7 +67,7 @@ def test_bad_flags_exit_2_with_one_line(flags, match, capsys):
 def test_a_tiny_run_on_the_emulated_cluster_gives_one_row_per_plan(tmp_path):
     out = tmp_path / "rows.json"
     assert cli(["bench", "overlap", "--emulate", "2x2@100", "--plans", "size", "size:256", "omgs", "--rounds", "1",
-                "--steps", "2", "--warmup", "0", "--json", str(out)]) == 0
+                "--steps", "2", "--warmup", "0", "--size", "32", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [(r["plan"], r["buckets"]) for r in rows[:2]] == [("size", 1), ("size:256", 2)]
     assert rows[2]["plan"] == "omgs" and rows[2]["buckets"] >= 1

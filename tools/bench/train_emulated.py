@@ -22,9 +22,9 @@ sampling (a node's ranks draw the samples its own Redis holds), 4 Mbit/s between
 nodes. A dense exchange then costs about 5x a step's compute, the communication-bound
 regime of the MLSys 2021 paper's 96 px phase, and ``--comm dense,hitopk`` finishes in
 about 8 minutes on a 2-core machine. Why 96 px and not the 32 px recorded first: on 2
-cores shared by 4 ranks a sparse exchange's CPU work (about 3 ms per rank, mostly fixed
-per collective) is a third of a 32 px step's compute, which no overlap can hide; at 96 px
-it is under a tenth, as on a real cluster where every rank has its own cores. Why
+cores shared by 4 ranks a sparse exchange's CPU work (3-5 ms per rank, mostly fixed per
+collective) is a third of a 32 px step's compute CPU, which no overlap can hide; at 96 px
+it is under a twentieth, as on a real cluster where every rank has its own cores. Why
 node-local sampling: a 96 px sample is 27 KB, and with global sampling half of every
 batch would cross the 4 Mbit/s link, so the run would measure sample reads, not the
 exchange (``--locality global`` still runs it).
