@@ -1,6 +1,7 @@
 """``cachepipe bench train --emulate``: parsing, rows and target from recorded metrics, the CLI."""
 from __future__ import annotations
 
+import argparse
 import json
 import re
 
@@ -148,6 +149,22 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
         assert all(key in r for r in rows)
     assert (out / "top1_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| hitopk" in capsys.readouterr().out
+
+
+def test_generated_data_is_kept_per_size_and_count(tmp_path):
+    from PIL import Image
+
+    from tools.bench.train_emulated import _prepare_data
+
+    def prepare(size, per_class):
+        return _prepare_data(argparse.Namespace(data=None, per_class=per_class, cache_size=size), tmp_path)
+
+    small, large, more = prepare(20, 1), prepare(40, 1), prepare(20, 2)
+    assert len({small, large, more}) == 3 and prepare(20, 1) == small
+    assert len(list((more / "train").rglob("*.JPEG"))) == 2 * len(list((small / "train").rglob("*.JPEG")))
+    side = [min(Image.open(next((d / "train").rglob("*.JPEG"))).size) for d in (small, large)]
+    assert side[0] < side[1]
+    assert _prepare_data(argparse.Namespace(data=str(tmp_path / "mine")), tmp_path) == tmp_path / "mine"
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -145,9 +145,12 @@ def _cache_size(args) -> int:
 
 
 def _prepare_data(args, out: Path) -> Path:
+    """``--data``, or the generated dataset in OUT, one directory per image size and
+    ``--per-class``: a dataset kept from an earlier command with other settings (the
+    32 px default of before, say) is never trained on in their place."""
     if args.data:
         return Path(args.data)
-    data = out / "data"
+    data = out / "data" / f"{_cache_size(args)}px-{args.per_class}"
     if not (data / "val").is_dir():
         from tools.demo_dataset import make_dataset
 
