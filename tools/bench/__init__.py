@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "comm": ("tools.bench.comm", "gradient exchange algorithms on an emulated cluster"),
     "overlap": ("tools.bench.overlap", "a sparse step with and without overlap vs max(compute, exchange)"),
     "omgs": ("tools.bench.omgs", "OMGS merged-layer planning vs LAGS / TopK-SGD / fusion"),
+    "feed": ("tools.bench.feed", "CPU per image of each serial stage of feeding a GPU (the CPU proxy)"),
     "train": ("tools.bench.train", "training throughput: synthetic vs cached loaders"),
     "faults": ("tools.bench.faults", "the demo trained while faults are injected vs a fault-free run"),
 }

@@ -1,0 +1,229 @@
+"""``cachepipe bench feed``: the CPU proxy of feeding a GPU, CPU per image of every serial stage.
+
+NOTE [feed proxy]: on a GPU a ResNet-50 bf16 step of batch 128 at 224 px takes ~29 ms,
+~19 ms of which the training thread spends launching the model, which leaves it ~10 ms
+per batch, **0.08 ms per image**, for everything it does for data. The loader has stages
+that run once per batch in one place (the training thread, the training process's other
+threads, each Redis server) and stages that scale with workers. This benchmark reads the
+GPU configuration's shapes (batch 128, 224 px crops from a 256 px cache, 2 workers here)
+through ``cached_dataloader``, with a consumer that takes each batch as training does
+(reads every page of it) and then keeps its thread busy for ``--step-ms`` (the model
+step), and charges CPU to each stage:
+
+- ``main_thread_ms_per_image``: the consumer thread inside ``next()`` (``time.thread_time``);
+- ``other_threads_ms_per_image``: the training process's other threads (process CPU less
+  the consumer thread's);
+- ``worker_ms_per_image``: the loader's worker processes (``/proc``);
+- ``redis_ms_per_image``: the Redis servers (``INFO cpu``), per server;
+- ``faults_per_batch``: minor page faults of the training process and its workers;
+- ``l1_reads``, ``source_reads``: reads below L2 (0 on a warm cache).
+
+Each is printed against its budget: 0.08 for the consumer thread, 0.2 for the other serial
+stages (the process's other threads, one Redis server), the step's rate for the workers
+(``workers * step_ms / batch_size``: what they may spend per image and still keep up),
+100 faults per batch, 0 reads below L2. Outputs are measured in interleaved rounds (median
+round shown), so load from other jobs hits each alike.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+__all__ = ["configure", "main", "OUTPUTS", "BUDGETS"]
+
+OUTPUTS = ("uint8", "float32")
+# per-image budgets (ms) of the serial stages, and faults per batch (NOTE [feed proxy])
+BUDGETS = {"main_thread_ms_per_image": 0.08, "other_threads_ms_per_image": 0.2, "redis_ms_per_image": 0.2,
+           "faults_per_batch": 100, "l1_reads": 0, "source_reads": 0}
+COLUMNS = ("output", "main_thread_ms_per_image", "other_threads_ms_per_image", "worker_ms_per_image",
+           "redis_ms_per_image", "faults_per_batch", "l1_reads", "source_reads", "images_per_s")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("src", metavar="SRC", help="ImageFolder root (<SRC>/<class>/<image>); "
+                        "a dataset root holding train/ uses SRC/train")
+    parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
+    parser.add_argument("--redis", action="append", default=None, metavar="URL",
+                        help="L2 shard URL, repeatable; none given: the embedded server in --cache-dir")
+    parser.add_argument("--step-ms", type=float, default=29.0,
+                        help="model step the consumer keeps its thread busy for after each batch (ResNet-50 bf16, "
+                             "batch 128 on an H200: 29)")
+    parser.add_argument("--outputs", default=",".join(OUTPUTS), help="comma-separated subset of uint8,float32")
+    parser.add_argument("--workers", type=int, default=2, help="loader worker processes")
+    parser.add_argument("--batch-size", type=int, default=128, help="batch size")
+    parser.add_argument("--size", type=int, default=224, help="crop size")
+    parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
+    parser.add_argument("--batches", type=int, default=30, help="timed batches per output and round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median round is reported")
+    parser.add_argument("--make-dataset", type=int, default=0, metavar="PER_CLASS",
+                        help="when SRC does not exist, write a demo dataset of 10 classes with this many "
+                             "~320 px JPEGs per class first (0: don't)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
+
+
+def _check(args) -> None:
+    from tools.cli import UsageError
+
+    if not args.step_ms >= 0:
+        raise UsageError(f"--step-ms must be >= 0 (milliseconds of model step per batch), got {args.step_ms:g}")
+    for flag in ("workers", "batch_size", "size", "cache_size", "batches", "rounds"):
+        if getattr(args, flag) < (0 if flag == "workers" else 1):
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= {0 if flag == 'workers' else 1}, "
+                             f"got {getattr(args, flag)}")
+    outputs = [o.strip() for o in args.outputs.split(",") if o.strip()]
+    if not outputs or set(outputs) - set(OUTPUTS):
+        raise UsageError(f"--outputs {args.outputs!r}: valid outputs are {list(OUTPUTS)}")
+    args.outputs = outputs
+
+
+def _proc_stat(pid: int) -> tuple[float, int]:
+    """(CPU seconds, minor faults) of process ``pid`` (0, 0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+class Probe:
+    """Counters of one loader's stages; ``take()`` reads them all at once."""
+
+    def __init__(self, loader, redis_clients) -> None:
+        self.loader, self.redis_clients = loader, redis_clients
+
+    def _workers(self) -> list[int]:
+        it = self.loader.loader._iterator
+        return [w.pid for w in getattr(it, "_workers", ())]
+
+    def take(self) -> dict:
+        cpu, faults = 0.0, _proc_stat(os.getpid())[1]
+        for pid in self._workers():
+            c, f = _proc_stat(pid)
+            cpu, faults = cpu + c, faults + f
+        redis_cpu = 0.0
+        for client in self.redis_clients:
+            info = client.info("cpu")
+            redis_cpu += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        hits = self.loader.cache_hits
+        return {"process": time.process_time(), "thread": time.thread_time(), "workers": cpu, "faults": faults,
+                "redis": redis_cpu, "l1": hits["l1_hits"], "source": hits["source_reads"],
+                "wall": time.perf_counter()}
+
+
+def _touch(images) -> None:
+    """Read one byte of every page of ``images``, as the model's first layer reads them all."""
+    import torch
+
+    storage = images.untyped_storage()
+    pages = torch.empty(0, dtype=torch.uint8, device=images.device).set_(storage)[::4096]
+    pages.sum()
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _epochs(loader):
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def measure(batches_iter, probe: Probe, batches: int, step_s: float) -> dict:
+    """Consume ``batches`` batches as a training step would; CPU per image of each stage."""
+    data_s, images = 0.0, 0
+    before = probe.take()
+    for _ in range(batches):
+        t0 = time.thread_time()
+        x, labels = next(batches_iter)
+        data_s += time.thread_time() - t0
+        images += len(labels)
+        _touch(x)
+        del x, labels
+        _busy(step_s)
+    after = probe.take()
+    d = {k: after[k] - before[k] for k in after}
+    ms = 1e3 / images
+    servers = max(1, len(probe.redis_clients))
+    return {"main_thread_ms_per_image": data_s * ms,
+            "other_threads_ms_per_image": (d["process"] - d["thread"]) * ms,
+            "worker_ms_per_image": d["workers"] * ms, "redis_ms_per_image": d["redis"] * ms / servers,
+            "faults_per_batch": d["faults"] / batches, "l1_reads": d["l1"], "source_reads": d["source"],
+            "images_per_s": images / d["wall"], "batches": batches}
+
+
+def _build(output: str, root: str, cache, args):
+    from loaders import cached_dataloader
+
+    raw = output == "uint8"
+    return cached_dataloader(root, cache=cache, batch_size=args.batch_size, train=True, size=args.size,
+                             workers=args.workers, seed=0, dtype=output, normalize=not raw)
+
+
+def _verdicts(row: dict, args) -> dict:
+    budgets = dict(BUDGETS, worker_ms_per_image=args.workers * args.step_ms / args.batch_size)
+    return {k: ("ok" if row[k] <= b else "OVER") for k, b in budgets.items()}
+
+
+def main(args: argparse.Namespace) -> int:
+    import redis
+    import torch
+
+    from cachepipe import TwoLevelCache
+    from tools.bench.loader import _warm
+    from tools.bench.table import format_table, machine_description, write_json
+    from tools.demo_dataset import make_dataset
+
+    _check(args)
+    torch.set_num_threads(1)  # the consumer as a GPU training thread: one intra-op thread
+    src = Path(args.src)
+    if not src.exists() and args.make_dataset:
+        print(f"writing a demo dataset to {src}: 10 classes x {args.make_dataset} images of ~320 px")
+        make_dataset(src, classes=10, per_class=args.make_dataset, val_per_class=0, size=320)
+    root = src / "train" if (src / "train").is_dir() else src
+    cache = TwoLevelCache(root, args.cache_dir, redis=args.redis, cache_size=args.cache_size)
+    _warm(cache)
+    clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis else [cache.embedded_server().client()])
+    print(f"dataset {root}: {len(cache)} images; L2 warm ({cache.stats()['l2_writes']} writes); "
+          f"{len(clients)} Redis server(s)")
+    cache.close()
+    loaders = {o: _build(o, os.fspath(root), cache, args) for o in args.outputs}
+    runs: dict[str, list[dict]] = {o: [] for o in loaders}
+    try:
+        iters = {o: _epochs(loader) for o, loader in loaders.items()}
+        for o, loader in loaders.items():  # untimed: worker start-up, first-touch of recycled buffers
+            measure(iters[o], Probe(loader, clients), 2 * max(1, args.workers) * 2 + 2, args.step_ms / 1e3)
+        for r in range(args.rounds):
+            for o, loader in loaders.items():
+                runs[o].append(measure(iters[o], Probe(loader, clients), args.batches, args.step_ms / 1e3))
+                print(f"round {r + 1}/{args.rounds} {o}: {runs[o][-1]['images_per_s']:.0f} images/s, consumer "
+                      f"{runs[o][-1]['main_thread_ms_per_image']:.3f} ms/image", flush=True)
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    rows = []
+    for o, results in runs.items():
+        median = sorted(results, key=lambda m: m["main_thread_ms_per_image"])[len(results) // 2]
+        row = {"output": o, **median, "workers": args.workers, "batch_size": args.batch_size, "size": args.size,
+               "cache_size": args.cache_size, "step_ms": args.step_ms, "rounds": args.rounds,
+               "redis_servers": len(clients), "load_average": os.getloadavg()[0]}
+        row["verdict"] = _verdicts(row, args)
+        rows.append(row)
+    print(format_table(rows, COLUMNS))
+    print("budgets: " + ", ".join(f"{k} <= {v:g}" for k, v in
+                                  dict(BUDGETS, worker_ms_per_image=args.workers * args.step_ms
+                                       / args.batch_size).items()))
+    for row in rows:
+        over = [k for k, v in row["verdict"].items() if v != "ok"]
+        print(f"{row['output']}: " + ("every stage within budget" if not over else "OVER budget: " + ", ".join(over)))
+    print(f"machine: {machine_description()}; load average {os.getloadavg()[0]:.2f}")
+    if args.json:
+        write_json(args.json, rows)
+    return 0
