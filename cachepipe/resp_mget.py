@@ -10,11 +10,20 @@ hiredis's 1 MB reads. It speaks just what the L2 read path needs: connect (TCP o
 socket), ``AUTH`` and ``SELECT`` from the URL, and ``MGET``; everything else (writes,
 ``INFO``) stays on redis-py, and a ``rediss://`` URL reads through redis-py (TLS decrypts
 into its own buffers, so there is no copy to save).
+
+NOTE [reused reply buffer]: a batch's reply is tens of MB (128 samples of ~250 KB); a
+fresh buffer per reply is a fresh mapping (it is above malloc's mmap threshold), every
+page of which the kernel zero-fills and faults in again. So each connection keeps its
+buffer and reads the next reply into it, but only when no value of the previous reply is
+still alive: the values are views of a per-reply numpy view of the buffer, which the
+connection watches through a weak reference. A caller that keeps values (or arrays made
+from them) therefore never sees them overwritten; the next reply gets a new buffer.
 """
 from __future__ import annotations
 
 import os
 import socket
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,6 +35,7 @@ from cachepipe.redis_url import redact
 __all__ = ["MGetConnection"]
 
 _MAX_LINE = 512  # longest RESP framing line accepted (a length or an error message)
+_SHORT_LINE = 32  # looked at first: "$262144" and "*128" fit
 _FIRST_GUESS = 64 << 10  # bytes per value assumed before the first reply
 
 
@@ -61,6 +71,8 @@ class MGetConnection:
         self._sock: socket.socket | None = None
         self._pid = 0
         self._value_bytes = _FIRST_GUESS  # sizes the next reply's buffer (grown when short)
+        self._buffer = np.empty(0, dtype=np.uint8)  # NOTE [reused reply buffer]
+        self._lent: weakref.ref | None = None  # the last reply's view of it, while values live
 
     # -- connection ---------------------------------------------------------------------
     def _socket(self) -> socket.socket:
@@ -90,7 +102,7 @@ class MGetConnection:
 
     def _command(self, args: Sequence[str]) -> bytes:
         self._sock.sendall(_pack(args))
-        line = _Reply(self._sock, _MAX_LINE, self.url).line()
+        line = _Reply(self._sock, np.empty(_MAX_LINE, dtype=np.uint8), self.url).line()
         if line[:1] == b"-":
             raise redis.ResponseError(line[1:].decode(errors="replace"))
         return line
@@ -106,7 +118,8 @@ class MGetConnection:
         """Values of ``keys`` in order, ``None`` where a key is missing.
 
         Each value is a writable memoryview of one buffer per reply (the reply's framing
-        sits between them), so keeping one keeps its whole reply's buffer alive.
+        sits between them), so keeping one keeps its whole reply's buffer alive, and that
+        buffer is not reused for a later reply (NOTE [reused reply buffer]).
 
         Raises:
             redis.ConnectionError, redis.TimeoutError: the server is gone or too slow
@@ -118,7 +131,7 @@ class MGetConnection:
         sock = self._socket()
         try:
             sock.sendall(_pack(["MGET", *keys]))
-            reply = _Reply(sock, len(keys) * (self._value_bytes + 16) + 64, self.url)
+            reply = _Reply(sock, self._reply_buffer(len(keys) * (self._value_bytes + 16) + 64), self.url)
             header = reply.line()
             if header[:1] == b"-":
                 raise redis.ResponseError(header[1:].decode(errors="replace"))
@@ -138,15 +151,28 @@ class MGetConnection:
         sizes = [len(v) for v in values if v is not None]
         if sizes:  # a quarter over the last mean: rarely short, and untouched pages cost nothing
             self._value_bytes = 5 * sum(sizes) // (4 * len(sizes))
+        self._buffer, self._lent = reply.root, weakref.ref(reply.buf)
         return values
+
+    def _reply_buffer(self, size: int) -> np.ndarray:
+        """A view of this connection's buffer of at least ``size`` bytes (NOTE [reused reply buffer])."""
+        if len(self._buffer) < size:  # with headroom, so that replies a little larger fit next time
+            self._buffer = np.empty(size + size // 4, dtype=np.uint8)  # np.empty: no zero fill
+        elif self._lent is not None and self._lent() is not None:
+            self._buffer = np.empty(len(self._buffer), dtype=np.uint8)
+        return self._buffer[:]
 
 
 class _Reply:
-    """Reads one RESP reply into a buffer sized from the expected bytes, growing if needed."""
+    """Reads one RESP reply into ``buf`` (a view of the connection's buffer), growing it if needed.
 
-    def __init__(self, sock: socket.socket, size: int, url: str) -> None:
+    ``root`` is the array ``buf`` views: the buffer to keep for the next reply.
+    """
+
+    def __init__(self, sock: socket.socket, buf: np.ndarray, url: str) -> None:
         self.sock, self.url = sock, url
-        self.buf = np.empty(size, dtype=np.uint8)  # np.empty: no zero fill, unlike bytearray
+        self.root = buf.base if buf.base is not None else buf
+        self.buf = buf
         self.view = memoryview(self.buf)
         self.pos = self.end = 0  # parsed up to pos, received up to end
 
@@ -154,10 +180,11 @@ class _Reply:
         """Receive until ``buf[pos:upto]`` is complete."""
         if upto > len(self.buf):  # move the unparsed tail into a larger buffer
             tail = self.end - self.pos
-            buf = np.empty(max(2 * len(self.buf), upto - self.pos), dtype=np.uint8)
+            root = np.empty(max(2 * len(self.buf), upto - self.pos), dtype=np.uint8)
+            buf = root[:]
             buf[:tail] = self.buf[self.pos:self.end]
             upto -= self.pos
-            self.buf, self.view, self.pos, self.end = buf, memoryview(buf), 0, tail
+            self.root, self.buf, self.view, self.pos, self.end = root, buf, memoryview(buf), 0, tail
         while self.end < upto:
             got = self.sock.recv_into(self.view[self.end:])
             if got == 0:
@@ -166,14 +193,18 @@ class _Reply:
 
     def line(self) -> bytes:
         """The next CRLF-terminated line of framing, without the CRLF."""
+        window = _SHORT_LINE  # a value's length line fits: no 512-byte copy per value
         while True:
-            chunk = bytes(self.view[self.pos:min(self.end, self.pos + _MAX_LINE)])
+            chunk = bytes(self.view[self.pos:min(self.end, self.pos + window)])
             i = chunk.find(b"\r\n")
             if i >= 0:
                 self.pos += i + 2
                 return chunk[:i]
-            if len(chunk) >= _MAX_LINE:
-                raise redis.ConnectionError(f"RESP line over {_MAX_LINE} bytes from {self.url}")
+            if len(chunk) >= window:
+                if window == _MAX_LINE:
+                    raise redis.ConnectionError(f"RESP line over {_MAX_LINE} bytes from {self.url}")
+                window = _MAX_LINE
+                continue
             self._fill(self.end + 1)
 
     def bulk(self) -> memoryview | None:

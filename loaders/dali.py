@@ -104,8 +104,7 @@ class DALILoader(SamplerControls):
             self.source = self._counted = CacheSource(folder, sampler, train)
         else:  # NOTE [DALI CPU source]: the workers report their reads with each batch
             crop = make_transform(train, sampler.size, dtype="uint8", normalize=False, channels_last=True)
-            self._counted = CachedDataLoader(folder, crop, sampler, workers=workers, pin_memory=False,
-                                             prefetch_factor=2)
+            self._counted = CachedDataLoader(folder, crop, sampler, workers=workers, prefetch_factor=2)
             self.source = CropSource(self._counted, prefetch_queue_depth)
         self._build = functools.partial(_build_iterator, self.source, device, out_dtype, sampler.batch_size,
                                         num_threads=max(1, workers), device_id=device_id, seed=seed,

@@ -1,7 +1,6 @@
 """``cached_dataloader``: torch's DataLoader over the cache, batch-at-a-time, rank-sharded and resumable."""
 from __future__ import annotations
 
-import collections
 import ctypes
 import dataclasses
 import gc
@@ -10,14 +9,16 @@ import random
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.utils.data
 
 from loaders.dead_workers import MAX_RESTARTS, detect_in_next, is_dead_worker, shut_down
+from loaders.device_feed import DeviceFeed, resolve_device
 from loaders.folder import CachedImageFolder
 from loaders.locality import DEFAULT_EXCHANGE_FRACTION, check_locality, node_locality
-from loaders.recycle import RecyclingNormalizer
+from loaders.recycle import HandedOut
 from loaders.sampler import BatchRequest, SamplerControls, ShardedBatchSampler
 from loaders.shared_batches import SharedBatchPool, release
 from loaders.transforms import make_transform
@@ -96,11 +97,15 @@ class _BatchDataset(torch.utils.data.Dataset):
         samples, targets, skipped = self.folder.load_many(request, copy=False)  # crops copy anyway
         waited = time.perf_counter() - t0
         after = _hit_counts(getattr(self.folder, "cache", None))
-        hits = torch.tensor([a - b for a, b in zip(after, before)], dtype=torch.int64)
+        hits = [a - b for a, b in zip(after, before)]
         images = self.transform.batch(samples, random.Random(seed), size,
                                       out=self.pool.batch((len(samples), 3, size, size), self.transform.torch_dtype,
                                                           self.transform.channels_last))
-        return images, torch.tensor(targets, dtype=torch.int64), torch.tensor(skipped, dtype=torch.int64), waited, hits
+        worker = torch.utils.data.get_worker_info()
+        made = (worker.id if worker else -1, self.pool.allocations)
+        # small results travel pickled, not as tensors: each tensor would be a shared-memory segment
+        # of its own, created, passed and mapped again for every batch
+        return images, np.asarray(targets, dtype=np.int64), list(skipped), waited, hits, made
 
 
 def _passthrough(batch):
@@ -119,23 +124,18 @@ class CachedDataLoader(SamplerControls):
         cache_wait_s: seconds workers spent waiting on the cache, summed over batches.
         cache_hits: ``{"l2_hits", "l1_hits", "source_reads"}`` of the batches yielded so far,
             counted where the reads happen (in the workers when ``workers > 0``).
+        shared_allocations: per worker id, the shared-memory batch buffers it has allocated
+            (constant in steady state: NOTE [recycled shared batches]).
+        feed: the ``DeviceFeed`` with ``device`` given (its ``ring`` counts allocations and waits).
     """
 
     def __init__(self, dataset: CachedImageFolder, transform, sampler: ShardedBatchSampler, *, workers: int,
-                 pin_memory: bool, prefetch_factor: int, multiprocessing_context=None) -> None:
+                 prefetch_factor: int, device: torch.device | None = None, multiprocessing_context=None) -> None:
         self.dataset, self.sampler = dataset, sampler
-        # NOTE [uint8 between processes] (loaders.recycle): workers make uint8, we normalise here
-        # (raw uint8 output from workers goes the same way, copied without arithmetic: that
-        # lets the workers recycle their shared buffers too)
-        self.normalizer = None
-        if transform.normalize or workers > 0:
-            self.normalizer = RecyclingNormalizer(transform.torch_dtype, transform.channels_last,
-                                                  mean=transform.mean, std=transform.std,
-                                                  pin_memory=pin_memory and torch.cuda.is_available(),
-                                                  normalize=transform.normalize)
-            # NOTE [channels-last between processes]: the resized crop comes out channels-last
-            # (NOTE [fast resized crop]); shipping it as is saves the worker a uint8 transpose,
-            # and the normaliser changes the layout in the float conversion it does anyway.
+        self.feed = None
+        if device is not None:  # NOTE [uint8 to the device]: workers make raw channels-last uint8
+            self.feed = DeviceFeed(device, transform.torch_dtype, transform.channels_last, mean=transform.mean,
+                                   std=transform.std, slots=prefetch_factor + 2)
             transform = dataclasses.replace(transform, normalize=False, dtype="uint8", channels_last=True)
         self.transform = transform
         kwargs = {}
@@ -143,18 +143,17 @@ class CachedDataLoader(SamplerControls):
             detect_in_next()  # NOTE [restarting dead workers]
             kwargs = dict(prefetch_factor=prefetch_factor, persistent_workers=True,
                           multiprocessing_context=multiprocessing_context, worker_init_fn=_keep_freed_memory)
-        # NOTE [recycled shared batches] (loaders.shared_batches): only the internal uint8 batches
-        # that the normaliser consumes are released back to their worker
-        batches = _BatchDataset(dataset, transform, recycle=self.normalizer is not None)
-        self.loader = torch.utils.data.DataLoader(batches, batch_sampler=sampler,
-                                                  num_workers=workers, collate_fn=_passthrough,
-                                                  pin_memory=pin_memory, **kwargs)
-        # the mappings of recycled worker buffers stay open here, so torch's shared_cache hands the
-        # same mapping back for the buffer's next batch (no munmap/mmap and page faults per batch)
-        self._mapped: collections.deque = collections.deque(maxlen=batches.pool.keep * max(1, workers))
+        # NOTE [recycled shared batches] (loaders.shared_batches): every batch goes back to its worker,
+        # once copied to the device, once the user drops it (NOTE [handing out shared batches]) or once
+        # DALI has read it (NOTE [DALI CPU source])
+        batches = _BatchDataset(dataset, transform, recycle=workers > 0)
+        self.loader = torch.utils.data.DataLoader(batches, batch_sampler=sampler, num_workers=workers,
+                                                  collate_fn=_passthrough, pin_memory=False, **kwargs)
+        self.handed_out = HandedOut(limit=batches.pool.keep * max(1, workers))
         self.skipped: list[int] = []
         self.cache_wait_s = 0.0
         self.cache_hits = dict.fromkeys(HIT_COUNTERS, 0)
+        self.shared_allocations: dict[int, int] = {}  # worker id -> shared buffers it allocated so far
         self.batches_done = 0
 
     def __len__(self) -> int:
@@ -162,14 +161,17 @@ class CachedDataLoader(SamplerControls):
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch."""
-        if self.normalizer is None:  # batches made in this process: the user's to keep
-            yield from self.transported()
+        """Yield ``(images NCHW, labels int64)`` for the rest of the current epoch (on ``device``)."""
+        if self.feed is not None:
+            for images, labels in self.transported():
+                out = self.feed(images)
+                self.give_back(images)
+                yield out, labels.to(self.feed.device, non_blocking=True)
             return
         for images, labels in self.transported():
-            out = self.normalizer(images)
-            self.give_back(images)
-            yield out, labels
+            self.handed_out.collect()
+            self.handed_out.track(images)
+            yield images, labels
 
     def transported(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(images, labels)`` of the rest of the epoch as the workers made them, counters updated.
@@ -191,14 +193,14 @@ class CachedDataLoader(SamplerControls):
         restarts = 0
         while True:
             try:
-                for images, labels, skipped, waited, hits in self.loader:
+                for images, labels, skipped, waited, hits, (worker, made) in self.loader:
                     self.batches_done += 1
                     self.cache_wait_s += waited
-                    for name, n in zip(HIT_COUNTERS, hits.tolist()):
+                    for name, n in zip(HIT_COUNTERS, hits):
                         self.cache_hits[name] += n
-                    if len(skipped):
-                        self.skipped.extend(skipped.tolist())
-                    yield images, labels
+                    self.skipped.extend(skipped)
+                    self.shared_allocations[worker] = made
+                    yield images, torch.from_numpy(labels)
                     del images
                 return
             except (RuntimeError, OSError, EOFError) as exc:  # NOTE [restarting dead workers]
@@ -206,13 +208,13 @@ class CachedDataLoader(SamplerControls):
                     raise
                 restarts += 1
                 shut_down(self.loader, exc, restarts)
+                self.handed_out.clear()
                 self.sampler.start = self.batches_done
 
     def give_back(self, images: torch.Tensor) -> None:
         """Let the worker that made ``images`` (from ``transported``) reuse its buffer: the pixels were read."""
         release(images)
-        if images.untyped_storage().is_shared():
-            self._mapped.append(images.untyped_storage())
+        self.handed_out.keep_mapped(images)
 
     def close(self) -> None:
         """Stop the workers and close the dataset's cache connections."""
@@ -226,12 +228,12 @@ class CachedDataLoader(SamplerControls):
 def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, size: int = 224,
                       workers: int = 2, cache_dir=None, redis=None, distributed=None, seed: int = 0,
                       drop_last: bool | None = None, cache=None, on_error: str = "raise", cache_size: int = 256,
-                      pin_memory: bool | None = None, prefetch_factor: int = 2, dtype: str = "float32",
-                      normalize: bool = True, channels_last: bool = False,
+                      prefetch_factor: int = 2, dtype: str = "float32", normalize: bool = True,
+                      channels_last: bool = False, device=None,
                       multiprocessing_context=None, locality: str = "global", local_size: int | None = None,
                       exchange_fraction: float = DEFAULT_EXCHANGE_FRACTION,
                       follow_external_links: bool = False) -> CachedDataLoader:
-    """A DataLoader over the two-level cache yielding ``(images float NCHW, labels int64)``.
+    """A DataLoader over the two-level cache yielding ``(images NCHW, labels int64)``.
 
     Training shuffles every epoch (``set_epoch``) with random-resized-crop + flip; validation
     keeps the dataset order with resize + center crop. Each rank sees its shard (see NOTE
@@ -258,12 +260,16 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         on_error: "raise" or "skip" bad samples: replaced by others so every batch stays
             full (NOTE [replacing bad samples]; counted in ``loader.skipped``).
         cache_size: shorter side of cached samples (default 256).
-        pin_memory: default: when CUDA is available.
         prefetch_factor: batches prefetched per worker (default 2).
-        dtype: "float32" (default), "float16", "bfloat16", or "uint8" (with normalize=False:
-            move to the GPU, then ``loaders.transforms.normalize``).
+        dtype: "float32" (default), "float16", "bfloat16" (normalised), or "uint8" with
+            ``normalize=False`` (raw pixels).
         normalize: ImageNet mean/std normalisation (default True).
         channels_last: NHWC memory layout (shape stays NCHW).
+        device: where batches are delivered and normalised. None (default): on the CPU, made
+            whole by the workers and handed over without a copy (NOTE [handing out shared
+            batches]); ``"cuda"`` (or ``"cuda:N"``): workers ship uint8, the loader copies it
+            through its ring of pinned slots on a side stream and normalises on the GPU into
+            ``dtype`` (NOTE [uint8 to the device]); labels arrive there too.
         multiprocessing_context: e.g. "spawn"; default: torch's.
         locality: ``"global"`` (default): shuffle over the whole dataset; ``"node"``: the
             ranks of a node draw the samples whose L2 shard is on their node (training
@@ -277,7 +283,8 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         ``state_dict``, ``load_state_dict``, ``close``).
 
     Raises:
-        ValueError: bad arguments, an empty dataset, or too few samples for one batch.
+        ValueError: bad arguments (an unknown ``dtype``, ``device="cuda"`` without CUDA, ...),
+            an empty dataset, or too few samples for one batch.
         cachepipe.placement.LocalityError: ``locality="node"`` with a store that cannot
             tell where samples are (the message says why).
 
@@ -287,12 +294,15 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         >>> loader = cached_dataloader("/data/train", batch_size=256, train=True, cache_dir="/local/cache",
         ...                            redis=["redis://node0:6379/0", "redis://node1:6379/0"],
         ...                            distributed=(rank, 16), local_size=8, locality="node")  # doctest: +SKIP
+        >>> gpu = cached_dataloader("/data/train", batch_size=128, train=True, cache_dir="/local/cache",
+        ...                         dtype="bfloat16", channels_last=True, device="cuda")  # doctest: +SKIP
         >>> for epoch in range(epochs):  # doctest: +SKIP
         ...     loader.set_epoch(epoch)
         ...     for images, labels in loader: ...
     """
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    device = resolve_device(device)
     check_locality(locality, exchange_fraction)
     rank, world = resolve_rank(distributed)
     transform = make_transform(train, size, dtype=dtype, normalize=normalize, channels_last=channels_last)
@@ -303,7 +313,5 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
                            rank=rank, world_size=world, train=train)
     sampler = ShardedBatchSampler(len(dataset), batch_size, shuffle=train, seed=seed, rank=rank,
                                   world_size=world, drop_last=drop_last, size=size, locality=placed)
-    if pin_memory is None:
-        pin_memory = torch.cuda.is_available()
-    return CachedDataLoader(dataset, transform, sampler, workers=workers, pin_memory=pin_memory,
+    return CachedDataLoader(dataset, transform, sampler, workers=workers, device=device,
                             prefetch_factor=prefetch_factor, multiprocessing_context=multiprocessing_context)

@@ -1,15 +1,22 @@
-"""Normalise uint8 batches into recycled float buffers in the consuming process.
+"""Give the workers' shared batches to the user, and back to their worker once nobody refers to them.
 
-NOTE [uint8 between processes]: DataLoader workers ship uint8 batches (4x fewer bytes
-through shared memory than float32) and the loader's iterator normalises them into float
-in the training process. Each fresh 38 MB float batch costs thousands of page faults (the
-kernel zero-fills every new page; in a VM each first touch also exits to the host), which
-on small machines costs more than the arithmetic. So output buffers are recycled, but only
-when nothing outside the pool still refers to one: its Python reference count, the C++
-reference count of its tensor (autograd's saved tensors hold those) and the reference count
-of its storage (views) are all what they were when the buffer was fresh. A batch the user
-keeps (in a list, saved by autograd for backward, as a view) is therefore never
-overwritten; the pool allocates a new buffer instead.
+NOTE [handing out shared batches]: on CPU a DataLoader worker writes the final batch
+(normalised float, or raw uint8, in the layout asked for) into a recycled shared-memory
+buffer (NOTE [recycled shared batches]) and the training process yields that very buffer:
+no copy and no arithmetic on the training thread. The buffer goes back to its worker once
+nothing outside this tracker refers to it: its Python reference count, the C++ reference
+count of its tensor (autograd's saved tensors hold those) and the reference count of its
+storage (views) are all what they are when only the tracker holds it. A batch the user
+keeps (in a list, saved for backward, as a view) is therefore never overwritten; its
+worker allocates another buffer meanwhile. Reference counts prove a CPU buffer idle
+because every CPU read of it is over when the op that reads it returns; so does a copy from
+such pageable memory to a GPU (CUDA stages it before returning). A copy that can still be
+in flight when the host lets go of the buffer (from pinned memory) needs a fence instead:
+NOTE [staging ring].
+
+The tracker also keeps each buffer's storage mapped between its batches, so that torch's
+shared-memory cache hands the same mapping back for the buffer's next batch instead of
+mapping it again and faulting every page in.
 """
 from __future__ import annotations
 
@@ -17,75 +24,82 @@ import sys
 
 import torch
 
-from loaders.transforms import IMAGENET_MEAN, IMAGENET_STD
+from loaders.shared_batches import release
 
-__all__ = ["RecyclingNormalizer"]
-
-
-def _refs(t: torch.Tensor) -> tuple[int, int, int]:
-    """(Python refs, C++ tensor refs, storage refs) of ``t``."""
-    return sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+__all__ = ["HandedOut"]
 
 
-def _idle_refs() -> tuple[int, int, int]:
-    """``_refs`` of a tensor held only by a list, seen from a loop over that list (as in ``_buffer``)."""
-    pool = [torch.empty(1)]
+def _refs(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """(Python refs, C++ tensor refs, storage refs, Python refs of the storage object) of ``t``."""
+    storage = t.untyped_storage()
+    return sys.getrefcount(t), t._use_count(), torch._C._storage_Use_Count(storage._cdata), sys.getrefcount(storage)
+
+
+def _idle_refs() -> tuple[int, int, int, int]:
+    """``_refs`` of a tracked batch nobody else refers to: held by a list, its storage by a
+    dict, seen from a loop over that list (as in ``collect``)."""
+    pool, mapped = [torch.empty(1)], {}
     for buf in pool:
+        mapped[0] = buf.untyped_storage()
         return _refs(buf)
 
 
-class RecyclingNormalizer:
-    """``(x / 255 - mean) / std`` of uint8 NCHW batches into float buffers reused when free.
+class HandedOut:
+    """Shared batches given to the user, released to their worker once idle (NOTE above).
 
     Args:
-        dtype: output dtype (float32, float16, bfloat16).
-        channels_last: output memory format.
-        mean, std: per-channel statistics (default ImageNet's).
-        keep: most buffers kept for reuse (default 4).
-        pin_memory: allocate page-locked buffers (fast, asynchronous copies to a GPU).
-        normalize: False copies the uint8 pixels as they are (only the memory format may
-            change; ``dtype`` must then be uint8): the recycled-buffer transport without the
-            arithmetic, for loaders that return raw uint8.
+        limit: most batches tracked; past it the oldest is forgotten without release (a
+            user that keeps every batch makes the workers allocate, never overwrite).
+
+    Attributes:
+        released: batches given back to their worker so far.
     """
 
-    def __init__(self, dtype: torch.dtype = torch.float32, channels_last: bool = False, *,
-                 mean=IMAGENET_MEAN, std=IMAGENET_STD, keep: int = 4, pin_memory: bool = False,
-                 normalize: bool = True) -> None:
-        if not normalize and dtype != torch.uint8:
-            raise ValueError(f"normalize=False copies raw pixels: dtype must be torch.uint8, got {dtype}")
-        self.dtype = dtype
-        self.normalize = normalize
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, 3, 1, 1)
-        self.bias = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, 3, 1, 1)
-        self.keep = keep
-        self.pin_memory = pin_memory
-        self._pool: list[torch.Tensor] = []
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._out: list[torch.Tensor] = []
+        self._mapped: dict[int, torch.UntypedStorage] = {}  # data_ptr -> storage, kept mapped
         self._idle = _idle_refs()
-        self.reused = 0
+        self.released = 0
 
-    def _buffer(self, shape: torch.Size) -> torch.Tensor:
-        for buf in self._pool:  # counted from a loop variable, like _idle_refs
-            if buf.shape == shape and _refs(buf) == self._idle:
-                self.reused += 1
-                return buf
-        if len(self._pool) >= self.keep:
-            self._pool.pop(0)
-        buf = torch.empty(shape, dtype=self.dtype, memory_format=self.memory_format, pin_memory=self.pin_memory)
-        self._pool.append(buf)
-        return buf
+    def track(self, images: torch.Tensor) -> None:
+        """Remember ``images`` (a batch about to be given to the user) until it is idle."""
+        if not self.keep_mapped(images):
+            return  # made in this process (no workers): the user's to keep
+        self._out.append(images)
+        if len(self._out) > self.limit:
+            self._forget(self._out.pop(0))
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW -> normalised ``dtype`` NCHW (a pooled buffer; see NOTE above)."""
-        out = self._buffer(images.shape)
-        if not self.normalize:
-            out.copy_(images)
-            return out
-        scale, bias = self.scale[0], self.bias[0]
-        for n in range(len(images)):  # one sample at a time stays in the CPU cache
-            if self.dtype == torch.float32:
-                out[n].copy_(images[n])
-                out[n].mul_(scale).add_(bias)
+    def keep_mapped(self, images: torch.Tensor) -> bool:
+        """Keep the storage of ``images`` mapped for its next batch; False when it is not shared."""
+        storage = images.untyped_storage()
+        if not storage.is_shared():
+            return False
+        self._mapped.setdefault(storage.data_ptr(), storage)
+        return True
+
+    def _forget(self, images: torch.Tensor) -> None:
+        self._mapped.pop(images.untyped_storage().data_ptr(), None)
+
+    def collect(self) -> None:
+        """Give every tracked batch that nobody else refers to back to its worker."""
+        busy = []
+        for images in self._out:  # counted from a loop variable, like _idle_refs
+            if _refs(images) == self._idle:
+                release(images)
+                self.released += 1
             else:
-                out[n].copy_(images[n].float().mul_(scale).add_(bias))
-        return out
+                busy.append(images)
+            del images
+        self._out = busy
+        while len(self._mapped) > 2 * self.limit:  # bounded; a buffer still out stays mapped
+            out = {t.untyped_storage().data_ptr() for t in self._out}
+            stale = next((p for p in self._mapped if p not in out), None)
+            if stale is None:
+                break
+            del self._mapped[stale]
+
+    def clear(self) -> None:
+        """Forget everything (the workers are gone)."""
+        self._out.clear()
+        self._mapped.clear()

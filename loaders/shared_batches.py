@@ -33,12 +33,16 @@ class SharedBatchPool:
     Args:
         recycle: reuse released buffers (only when the consumer calls ``release``).
         keep: most buffers kept per worker (default 6: prefetch plus the one being read).
+
+    Attributes:
+        reused, allocations: buffers reused and allocated so far.
     """
 
     def __init__(self, recycle: bool, keep: int = 6) -> None:
         self.recycle, self.keep = recycle, keep
         self._pool: list[torch.UntypedStorage] = []
         self.reused = 0
+        self.allocations = 0
 
     def _storage(self, nbytes: int) -> torch.UntypedStorage:
         if self.recycle:
@@ -47,6 +51,7 @@ class SharedBatchPool:
                     self.reused += 1
                     return storage
         storage = torch.UntypedStorage._new_shared(nbytes + 1)
+        self.allocations += 1
         if self.recycle:
             if len(self._pool) >= self.keep:
                 self._pool.pop(0)

@@ -90,3 +90,20 @@ def test_child_process_opens_its_own_socket(redis_server):
 def test_tls_urls_are_refused():
     with pytest.raises(ValueError, match="rediss"):
         MGetConnection("rediss://127.0.0.1:6379/0")
+
+
+def test_the_reply_buffer_is_reused_only_when_no_value_of_it_is_alive(redis_server):
+    client = redis_server.client()
+    first = {f"a{n}": os.urandom(200_000) for n in range(8)}
+    second = {f"b{n}": os.urandom(200_000) for n in range(8)}
+    client.mset({**first, **second})
+    conn = MGetConnection(redis_server.url)
+    kept = conn.mget(list(first))[3]  # one value of the first reply kept
+    buffer = conn._buffer
+    got = conn.mget(list(second))  # must not land on the kept value
+    assert conn._buffer is not buffer and bytes(kept) == first["a3"] and got == list(second.values())
+    del kept, got
+    buffer = conn._buffer
+    for keys, want in ((first, first), (second, second)) * 2:  # nothing kept: the same buffer every time
+        assert conn.mget(list(keys)) == list(want.values())
+        assert conn._buffer is buffer

@@ -134,8 +134,7 @@ def _build(kind: str, root: str, args, cache):
         sampler = ShardedBatchSampler(len(source.targets), args.batch_size, shuffle=True, drop_last=True,
                                       size=args.size)
         transform = TrainTransform(size=args.size, dtype=args.dtype, normalize=not raw)
-        return CachedDataLoader(source, transform, sampler, workers=args.workers,
-                                pin_memory=torch.cuda.is_available(), prefetch_factor=2)
+        return CachedDataLoader(source, transform, sampler, workers=args.workers, prefetch_factor=2)
     if kind == "cached":
         return cached_dataloader(root, cache=cache, dtype=args.dtype, normalize=not raw, **common)
     device = args.dali_device
