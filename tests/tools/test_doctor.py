@@ -8,7 +8,7 @@ import torch
 
 from tools.cli import main as cli_main
 
-NAMES = ["redis-server", "/dev/shm", "DALI", "CUDA", "NCCL", "triton"]
+NAMES = ["packages", "redis-server", "/dev/shm", "DALI", "CUDA", "NCCL", "triton"]
 
 
 def test_doctor_prints_one_line_per_component_and_writes_json(tmp_path, capsys):
@@ -20,7 +20,7 @@ def test_doctor_prints_one_line_per_component_and_writes_json(tmp_path, capsys):
     checks = json.loads(out.read_text())["checks"]
     assert [c["name"] for c in checks] == NAMES
     by_name = {c["name"]: c for c in checks}
-    assert by_name["redis-server"]["status"] == "ok"
+    assert by_name["redis-server"]["status"] == "ok" and by_name["packages"]["status"] == "ok"
     assert by_name["CUDA"]["status"] == ("ok" if torch.cuda.is_available() else "--")
     for c in checks:  # whatever is absent says what to do
         assert c["status"] == "ok" or c["todo"]
@@ -43,3 +43,43 @@ def test_doctor_gpu_without_a_gpu_says_so(tmp_path, capsys):
 def test_doctor_rejects_a_bad_step_timeout():
     with pytest.raises(SystemExit, match="--step-timeout must be > 0"):
         cli_main(["doctor", "--step-timeout", "0"])
+
+
+def test_doctor_names_the_cache_packages_that_do_not_import(monkeypatch):
+    from tools import doctor, doctor_feed
+
+    monkeypatch.setitem(doctor_feed.CACHE_PACKAGES, "no_such_module_xyz", "no-such-package")
+    line = doctor._packages()
+    assert line["status"] == "FAIL" and "no-such-package" in line["detail"]
+    assert "pip download" in line["todo"] and "--no-index" in line["todo"]  # the way without network
+    step = doctor_feed.feed_step(lambda *a: pytest.fail("must not run"), None, 60)
+    assert step["returncode"] is None and "no-such-package" in step["output_tail"]
+
+
+def test_doctor_rejects_a_bad_time_budget():
+    with pytest.raises(SystemExit, match="--time-budget must be > 0"):
+        cli_main(["doctor", "--time-budget", "-1"])
+
+
+def test_the_feed_step_is_a_valid_bench_train_command(tmp_path):
+    """The feed step runs only on a GPU: its command line is checked here, where the flags are."""
+    import argparse
+
+    from tools import doctor_feed
+    from tools.bench import train
+
+    seen = {}
+
+    def run(name, argv, json_path, limit):
+        seen.update(name=name, argv=argv, limit=limit)
+        return dict(step=name, returncode=0, rows=[{"source": "synthetic", "images_per_s": 4000.0, "vs_synthetic": 1.0},
+                                                   {"source": "dali", "note": "nvidia-dali not installed"}])
+
+    step = doctor_feed.feed_step(run, tmp_path, 10_000)
+    assert seen["argv"][1:5] == ["-m", "tools", "bench", "train"] and seen["limit"] == doctor_feed.FEED_SECONDS
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    args = parser.parse_args(seen["argv"][5:])
+    assert args.sources == ["synthetic", "torch", "torch-gpu", "dali"] and args.device == "cuda"
+    assert (args.model, args.amp, args.size, args.batch_size) == ("resnet50", "bf16", 224, 128)
+    assert "100.0 % of synthetic" in step["summary"][0] and "not installed" in step["summary"][1]

@@ -5,13 +5,18 @@ emulated slow cluster instead (``tools.bench.train_emulated``); with ``--converg
 accuracy per epoch of exchange algorithms and ablation variants on any recipe and data
 (``tools.bench.train_convergence``).
 
-One training configuration (model, image size, batch, precision) is timed three ways,
-side by side in one run: ``synthetic`` (one random batch kept on the device: the
-data-free ceiling), ``torch`` (``loaders.cached_dataloader`` reading the warmed L2 Redis)
-and ``dali`` (``loaders.build_dali_loader`` from the same cache; GPU operators on CUDA,
-DALI CPU mode otherwise). Each row is images/s over ``--steps`` steps after
-``--warmup-steps`` untimed ones, and its ratio to synthetic. On a GPU the defaults are
-ResNet-50, bf16 autocast, channels_last, 224 px, batch 128; on CPU a small ResNet at 56 px.
+One training configuration (model, image size, batch, precision) is timed side by side
+in one run: ``synthetic`` (one random batch kept on the device: the data-free ceiling),
+``torch`` (``loaders.cached_dataloader`` reading the warmed L2 Redis, float32 batches
+normalised on the CPU and copied by the training loop), ``torch-gpu`` (the same loader
+with ``device="cuda"``: uint8 to the GPU through its pinned ring, normalised there into
+the autocast dtype; CUDA only) and ``dali`` (``loaders.build_dali_loader`` from the same
+cache; GPU operators on CUDA, DALI CPU mode otherwise). Each row is images/s over
+``--steps`` steps after ``--warmup-steps`` untimed ones, and its ratio to synthetic. On a
+GPU the defaults are ResNet-50, bf16 autocast, channels_last, 224 px, batch 128, and the
+training process keeps one intra-op thread (it only launches kernels; more threads would
+take cores from the loader's workers); on CPU a small ResNet at 56 px. The generated
+dataset has at least 4 batches per worker per epoch, so every worker delivers batches.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from tools.bench.table import format_table, machine_description, write_json
 
 __all__ = ["configure", "main"]
 
-SOURCES = ["synthetic", "torch", "dali"]
+SOURCES = ["synthetic", "torch", "torch-gpu", "dali"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +51,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amp", default="bf16", choices=["off", "bf16", "fp16"], help="autocast dtype on CUDA")
     parser.add_argument("--no-channels-last", action="store_true", help="keep NCHW on CUDA (default: channels_last)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
-    parser.add_argument("--images", type=int, default=None, help="images in the generated dataset (default: 4 batches' worth)")
+    parser.add_argument("--images", type=int, default=None,
+                        help="images in the generated dataset (default: 4 batches per loader worker, at least 4)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     shared = parser.add_argument_group("--convergence and --emulate")
     shared.add_argument("--comm", default=None,
@@ -119,13 +125,15 @@ def main(args: argparse.Namespace) -> int:
     batch = args.batch_size or (128 if cuda else 32)
     channels_last = cuda and not args.no_channels_last
     autocast = autocast_for(args.amp if cuda else "off", device)
+    if cuda:  # the training process only launches kernels: its CPU is the workers'
+        torch.set_num_threads(1)
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cachepipe-bench-train-")))
         data = Path(args.data) if args.data else tmp / "data"
         if not args.data:
             from tools.demo_dataset import make_dataset
 
-            per_class = max(2, (args.images or 4 * batch) // 10)
+            per_class = max(2, (args.images or 4 * max(1, args.workers) * batch) // 10)
             make_dataset(data, classes=10, per_class=per_class, val_per_class=0, size=cache_size, seed=0)
         num_classes = sum(1 for d in (data / "train").iterdir() if d.is_dir())
         cache_dir = Path(args.cache_dir) if args.cache_dir else tmp / "cache"
@@ -145,8 +153,8 @@ def main(args: argparse.Namespace) -> int:
                 model = model.to(memory_format=torch.channels_last)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             loader = _make(name, data, cache_dir, args, batch, size, cache_size, num_classes, device)
-            if loader is None:
-                rows.append({"source": name, "note": "nvidia-dali not installed"})
+            if isinstance(loader, str):
+                rows.append({"source": name, "note": loader})
                 continue
             if hasattr(loader, "close"):
                 stack.callback(loader.close)
@@ -184,12 +192,17 @@ def _make(name, data, cache_dir, args, batch, size, cache_size, num_classes, dev
     import loaders
 
     redis = list(args.redis) if args.redis else None
-    if name == "torch":
+    if name.startswith("torch"):
+        on_gpu = name == "torch-gpu"
+        if on_gpu and device.type != "cuda":
+            return "needs CUDA (uint8 to the GPU, normalised there)"
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(args.amp, "float32") if on_gpu else "float32"
         return loaders.cached_dataloader(data / "train", batch_size=batch, train=True, size=size,
                                          workers=args.workers, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
-                                         distributed=False, channels_last=device.type == "cuda")
+                                         distributed=False, channels_last=device.type == "cuda", dtype=dtype,
+                                         device=device if on_gpu else None)
     if not loaders.dali_available():
-        return None
+        return "nvidia-dali not installed"
     return loaders.build_dali_loader(data / "train", batch_size=batch, train=True, size=size,
                                      device="gpu" if device.type == "cuda" else "cpu", shard_id=0, num_shards=1,
                                      cache_dir=cache_dir, redis=redis, workers=max(args.workers, 1),

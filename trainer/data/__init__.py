@@ -103,15 +103,16 @@ def make_loader(spec: LoaderSpec, *, train: bool, batch_size: int, size: int, ca
     # folder root/train or root/val through the cache spec.cache describes.
     split = str(Path(spec.root) / ("train" if train else "val"))
     cache = dataclasses.replace(spec.cache, source=split, cache_size=cache_size)
-    if spec.kind == "torch":
+    on_gpu = spec.device.startswith("cuda")
+    if spec.kind == "torch":  # on a GPU: uint8 to the device, normalised there (NOTE [uint8 to the device])
         return loaders.cached_dataloader(split, batch_size=batch_size, train=train, size=size, workers=spec.workers,
                                          cache=cache, distributed=(spec.rank, spec.world_size), seed=spec.seed,
-                                         on_error=spec.on_error, channels_last=spec.device.startswith("cuda"),
+                                         on_error=spec.on_error, channels_last=on_gpu,
+                                         device=spec.device if on_gpu else None,
                                          locality=spec.locality, local_size=spec.local_size,
                                          exchange_fraction=spec.exchange_fraction)
     if not loaders.dali_available():
         raise ValueError("--loader dali needs nvidia-dali: pip install 'cachepipe[dali]' (or use --loader torch)")
-    on_gpu = spec.device.startswith("cuda")
     return loaders.build_dali_loader(split, batch_size=batch_size, train=train, size=size,
                                      device="gpu" if on_gpu else "cpu", shard_id=spec.rank,
                                      num_shards=spec.world_size, seed=spec.seed, cache=cache,
