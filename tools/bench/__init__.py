@@ -17,6 +17,7 @@ __all__ = ["BENCHMARKS", "configure", "main"]
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "cache": ("tools.bench.cache", "source vs L1 vs L2 read throughput"),
     "loader": ("tools.bench.loader", "plain DataLoader vs cached_dataloader vs DALI"),
+    "l2": ("tools.bench.l2", "Redis CPU per GB served: one server vs several vs io-threads"),
     "topk": ("tools.bench.topk", "top-k selectors: time, recall, captured energy"),
     "comm": ("tools.bench.comm", "gradient exchange algorithms on an emulated cluster"),
     "overlap": ("tools.bench.overlap", "a sparse step with and without overlap vs max(compute, exchange)"),
