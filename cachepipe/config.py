@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from cachepipe.embedded import parse_memory
+from cachepipe.embedded_group import default_l2_servers
 from cachepipe.l2_registry import store_kind
 from cachepipe.netfs import check_cache_dir
 from cachepipe.redis_url import canonical, redact_all
@@ -43,7 +44,10 @@ class CacheConfig:
         cache_size: shorter side of cached samples in pixels.
         prefix: first part of every L2 key.
         replicas: copies of each L2 value (plain shards only).
-        l2_memory: embedded server's maxmemory in bytes (``None`` = keep / 25 % of RAM).
+        l2_memory: embedded server's maxmemory in bytes (``None`` = keep / 25 % of RAM);
+            with several servers, their total.
+        l2_servers: embedded ``redis-server`` processes, reads spread over them by key
+            (NOTE [a node's L2] in ``cachepipe.embedded_group``); ``None``: one per 8 cores.
         timeout: Redis socket timeout in seconds.
         use_l1: keep the L1 mirror (``False``: L2 + source only).
         l1_map_size: LMDB map size in bytes (``None`` = from the manifest).
@@ -62,6 +66,7 @@ class CacheConfig:
     use_l1: bool = True
     l1_map_size: int | None = None
     follow_external_links: bool = False
+    l2_servers: int | None = None
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "redis")
@@ -73,6 +78,10 @@ class CacheConfig:
         object.__setattr__(self, "redis", normalize_redis(self.redis))
         if self.l2_memory is not None:
             object.__setattr__(self, "l2_memory", parse_memory(self.l2_memory))
+        if self.l2_servers is None:
+            object.__setattr__(self, "l2_servers", default_l2_servers())
+        if not isinstance(self.l2_servers, int) or self.l2_servers < 1:
+            raise ValueError(f"l2_servers (--l2-servers) must be a positive int, got {self.l2_servers!r}")
         if not isinstance(self.cache_size, int) or self.cache_size < 1:
             raise ValueError(f"cache_size must be a positive int, got {self.cache_size!r}")
         if not self.prefix or ":" in self.prefix:

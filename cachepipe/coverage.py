@@ -9,7 +9,7 @@ import lmdb
 import numpy as np
 
 from cachepipe.decode import DECODER_TAG
-from cachepipe.embedded import EmbeddedRedis
+from cachepipe.embedded_group import EmbeddedGroup
 from cachepipe.errors import L2UnavailableError
 from cachepipe.l1_guard import inspect_l1
 from cachepipe.l2_registry import open_store
@@ -62,11 +62,12 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
         l2["kind"] = "embedded" if cfg.redis is None else ("cluster" if urls[0].startswith(
             "redis-cluster://") else "shards")
         if cfg.redis is None:
-            server = EmbeddedRedis(cfg.cache_dir)
-            if server.ping():
-                urls = [server.url]
+            servers = EmbeddedGroup(cfg.cache_dir, cfg.l2_servers).servers
+            down = [s for s in servers if not s.ping()]
+            if not down:
+                urls = [s.url for s in servers]
             else:
-                l2["error"] = f"embedded server not running (socket {server.socket_path})"
+                l2["error"] = f"embedded server not running (socket {down[0].socket_path})"
         if urls:
             store = open_store(urls, cache.namespace, Counter(), replicas=cfg.replicas,
                                timeout=cfg.timeout)

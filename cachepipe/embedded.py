@@ -81,6 +81,8 @@ class EmbeddedRedis:
         cache_dir: the cache directory.
         stuck_after: seconds a server proven ours may go without answering before
             :meth:`start` or :meth:`stop` kills it (NOTE [server identity]).
+        index: which of the cache dir's servers (NOTE [a node's L2] in
+            ``cachepipe.embedded_group``): 0 lives in ``redis/``, ``i`` in ``redis-i/``.
 
     Example:
         >>> server = EmbeddedRedis("/tmp/cache")  # doctest: +SKIP
@@ -88,10 +90,10 @@ class EmbeddedRedis:
         'unix:///tmp/cache/redis/redis.sock'
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, *, stuck_after: float = 120.0) -> None:
+    def __init__(self, cache_dir: str | os.PathLike, *, stuck_after: float = 120.0, index: int = 0) -> None:
         if not stuck_after > 0:
             raise ValueError(f"stuck_after must be > 0 seconds, got {stuck_after}")
-        self.dir = Path(cache_dir).absolute() / "redis"
+        self.dir = Path(cache_dir).absolute() / ("redis" if index == 0 else f"redis-{index}")
         self.pid_path = self.dir / "redis.pid"
         self.id_path = self.dir / "server.id"
         self.log_path = self.dir / "redis.log"

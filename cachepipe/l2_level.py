@@ -27,14 +27,14 @@ class L2Level:
         cache_size: shorter side of the cached samples; a value of a shape impossible at it
             is corrupt (NOTE [decoder tag]).
         counters: where hits, misses and failures are counted (shared with the cache).
-        embedded_server: when L2 is the cache's embedded server,
-            :meth:`TwoLevelCache.embedded_server`, to restart it (empty) when it died and its
-            backoff window is over; ``None`` for servers the cache does not own.
-        l2_memory: the embedded server's memory limit when it is restarted.
+        embedded_server: when L2 is the cache's embedded servers, ``f(i)`` gives server ``i``
+            (shard ``i``; :meth:`TwoLevelCache.embedded_server`), to restart it (empty) when it
+            died and its backoff window is over; ``None`` for servers the cache does not own.
+        l2_memory: an embedded server's memory limit when it is restarted.
     """
 
     def __init__(self, store: SampleStore, cache_size: int, counters: Counter,
-                 embedded_server: Callable[[], EmbeddedRedis] | None = None, l2_memory=None) -> None:
+                 embedded_server: Callable[[int], EmbeddedRedis] | None = None, l2_memory=None) -> None:
         self.store = store
         self.cache_size = cache_size
         self.counters = counters
@@ -83,11 +83,16 @@ class L2Level:
         """Restart the embedded server when it died and its backoff window is over
         (it starts empty and refills from L1 as samples are read)."""
         health = getattr(self.store, "health", None)
-        if self.embedded_server is not None and health and health[0].failures and health[0].available():
-            if self.embedded_server().identity() is not None:
-                return  # ours and alive, only busy: never restarted under a reader (NOTE [server identity])
+        if self.embedded_server is None or not health:
+            return
+        for i, shard in enumerate(health):
+            if not (shard.failures and shard.available()):
+                continue
+            server = self.embedded_server(i)
+            if server.identity() is not None:
+                continue  # ours and alive, only busy: never restarted under a reader (NOTE [server identity])
             try:
-                if self.embedded_server().start(self.l2_memory):  # False: another process revived it
+                if server.start(self.l2_memory):  # False: another process revived it
                     self.counters["l2_restarts"] += 1
             except (RuntimeError, OSError):
                 pass  # still down: the read below fails fast and backs off again

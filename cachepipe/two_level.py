@@ -20,7 +20,8 @@ import numpy as np
 
 from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
-from cachepipe.embedded import EmbeddedRedis
+from cachepipe.embedded import EmbeddedRedis, parse_memory
+from cachepipe.embedded_group import EmbeddedGroup
 from cachepipe.errors import CorruptSampleError
 from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
@@ -69,6 +70,8 @@ class TwoLevelCache:
         rescan: always rescan the source.
         follow_external_links: follow symlinks that leave the source root (default: skip
             them with a warning; NOTE [symlinks in the source]).
+        l2_servers: embedded servers, reads spread over them by key (``None``: one per 8
+            cores; NOTE [a node's L2] in ``cachepipe.embedded_group``); ``l2_memory`` is their total.
         save_manifest: write a new scan to ``cache_dir`` (``False`` for inspection only,
             as ``cachepipe stats``: with it and without using L1/L2, nothing is written).
 
@@ -87,10 +90,10 @@ class TwoLevelCache:
                  prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
                  timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
                  verify: str = "dirs", rescan: bool = False, save_manifest: bool = True,
-                 follow_external_links: bool = False) -> None:
+                 follow_external_links: bool = False, l2_servers: int | None = None) -> None:
         root = source.root if isinstance(source, Manifest) else source
         self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
-                                  l2_memory, timeout, use_l1, l1_map_size, follow_external_links)
+                                  l2_memory, timeout, use_l1, l1_map_size, follow_external_links, l2_servers)
         if save_manifest:  # ranks race to create it: private_dir tolerates that
             private_dir(self.config.cache_dir)  # NOTE [private cache files]
         if isinstance(source, Manifest):
@@ -125,7 +128,7 @@ class TwoLevelCache:
         return cls(manifest or c.source, c.cache_dir, c.redis, c.cache_size, prefix=c.prefix, replicas=c.replicas,
                    l2_memory=c.l2_memory, timeout=c.timeout, use_l1=c.use_l1, l1_map_size=c.l1_map_size,
                    verify=verify, rescan=rescan, save_manifest=save_manifest,
-                   follow_external_links=c.follow_external_links)
+                   follow_external_links=c.follow_external_links, l2_servers=c.l2_servers)
 
     # -- pickling and per-process state -----------------------------------------------
     def _reset_process_state(self) -> None:
@@ -158,11 +161,12 @@ class TwoLevelCache:
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS)
         self._raw.l1_writable = self._l1 is not None and writable
         if cfg.redis is not False:
-            urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
+            urls = list(cfg.redis) if cfg.redis else self.embedded_group(start=True).urls
             self._store = open_store(urls, self.namespace, self.counters,
                                      replicas=cfg.replicas, timeout=cfg.timeout)
+            share = cfg.l2_memory if cfg.l2_servers == 1 else parse_memory(cfg.l2_memory) // cfg.l2_servers
             self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
-                               self.embedded_server if cfg.redis is None else None, cfg.l2_memory)
+                               (lambda i: self.embedded_server(index=i)) if cfg.redis is None else None, share)
         self._pid = os.getpid()
 
     # -- properties --------------------------------------------------------------------
@@ -196,12 +200,18 @@ class TwoLevelCache:
         self._open()
         return self._store
 
-    def embedded_server(self, start: bool = False) -> EmbeddedRedis:
-        """The embedded server of ``cache_dir`` (started when ``start``)."""
-        server = EmbeddedRedis(self.config.cache_dir)
+    def embedded_server(self, start: bool = False, index: int = 0) -> EmbeddedRedis:
+        """Embedded server ``index`` of ``cache_dir`` (started when ``start``)."""
         if start:
-            server.start(self.config.l2_memory)
-        return server
+            self.embedded_group(start=True)
+        return self.embedded_group().servers[index]
+
+    def embedded_group(self, start: bool = False) -> EmbeddedGroup:
+        """The ``l2_servers`` embedded servers of ``cache_dir`` (started when ``start``)."""
+        group = EmbeddedGroup(self.config.cache_dir, self.config.l2_servers)
+        if start:
+            group.start(self.config.l2_memory)
+        return group
 
     def __len__(self) -> int:
         return len(self.manifest)

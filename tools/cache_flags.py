@@ -53,6 +53,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
     parser.add_argument("--l2-memory", default=None,
                         help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%%; unset: "
                              "keep a running server's, else 25%% of RAM")
+    parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
+                        help="embedded redis-server processes, reads spread over them by key (docs/cache.md, "
+                             "sizing); unset: one per 8 cores; use the same for warmup and train")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
     if source:
         parser.add_argument("--rescan", action="store_true",
@@ -91,7 +94,8 @@ def cache_config(args: argparse.Namespace, source, cache_size: int = 256, cache_
         ValueError: a bad flag value (URL scheme, replicas, memory size, timeout, ...).
     """
     return CacheConfig(source, args.cache_dir or cache_dir or DEFAULT_CACHE_DIR, redis_from_args(args), cache_size,
-                       prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory, timeout=args.timeout,
+                       prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
+                       l2_servers=args.l2_servers, timeout=args.timeout,
                        follow_external_links=args.follow_external_links)
 
 

@@ -38,9 +38,9 @@ def prepare_cache(cache) -> None:
 
 def stop_embedded(cache_dir: str | Path) -> None:
     """Stop the embedded Redis server the demo started in ``cache_dir``."""
-    from cachepipe import EmbeddedRedis
+    from cachepipe.embedded_group import EmbeddedGroup
 
-    EmbeddedRedis(cache_dir).stop()
+    EmbeddedGroup.found(cache_dir).stop()
 
 
 def run_demo(args: argparse.Namespace, recipe) -> int:

@@ -1,4 +1,4 @@
-"""``cachepipe server {start,stop,status} --cache-dir DIR``: the embedded Redis of a cache dir.
+"""``cachepipe server {start,stop,status} --cache-dir DIR``: the embedded Redis servers of a cache dir.
 
 Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran; 4 when
 it cannot start.
@@ -18,35 +18,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--l2-memory", default=None,
                         help="maxmemory for start, e.g. 4gb, 25%%; unset: keep a running "
                              "server's, else 25%% of RAM")
+    parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
+                        help="servers to start (NOTE [a node's L2]); unset: one per 8 cores. stop and status "
+                             "act on every server of the cache dir")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.embedded import EmbeddedRedis
+    from cachepipe.embedded_group import EmbeddedGroup, default_l2_servers
+    from tools.cli import UsageError
 
-    server = EmbeddedRedis(args.cache_dir)
     if args.action == "start":
+        if args.l2_servers is not None and args.l2_servers < 1:
+            raise UsageError(f"--l2-servers must be >= 1, got {args.l2_servers}")
+        group = EmbeddedGroup(args.cache_dir, args.l2_servers or default_l2_servers())
         try:
-            started = server.start(args.l2_memory)
+            started = group.start(args.l2_memory)
         except (RuntimeError, FileNotFoundError, ValueError, OSError) as exc:
             print(f"cachepipe server: error: {exc}", file=sys.stderr)
             return 4
-        st = server.status()
-        print(f"{'started' if started else 'already running'}: pid {st['pid']}, {server.url}, "
-              f"maxmemory {st['maxmemory'] / 2**20:.0f} MiB")
+        for server in group.servers:
+            st = server.status()
+            print(f"{'started' if started else 'already running'}: pid {st['pid']}, {server.url}, "
+                  f"maxmemory {st['maxmemory'] / 2**20:.0f} MiB")
         return 0
+    group = EmbeddedGroup.found(args.cache_dir)
     if args.action == "stop":
-        if server.stop():
-            print(f"stopped the embedded Redis of {args.cache_dir}")
+        if group.stop():
+            print(f"stopped the embedded Redis of {args.cache_dir} ({len(group.servers)} server(s))")
             return 0
         print(f"no embedded Redis was running for {args.cache_dir}")
         return 1
-    st = server.status()
+    states = [server.status() for server in group.servers]
     if args.json:
-        print(json.dumps(st, indent=1))
-    elif st["running"]:
-        print(f"running: pid {st['pid']}, {server.url}, {st['keys']} keys, "
-              f"{st['used_memory'] / 2**20:.1f} MiB used of {st['maxmemory'] / 2**20:.0f} MiB")
-    else:
-        print(f"not running ({server.url})")
-    return 0 if st["running"] else 1
+        print(json.dumps(states[0] if len(states) == 1 else states, indent=1))
+    for server, st in zip(group.servers, states):
+        if args.json:
+            break
+        if st["running"]:
+            print(f"running: pid {st['pid']}, {server.url}, {st['keys']} keys, "
+                  f"{st['used_memory'] / 2**20:.1f} MiB used of {st['maxmemory'] / 2**20:.0f} MiB")
+        else:
+            print(f"not running ({server.url})")
+    return 0 if all(st["running"] for st in states) else 1

@@ -156,7 +156,7 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
     reports.append(report)
     print(_summary(report, node, cache.config.redis is not False))
     if cache.config.redis is None:
-        print(f"  L2 is the embedded Redis at {cache.embedded_server().url}; it keeps running for "
+        print(f"  L2 is the embedded Redis at {', '.join(cache.embedded_group().urls)}; it keeps running for "
               f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")
     if report["l2_write_errors"]:
         return fail(f"{report['l2_write_errors']} L2 writes failed (shard down or refused)",

@@ -117,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"warming the cache for {n} of {len(cache)} samples ...", file=sys.stderr)
     warmup(cache, workers=max(workers), progress=False, limit=n, require_full=True)
     batches = [list(range(s, min(n, s + args.batch_size))) for s in range(0, n, args.batch_size)]
-    l2 = cache.config.redis or ["embedded " + cache.embedded_server().url]
+    l2 = cache.config.redis or ["embedded " + u for u in cache.embedded_group().urls]
     rows = []
     ctx = multiprocessing.get_context("spawn")
     for w in workers:

@@ -47,6 +47,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
     parser.add_argument("--redis", action="append", default=None, metavar="URL",
                         help="L2 shard URL, repeatable; none given: the embedded server in --cache-dir")
+    parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
+                        help="embedded redis-server processes (NOTE [a node's L2]); unset: one per 8 cores")
     parser.add_argument("--step-ms", type=float, default=29.0,
                         help="model step the consumer keeps its thread busy for after each batch (ResNet-50 bf16, "
                              "batch 128 on an H200: 29)")
@@ -188,9 +190,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"writing a demo dataset to {src}: 10 classes x {args.make_dataset} images of ~320 px")
         make_dataset(src, classes=10, per_class=args.make_dataset, val_per_class=0, size=320)
     root = src / "train" if (src / "train").is_dir() else src
-    cache = TwoLevelCache(root, args.cache_dir, redis=args.redis, cache_size=args.cache_size)
+    from cachepipe import CacheConfig
+
+    cache = TwoLevelCache.from_config(CacheConfig(root, args.cache_dir, args.redis, args.cache_size,
+                                                  l2_servers=args.l2_servers))
     _warm(cache)
-    clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis else [cache.embedded_server().client()])
+    clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
+               else [s.client() for s in cache.embedded_group().servers])
     print(f"dataset {root}: {len(cache)} images; L2 warm ({cache.stats()['l2_writes']} writes); "
           f"{len(clients)} Redis server(s)")
     cache.close()

@@ -249,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
     l2 = (f"{len(args.redis)} shard(s) {args.redis[0]}" if args.redis
           else f"unix socket, embedded ({describe_server(find_redis_server())})")
     redis_clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
-                     else [cache.embedded_server().client()])
+                     else [s.client() for s in cache.embedded_group().servers])
     cache.close()
     # one entry per row, in --loaders order: key -> (loader, l2 description, Redis clients whose CPU counts)
     rows_of: dict[str, tuple] = {}

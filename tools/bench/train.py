@@ -138,13 +138,14 @@ def main(args: argparse.Namespace) -> int:
         num_classes = sum(1 for d in (data / "train").iterdir() if d.is_dir())
         cache_dir = Path(args.cache_dir) if args.cache_dir else tmp / "cache"
         if set(args.sources) - {"synthetic"}:
-            from cachepipe import EmbeddedRedis, TwoLevelCache
+            from cachepipe import TwoLevelCache
+            from cachepipe.embedded_group import EmbeddedGroup
             from cachepipe.warmup import warmup
 
             with TwoLevelCache(data / "train", cache_dir, redis=args.redis, cache_size=cache_size) as cache:
                 warmup(cache, workers=1, progress=False)
             if not args.redis:
-                stack.callback(EmbeddedRedis(cache_dir).stop)
+                stack.callback(EmbeddedGroup.found(cache_dir).stop)
         runners, rows = {}, []
         for name in args.sources:
             torch.manual_seed(0)

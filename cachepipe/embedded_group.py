@@ -1,0 +1,75 @@
+"""A node's embedded L2 as several ``redis-server`` processes, reads spread over them by key.
+
+NOTE [a node's L2]: one ``redis-server`` executes every command on one thread, so one
+server serves at most what one core can copy out: ~0.3 s of its main thread per GB on the
+2-core benchmark VM (``cachepipe bench l2``; ``docs/BENCHMARKS.md``, "l2"). A node of 8
+GPUs at ~3,000 images/s each reads ~5 GB/s of 256 px samples: several cores' worth.
+io-threads did not help here: they take over the socket writes, but the main thread still
+executes every MGET and copies every value into its reply buffers, and its CPU per GB did
+not drop (the threads only added CPU). Several servers do scale: each holds the samples
+whose rendezvous hash names it and serves only their reads, exactly as the sharded store
+spreads keys over the shards of several nodes. So the embedded default starts
+``l2_servers`` servers in the cache dir (``redis/``, ``redis-1/``, ...), each with its share
+of ``l2_memory``; ``default_l2_servers`` sizes it from the cores (one server per
+``CORES_PER_SERVER``, the rule in ``docs/cache.md``). Every command of a node must use the
+same count (the default is the same on one machine): another count moves keys to other
+servers, which then read from L1 (the same pixels, slower) until refilled.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cachepipe.embedded import EmbeddedRedis, parse_memory
+
+__all__ = ["CORES_PER_SERVER", "MAX_SERVERS", "EmbeddedGroup", "default_l2_servers"]
+
+CORES_PER_SERVER = 8  # a GPU node has ~8-16 cores per GPU pair; one server per 8 keeps up (docs/cache.md)
+MAX_SERVERS = 8
+
+
+def default_l2_servers(cores: int | None = None) -> int:
+    """Embedded servers for a node of ``cores`` CPU cores (default: this machine's usable ones)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_SERVERS, cores // CORES_PER_SERVER))
+
+
+class EmbeddedGroup:
+    """The embedded servers ``0 .. servers - 1`` of a cache dir (NOTE above).
+
+    Args:
+        cache_dir: the cache directory.
+        servers: how many (>= 1).
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike, servers: int = 1) -> None:
+        if servers < 1:
+            raise ValueError(f"l2_servers (--l2-servers) must be >= 1, got {servers}")
+        self.cache_dir = Path(cache_dir)
+        self.servers = [EmbeddedRedis(cache_dir, index=i) for i in range(servers)]
+
+    @classmethod
+    def found(cls, cache_dir: str | os.PathLike) -> EmbeddedGroup:
+        """Every server directory present in ``cache_dir`` (at least server 0)."""
+        n = 1
+        while (Path(cache_dir).absolute() / f"redis-{n}").is_dir():
+            n += 1
+        return cls(cache_dir, n)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def start(self, l2_memory: int | str | None = None) -> bool:
+        """Start the servers not running; ``l2_memory`` is the node's total, split evenly
+        (one server: unset keeps a running server's). Returns whether any was started."""
+        share = l2_memory
+        if len(self.servers) > 1:
+            share = max(1, parse_memory(l2_memory) // len(self.servers))
+        started = [s.start(share) for s in self.servers]
+        return any(started)
+
+    def stop(self) -> bool:
+        """Stop them all; whether any was running."""
+        return any([s.stop() for s in self.servers])
