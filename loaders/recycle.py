@@ -75,8 +75,19 @@ class HandedOut:
         storage = images.untyped_storage()
         if not storage.is_shared():
             return False
-        self._mapped.setdefault(storage.data_ptr(), storage)
+        if storage.data_ptr() not in self._mapped:
+            self._mapped[storage.data_ptr()] = storage
+            self._unmap_stale()
         return True
+
+    def _unmap_stale(self) -> None:
+        """Keep at most ``limit`` storages mapped, dropping the oldest not out with the user."""
+        while len(self._mapped) > self.limit:
+            out = {t.untyped_storage().data_ptr() for t in self._out}
+            stale = next((p for p in self._mapped if p not in out), None)
+            if stale is None:
+                return
+            del self._mapped[stale]
 
     def _forget(self, images: torch.Tensor) -> None:
         self._mapped.pop(images.untyped_storage().data_ptr(), None)
@@ -92,12 +103,6 @@ class HandedOut:
                 busy.append(images)
             del images
         self._out = busy
-        while len(self._mapped) > 2 * self.limit:  # bounded; a buffer still out stays mapped
-            out = {t.untyped_storage().data_ptr() for t in self._out}
-            stale = next((p for p in self._mapped if p not in out), None)
-            if stale is None:
-                break
-            del self._mapped[stale]
 
     def clear(self) -> None:
         """Forget everything (the workers are gone)."""
