@@ -1,12 +1,12 @@
 """A node's embedded L2 as several ``redis-server`` processes, reads spread over them by key.
 
 NOTE [a node's L2]: one ``redis-server`` executes every command on one thread, so one
-server serves at most what one core can copy out: ~0.3 s of its main thread per GB on the
-2-core benchmark VM (``cachepipe bench l2``; ``docs/BENCHMARKS.md``, "l2"). A node of 8
-GPUs at ~3,000 images/s each reads ~5 GB/s of 256 px samples: several cores' worth.
-io-threads did not help here: they take over the socket writes, but the main thread still
-executes every MGET and copies every value into its reply buffers, and its CPU per GB did
-not drop (the threads only added CPU). Several servers do scale: each holds the samples
+server serves at most what one core can copy out: 0.32-0.35 s of its main thread per GB
+on the 2-core benchmark VM (``cachepipe bench l2``; ``docs/BENCHMARKS.md``, "A node's
+L2"), ~3 GB/s. A node of 8 GPUs at ~3,000 images/s each reads ~6 GB/s of 256 px samples:
+several cores' worth. io-threads did not lower the main thread's CPU per GB there (Redis
+6.2 used them only when many clients wait at once, and the main thread still executes
+every MGET and copies every value into its reply buffers). Several servers do scale: each holds the samples
 whose rendezvous hash names it and serves only their reads, exactly as the sharded store
 spreads keys over the shards of several nodes. So the embedded default starts
 ``l2_servers`` servers in the cache dir (``redis/``, ``redis-1/``, ...), each with its share
