@@ -205,7 +205,9 @@ def main(args: argparse.Namespace) -> int:
         check_data_root(args.data)
         name, why = (args.recipe, "") if args.recipe else default_recipe(args.device)
         recipe = _recipe(args, name)
-        out = args.out or args.resume or "runs/train"
+        from trainer.run_dir import resumed_run
+
+        out = args.out or (str(resumed_run(args.resume)) if args.resume else "runs/train")
         torchrun = _under_torchrun()
         nprocs = int(os.environ["WORLD_SIZE"]) if torchrun else args.nprocs
         cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader,

@@ -70,10 +70,10 @@ class _Run:
         self.cache_seen: dict[str, float] = {}
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
-                         "world_size": self.world}
+                         "world_size": self.world, "topology": [self.topology.nodes, self.topology.local_size]}
         self.local = None
         nccl = self.device if self.device.type == "cuda" else None
-        prepare_out_together(cfg.out, resume=bool(cfg.resume), overwrite=cfg.overwrite, rank=self.rank,
+        prepare_out_together(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite, rank=self.rank,
                              device=nccl)  # NOTE [refusing a used --out]
         self.checkpoints = Checkpoints(cfg.out, self.rank, nccl)
         if cfg.resume:  # before any loader starts, so a mismatch is the only thing said
