@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 __all__ = ["configure", "main", "resume_command"]
 
@@ -158,7 +159,7 @@ def _run_torchrun(cfg) -> list[dict]:
 
 
 def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
-    from trainer.launch import launch_local
+    from trainer.launch import launch_local, stop_on_signals
     from trainer.loop import run_rank
 
     threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
@@ -166,7 +167,8 @@ def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
         import torch
 
         torch.set_num_threads(threads)
-        return run_rank(0, 1, cfg)
+        with stop_on_signals():  # NOTE [ranks end with their launcher]: the loader workers are closed
+            return run_rank(0, 1, cfg)
     local_size = cfg.local_size or (nprocs // cfg.nodes if cfg.nodes else nprocs)
     return launch_local(run_rank, nprocs, cfg, local_size=local_size, threads=threads)
 
@@ -179,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
     from tools.cache_flags import cache_config
     from tools.cli import UsageError
     from trainer.consensus import RankFailed
-    from trainer.launch import WorkerFailed
+    from trainer.launch import Stopped, WorkerFailed
     from trainer.progress import describe_run, final_line
     from trainer.run_config import RunConfig
 
@@ -197,6 +199,9 @@ def main(args: argparse.Namespace) -> int:
         except (ValueError, WorkerFailed, RankFailed) as exc:
             print(f"cachepipe train: error: {exc}", file=sys.stderr)
             return 1
+        except Stopped as exc:
+            print(f"cachepipe train: {exc}: every rank stopped with it", file=sys.stderr)
+            return 128 + exc.signum
     try:
         if not args.data:
             raise UsageError("--data ROOT is required (or use --demo)")
@@ -235,6 +240,10 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, WorkerFailed, RankFailed) as exc:
         print(f"cachepipe train: error: {exc}", file=sys.stderr)
         return 1
+    except Stopped as exc:
+        print(f"cachepipe train: {exc}: every rank stopped with it; --resume {out} continues from the newest "
+              f"checkpoint in {Path(out) / 'checkpoints'}", file=sys.stderr)
+        return 128 + exc.signum
     if rank0:
         if args.stop_after_steps and (not rows or rows[-1]["epoch"] < recipe.total_epochs - 1):
             print(f"train: to resume: {resume_command(args, out)}")
