@@ -10,6 +10,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.faults.train_faults import train_dataset  # noqa: F401
 
 SECRET = "pw-of-the-l2"
@@ -35,3 +37,12 @@ def test_the_resume_line_masks_the_redis_password(train_dataset, tmp_path, redis
     assert SECRET not in r.stdout + r.stderr
     line = next(l for l in r.stdout.splitlines() if "to resume:" in l)
     assert f"redis://:***@127.0.0.1:{redis_server.port}/0" in line and "password is shown as ***" in line
+
+
+@pytest.mark.parametrize("comm, nprocs", [("dense", 1), ("hitopk", 2)])
+def test_a_diverged_run_stops_with_one_line_dense_or_sparse(train_dataset, tmp_path, comm, nprocs):
+    r = _train(*_common(train_dataset), "--epochs", 3, "--comm", comm, "--lr", 1e8, "--nprocs", nprocs,
+               "--threads", 1, "--out", tmp_path / "run")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert " at epoch 0, global step " in r.stderr and "the run diverged; lower the learning rate" in r.stderr
+    assert "top-k" not in r.stderr
