@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from tools.cli import HelpFormatter
+from tools.cli import HelpFormatter, refuse_empty
 
 __all__ = ["BENCHMARKS", "configure", "main"]
 
@@ -46,4 +46,6 @@ def main(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog=f"cachepipe bench {args.bench}", description=help_text,
                                      formatter_class=HelpFormatter)
     module.configure(parser)
-    return int(module.main(parser.parse_args(args.bench_args)) or 0)
+    bench_args = parser.parse_args(args.bench_args)
+    refuse_empty(parser, bench_args)
+    return int(module.main(bench_args) or 0)
