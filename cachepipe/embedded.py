@@ -17,6 +17,7 @@ beyond removing our own stale files.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -142,7 +143,12 @@ class EmbeddedRedis:
 
     def _lock(self):
         private_dir(self.dir)
-        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a read-only file system: an existing lock still serializes
+            if exc.errno != errno.EROFS:
+                raise
+            fd = os.open(self.dir / "lock", os.O_RDONLY)
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
@@ -167,6 +173,9 @@ class EmbeddedRedis:
                     p.unlink(missing_ok=True)
             except FileNotFoundError:
                 pass
+            except OSError as exc:  # a read-only file system keeps them; start() cannot run there anyway
+                if exc.errno != errno.EROFS:
+                    raise
 
     def start(self, l2_memory: int | str | None = None, timeout: float = 10.0) -> bool:
         """Make sure the server runs; returns ``True`` if this call started it.
@@ -224,6 +233,8 @@ class EmbeddedRedis:
         Args:
             timeout: socket timeout of the SHUTDOWN command in seconds.
         """
+        if not self.dir.is_dir():  # never started from this cache dir: nothing to stop or create
+            return False
         fd = self._lock()
         try:
             ident = self.identity()

@@ -54,7 +54,7 @@ def refuse_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         value = getattr(args, action.dest, None)
         if value == "" or (isinstance(value, list) and "" in value):
             name = max(action.option_strings, key=len) if action.option_strings else (action.metavar or action.dest)
-            raise UsageError(f"{name} is empty; give a value (an empty path would silently mean the current "
+            raise UsageError(f"{name} '': empty; give a value (an empty path would silently mean the current "
                              f"directory)")
 
 

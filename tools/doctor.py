@@ -3,7 +3,8 @@
 Checks redis-server (the L2 cache; required), the size of ``/dev/shm`` (DataLoader
 workers and the shared-memory collectives of ``comm/shm.py``), DALI, CUDA, NCCL and
 triton (all optional: CPU fallbacks exist). Exit status 0 when everything required is
-there, 1 otherwise.
+there, 1 otherwise, 2 for a bad flag (a ``--json`` path that cannot be written is found
+before the checks run).
 
 ``--gpu`` is the one command for the day a GPU is there: after the checks it runs the
 GPU tests (``pytest -m "gpu or triton"``), ``bench topk --device cuda``, ``bench loader
@@ -173,8 +174,13 @@ def _gpu_steps(tmp: Path, timeout: float) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from tools.cli import UsageError
+    from tools.writable import check_writable, write_output
+
     if args.step_timeout <= 0:
-        raise SystemExit(f"cachepipe doctor: --step-timeout must be > 0, got {args.step_timeout:g}")
+        raise UsageError(f"--step-timeout must be > 0, got {args.step_timeout:g}")
+    path = args.json or ("doctor-gpu.json" if args.gpu else None)
+    check_writable(path, "--json")  # NOTE [output paths checked first]
     results = checks()
     width = max(len(c["name"]) for c in results)
     for c in results:
@@ -196,9 +202,6 @@ def main(args: argparse.Namespace) -> int:
         if failed:
             print(f"cachepipe doctor --gpu: failed: {', '.join(failed)} (output tails in the JSON)", file=sys.stderr)
             code = 1
-    path = args.json or ("doctor-gpu.json" if args.gpu else None)
     if path:
-        from trainer.atomic_file import write_atomic
-
-        print(f"wrote {write_atomic(path, json.dumps(report, indent=1))}")
+        print(f"wrote {write_output(path, json.dumps(report, indent=1), '--json')}")
     return code

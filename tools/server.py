@@ -1,7 +1,8 @@
 """``cachepipe server {start,stop,status} --cache-dir DIR``: the embedded Redis of a cache dir.
 
-Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran; 4 when
-it cannot start.
+Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran (or it
+could not be stopped); 2 for a ``--cache-dir`` that is not a directory; 4 when it cannot
+start. ``stop`` and ``status`` never create the cache directory.
 """
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.embedded import EmbeddedRedis
+    import os
 
+    from cachepipe.embedded import EmbeddedRedis
+    from tools.cli import UsageError
+
+    if os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
+        raise UsageError(f"--cache-dir {args.cache_dir} is not a directory; name the cache directory")
     server = EmbeddedRedis(args.cache_dir)
     if args.action == "start":
         try:
@@ -35,8 +41,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"{'started' if started else 'already running'}: pid {st['pid']}, {server.url}, "
               f"maxmemory {st['maxmemory'] / 2**20:.0f} MiB")
         return 0
-    if args.action == "stop":
-        if server.stop():
+    if args.action == "stop":  # a missing cache dir is not created, a read-only one is fine
+        try:
+            stopped = server.stop()
+        except OSError as exc:
+            print(f"cachepipe server: error: cannot stop the embedded Redis of {args.cache_dir}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 1
+        if stopped:
             print(f"stopped the embedded Redis of {args.cache_dir}")
             return 0
         print(f"no embedded Redis was running for {args.cache_dir}")

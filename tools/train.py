@@ -223,6 +223,7 @@ def main(args: argparse.Namespace) -> int:
                         ranks_per_machine=None if torchrun else args.nprocs)
         if not torchrun:
             _check_topology(args.nprocs, args.nodes, args.local_size)
+        _check_paths(args, out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     rank0 = os.environ.get("RANK", "0") == "0"
@@ -239,6 +240,9 @@ def main(args: argparse.Namespace) -> int:
         rows = _run_torchrun(cfg) if torchrun else _run_local(cfg, args.nprocs, args.threads)
     except (ValueError, WorkerFailed, RankFailed) as exc:
         print(f"cachepipe train: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # one process: a cache or run file that could not be written after the checks
+        print(f"cachepipe train: error: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
         return 1
     except Stopped as exc:
         print(f"cachepipe train: {exc}: every rank stopped with it; --resume {out} continues from the newest "
@@ -272,6 +276,32 @@ def resume_command(args, out: str) -> str:
             masked = masked or argv[-1] != word
     line = shlex.join(argv + ["--resume", out])
     return line + ("  (the Redis password is shown as ***: put it back)" if masked else "")
+
+
+def _check_paths(args, out: str) -> None:
+    """NOTE [output paths checked first] in ``tools/writable.py``: ``--out`` must be
+    writable; ``--cache-dir`` must be creatable, and writable when the embedded Redis lives
+    in it (a read-only, warmed cache dir serves L1 to ``--redis`` or ``--no-l2``).
+
+    Raises:
+        UsageError: names the flag and why.
+    """
+    from tools.cache_flags import DEFAULT_CACHE_DIR, redis_from_args
+    from tools.cli import UsageError
+    from tools.writable import check_writable
+
+    check_writable(out, "--out", directory=True)
+    if args.loader == "memory":
+        return
+    cache_dir = args.cache_dir or DEFAULT_CACHE_DIR
+    if not os.path.isdir(cache_dir):
+        check_writable(cache_dir, "--cache-dir", directory=True)
+    elif redis_from_args(args) is None:
+        try:
+            check_writable(cache_dir, "--cache-dir", directory=True)
+        except UsageError as exc:
+            raise UsageError(f"{exc}; the embedded Redis keeps its socket there (a warmed read-only cache dir "
+                             f"serves L1 with --redis URL or --no-l2)") from None
 
 
 def _check_topology(nprocs: int, nodes: int | None, local_size: int | None) -> None:

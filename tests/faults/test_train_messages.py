@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests.faults.cache_faults import needs_root, tmpfs
 from tests.faults.train_faults import train_dataset  # noqa: F401
 
 SECRET = "pw-of-the-l2"
@@ -46,3 +47,15 @@ def test_a_diverged_run_stops_with_one_line_dense_or_sparse(train_dataset, tmp_p
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr[-2000:]
     assert " at epoch 0, global step " in r.stderr and "the run diverged; lower the learning rate" in r.stderr
     assert "top-k" not in r.stderr
+
+
+@needs_root()
+def test_a_read_only_out_or_cache_dir_is_one_line(train_dataset, tmp_path):
+    with tmpfs(tmp_path / "ro", readonly=True) as ro:
+        r = _train(*_common(train_dataset), "--out", ro / "run")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+        assert f"--out {ro}/run: cannot write there" in r.stderr and "read-only file system" in r.stderr
+        r = _train(*_common(train_dataset, "torch"), "--cache-dir", ro / "cache", "--out", tmp_path / "run")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+        assert f"--cache-dir {ro}/cache: cannot write there" in r.stderr
+    assert not (tmp_path / "run").exists()
