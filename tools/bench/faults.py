@@ -247,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
         print("cachepipe bench faults: error: --epochs must be >= 2 (faults are injected between epochs)",
               file=sys.stderr)
         return 2
-    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="cachepipe-faults-"))
+    work = Path(args.work_dir).absolute() if args.work_dir else Path(tempfile.mkdtemp(prefix="cachepipe-faults-"))
     bench = _Bench(args, work)
     results, base = [], []
     try:
