@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"cachepipe {name}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"cachepipe {name}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or trainer.launch.Stopped (with the signal it names)
+        signum = getattr(exc, "signum", 2)
+        print(f"cachepipe {name}: {exc if hasattr(exc, 'signum') else 'interrupted'}", file=sys.stderr)
+        return 128 + signum

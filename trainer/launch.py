@@ -47,8 +47,9 @@ class WorkerFailed(RuntimeError):
         self.rank, self.reason = rank, reason
 
 
-class Stopped(Exception):
-    """A stop signal arrived (NOTE [ranks end with their launcher]); ``signum`` says which."""
+class Stopped(KeyboardInterrupt):
+    """A stop signal arrived (NOTE [ranks end with their launcher]); ``signum`` says which.
+    A ``KeyboardInterrupt``, so that no ``except Exception`` swallows a request to stop."""
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
