@@ -141,7 +141,11 @@ class EmbeddedRedis:
                        maxmemory=int(mem["maxmemory"]), keys=int(c.dbsize()))
         return row
 
-    def _lock(self):
+    def _lock(self, create: bool = True) -> int | None:
+        """Hold the cache dir's server lock; None (no lock) when ``create`` is False and the
+        directory does not exist: nothing was started from it, and it is not made."""
+        if not create and not self.dir.is_dir():
+            return None
         private_dir(self.dir)
         try:
             fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -233,9 +237,7 @@ class EmbeddedRedis:
         Args:
             timeout: socket timeout of the SHUTDOWN command in seconds.
         """
-        if not self.dir.is_dir():  # never started from this cache dir: nothing to stop or create
-            return False
-        fd = self._lock()
+        fd = self._lock(create=False)  # a missing cache dir is not created
         try:
             ident = self.identity()
             running = self.ping() or (ident is not None and self._wait_answer(ident))
@@ -249,4 +251,5 @@ class EmbeddedRedis:
             self._remove_stale()
             return running or ident is not None
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
