@@ -17,6 +17,7 @@ beyond removing our own stale files.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -142,9 +143,18 @@ class EmbeddedRedis:
                        maxmemory=int(mem["maxmemory"]), keys=int(c.dbsize()))
         return row
 
-    def _lock(self):
+    def _lock(self, create: bool = True) -> int | None:
+        """Hold the cache dir's server lock; None (no lock) when ``create`` is False and the
+        directory does not exist: nothing was started from it, and it is not made."""
+        if not create and not self.dir.is_dir():
+            return None
         private_dir(self.dir)
-        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a read-only file system: an existing lock still serializes
+            if exc.errno != errno.EROFS:
+                raise
+            fd = os.open(self.dir / "lock", os.O_RDONLY)
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
@@ -169,6 +179,9 @@ class EmbeddedRedis:
                     p.unlink(missing_ok=True)
             except FileNotFoundError:
                 pass
+            except OSError as exc:  # a read-only file system keeps them; start() cannot run there anyway
+                if exc.errno != errno.EROFS:
+                    raise
 
     def start(self, l2_memory: int | str | None = None, timeout: float = 10.0) -> bool:
         """Make sure the server runs; returns ``True`` if this call started it.
@@ -226,7 +239,7 @@ class EmbeddedRedis:
         Args:
             timeout: socket timeout of the SHUTDOWN command in seconds.
         """
-        fd = self._lock()
+        fd = self._lock(create=False)  # a missing cache dir is not created
         try:
             ident = self.identity()
             running = self.ping() or (ident is not None and self._wait_answer(ident))
@@ -240,4 +253,5 @@ class EmbeddedRedis:
             self._remove_stale()
             return running or ident is not None
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)

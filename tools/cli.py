@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-__all__ = ["COMMANDS", "HelpFormatter", "UsageError", "main"]
+__all__ = ["COMMANDS", "HelpFormatter", "UsageError", "main", "refuse_empty"]
 
 # name -> (module, one-line help). Adding a subcommand is one entry and one module.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,6 +39,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
             return text
         return super()._get_help_string(action)
+
+
+def refuse_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a flag or argument given as ``''``: as a path it would silently mean the
+    current directory (``--cache-dir ''``, ``make-dataset ''``), elsewhere a default.
+
+    Raises:
+        UsageError: names the first such flag or argument.
+    """
+    for action in parser._actions:
+        if action.nargs == argparse.REMAINDER:  # parsed again by the subcommand
+            continue
+        value = getattr(args, action.dest, None)
+        if value == "" or (isinstance(value, list) and "" in value):
+            name = max(action.option_strings, key=len) if action.option_strings else (action.metavar or action.dest)
+            raise UsageError(f"{name} '': empty; give a value (an empty path would silently mean the current "
+                             f"directory)")
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -72,10 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(rest)
     args.command_line = ["cachepipe", name, *rest]  # to print a command that continues this one
     try:
+        refuse_empty(parser, args)
         return int(module.main(args) or 0)
     except UsageError as exc:
         print(f"cachepipe {name}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"cachepipe {name}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or trainer.launch.Stopped (with the signal it names)
+        signum = getattr(exc, "signum", 2)
+        print(f"cachepipe {name}: {exc if hasattr(exc, 'signum') else 'interrupted'}", file=sys.stderr)
+        return 128 + signum

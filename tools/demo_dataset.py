@@ -16,7 +16,11 @@ from PIL import Image
 
 from trainer.atomic_file import write_atomic
 
-__all__ = ["make_dataset", "make_image"]
+__all__ = ["MAX_SIZE", "make_dataset", "make_image"]
+
+# Largest typical side: an image is drawn in float64 at up to 1.25 x 4/3 times it per side
+# (~210 MB at 2048 px, ~4 GB for each one at 10,000); 2048 is four times ImageNet's typical side.
+MAX_SIZE = 2048
 
 
 def make_image(label: int, num_classes: int, rng: np.random.Generator, size: int = 96) -> Image.Image:
@@ -45,7 +49,7 @@ def make_dataset(root: str | os.PathLike, *, classes: int = 10, per_class: int =
         classes: number of classes (>= 2).
         per_class: training images per class (>= 1).
         val_per_class: validation images per class (>= 0; 0 writes no ``val/``).
-        size: typical image side in pixels (>= 16).
+        size: typical image side in pixels, in [16, ``MAX_SIZE``].
         seed: the dataset is a pure function of its arguments.
 
     Returns:
@@ -57,8 +61,8 @@ def make_dataset(root: str | os.PathLike, *, classes: int = 10, per_class: int =
     Example:
         >>> make_dataset("/tmp/demo", classes=4, per_class=8, val_per_class=2)  # doctest: +SKIP
     """
-    if classes < 2 or per_class < 1 or val_per_class < 0 or size < 16:
-        raise ValueError(f"need classes >= 2, per_class >= 1, val_per_class >= 0, size >= 16; "
+    if classes < 2 or per_class < 1 or val_per_class < 0 or not 16 <= size <= MAX_SIZE:
+        raise ValueError(f"need classes >= 2, per_class >= 1, val_per_class >= 0, 16 <= size <= {MAX_SIZE}; "
                          f"got {classes=}, {per_class=}, {val_per_class=}, {size=}")
     root = Path(root)
     for split, count in (("train", per_class), ("val", val_per_class)):

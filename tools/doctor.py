@@ -3,7 +3,8 @@
 Checks the cache's Python packages and redis-server (the L2 cache; both required), the size of ``/dev/shm`` (DataLoader
 workers and the shared-memory collectives of ``comm/shm.py``), DALI, CUDA, NCCL and
 triton (all optional: CPU fallbacks exist). Exit status 0 when everything required is
-there, 1 otherwise.
+there, 1 otherwise, 2 for a bad flag (a ``--json`` path that cannot be written is found
+before the checks run).
 
 ``--gpu`` is the one command for the day a GPU is there: after the checks it runs the
 feed comparison (``tools.doctor_feed``: synthetic vs the cached loader's float32 vs uint8
@@ -198,10 +199,15 @@ def _gpu_steps(tmp: Path, timeout: float, budget: float) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from tools.cli import UsageError
+    from tools.writable import check_writable, write_output
+
     if args.step_timeout <= 0:
-        raise SystemExit(f"cachepipe doctor: --step-timeout must be > 0, got {args.step_timeout:g}")
+        raise UsageError(f"--step-timeout must be > 0, got {args.step_timeout:g}")
     if args.time_budget <= 0:
-        raise SystemExit(f"cachepipe doctor: --time-budget must be > 0, got {args.time_budget:g}")
+        raise UsageError(f"--time-budget must be > 0, got {args.time_budget:g}")
+    path = args.json or ("doctor-gpu.json" if args.gpu else None)
+    check_writable(path, "--json")  # NOTE [output paths checked first]
     results = checks()
     width = max(len(c["name"]) for c in results)
     for c in results:
@@ -223,9 +229,6 @@ def main(args: argparse.Namespace) -> int:
         if failed:
             print(f"cachepipe doctor --gpu: failed: {', '.join(failed)} (output tails in the JSON)", file=sys.stderr)
             code = 1
-    path = args.json or ("doctor-gpu.json" if args.gpu else None)
     if path:
-        from trainer.atomic_file import write_atomic
-
-        print(f"wrote {write_atomic(path, json.dumps(report, indent=1))}")
+        print(f"wrote {write_output(path, json.dumps(report, indent=1), '--json')}")
     return code

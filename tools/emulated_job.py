@@ -73,7 +73,7 @@ class NodeRedis:
         from cachepipe.redis_binary import find_redis_server, server_env
 
         self.cluster, self.node, self.port = cluster, node, port
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).absolute()  # redis-server chdirs into --dir: a relative --logfile would miss
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / f"redis-node{node}.log"
         # Bound to the node's private address only; protected mode would refuse the other

@@ -13,13 +13,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-class", type=int, default=100, help="training images per class")
     parser.add_argument("--val-per-class", type=int, default=20,
                         help="validation images per class (0: no val/)")
-    parser.add_argument("--size", type=int, default=96, help="typical image side in pixels (>= 16)")
+    parser.add_argument("--size", type=int, default=96, help="typical image side in pixels, 16 to 2048")
     parser.add_argument("--seed", type=int, default=0, help="the dataset is a pure function of its flags")
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools.demo_dataset import make_dataset
+    from tools.cli import UsageError
+    from tools.demo_dataset import MAX_SIZE, make_dataset
 
+    for flag, value, low, high in (("--classes", args.classes, 2, None), ("--per-class", args.per_class, 1, None),
+                                   ("--val-per-class", args.val_per_class, 0, None),
+                                   ("--size", args.size, 16, MAX_SIZE)):
+        if value < low or (high is not None and value > high):
+            raise UsageError(f"{flag} {value}: must be " + (f"in [{low}, {high}] (a typical image side in pixels; "
+                             f"each image is drawn in memory)" if high else f">= {low}"))
     try:
         root = make_dataset(args.root, classes=args.classes, per_class=args.per_class,
                             val_per_class=args.val_per_class, size=args.size, seed=args.seed)

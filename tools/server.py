@@ -1,7 +1,8 @@
 """``cachepipe server {start,stop,status} --cache-dir DIR``: the embedded Redis servers of a cache dir.
 
-Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran; 4 when
-it cannot start.
+Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran (or it
+could not be stopped); 2 for a ``--cache-dir`` that is not a directory; 4 when it cannot
+start. ``stop`` and ``status`` never create the cache directory.
 """
 from __future__ import annotations
 
@@ -25,9 +26,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import os
+
     from cachepipe.embedded_group import EmbeddedGroup, default_l2_servers
     from tools.cli import UsageError
 
+    if os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
+        raise UsageError(f"--cache-dir {args.cache_dir} is not a directory; name the cache directory")
     if args.action == "start":
         if args.l2_servers is not None and args.l2_servers < 1:
             raise UsageError(f"--l2-servers must be >= 1, got {args.l2_servers}")
@@ -43,8 +48,14 @@ def main(args: argparse.Namespace) -> int:
                   f"maxmemory {st['maxmemory'] / 2**20:.0f} MiB")
         return 0
     group = EmbeddedGroup.found(args.cache_dir)
-    if args.action == "stop":
-        if group.stop():
+    if args.action == "stop":  # a missing cache dir is not created, a read-only one is fine
+        try:
+            stopped = group.stop()
+        except OSError as exc:
+            print(f"cachepipe server: error: cannot stop the embedded Redis of {args.cache_dir}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return 1
+        if stopped:
             print(f"stopped the embedded Redis of {args.cache_dir} ({len(group.servers)} server(s))")
             return 0
         print(f"no embedded Redis was running for {args.cache_dir}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 __all__ = ["configure", "main", "resume_command"]
 
@@ -158,7 +159,7 @@ def _run_torchrun(cfg) -> list[dict]:
 
 
 def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
-    from trainer.launch import launch_local
+    from trainer.launch import launch_local, stop_on_signals
     from trainer.loop import run_rank
 
     threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
@@ -166,7 +167,8 @@ def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
         import torch
 
         torch.set_num_threads(threads)
-        return run_rank(0, 1, cfg)
+        with stop_on_signals():  # NOTE [ranks end with their launcher]: the loader workers are closed
+            return run_rank(0, 1, cfg)
     local_size = cfg.local_size or (nprocs // cfg.nodes if cfg.nodes else nprocs)
     return launch_local(run_rank, nprocs, cfg, local_size=local_size, threads=threads)
 
@@ -179,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
     from tools.cache_flags import cache_config
     from tools.cli import UsageError
     from trainer.consensus import RankFailed
-    from trainer.launch import WorkerFailed
+    from trainer.launch import Stopped, WorkerFailed
     from trainer.progress import describe_run, final_line
     from trainer.run_config import RunConfig
 
@@ -197,6 +199,9 @@ def main(args: argparse.Namespace) -> int:
         except (ValueError, WorkerFailed, RankFailed) as exc:
             print(f"cachepipe train: error: {exc}", file=sys.stderr)
             return 1
+        except Stopped as exc:
+            print(f"cachepipe train: {exc}: every rank stopped with it", file=sys.stderr)
+            return 128 + exc.signum
     try:
         if not args.data:
             raise UsageError("--data ROOT is required (or use --demo)")
@@ -205,7 +210,9 @@ def main(args: argparse.Namespace) -> int:
         check_data_root(args.data)
         name, why = (args.recipe, "") if args.recipe else default_recipe(args.device)
         recipe = _recipe(args, name)
-        out = args.out or args.resume or "runs/train"
+        from trainer.run_dir import resumed_run
+
+        out = args.out or (str(resumed_run(args.resume)) if args.resume else "runs/train")
         torchrun = _under_torchrun()
         nprocs = int(os.environ["WORLD_SIZE"]) if torchrun else args.nprocs
         cfg = RunConfig(recipe=recipe, data=args.data, out=out, loader=args.loader,
@@ -216,6 +223,7 @@ def main(args: argparse.Namespace) -> int:
                         ranks_per_machine=None if torchrun else args.nprocs)
         if not torchrun:
             _check_topology(args.nprocs, args.nodes, args.local_size)
+        _check_paths(args, out)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     rank0 = os.environ.get("RANK", "0") == "0"
@@ -233,6 +241,13 @@ def main(args: argparse.Namespace) -> int:
     except (ValueError, WorkerFailed, RankFailed) as exc:
         print(f"cachepipe train: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # one process: a cache or run file that could not be written after the checks
+        print(f"cachepipe train: error: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+        return 1
+    except Stopped as exc:
+        print(f"cachepipe train: {exc}: every rank stopped with it; --resume {out} continues from the newest "
+              f"checkpoint in {Path(out) / 'checkpoints'}", file=sys.stderr)
+        return 128 + exc.signum
     if rank0:
         if args.stop_after_steps and (not rows or rows[-1]["epoch"] < recipe.total_epochs - 1):
             print(f"train: to resume: {resume_command(args, out)}")
@@ -244,18 +259,49 @@ def main(args: argparse.Namespace) -> int:
 def resume_command(args, out: str) -> str:
     """The command line that continues a run stopped early: the one that started it
     (``args.command_line``, set by ``tools.cli``) without ``--stop-after-steps`` and with
-    ``--resume out``."""
+    ``--resume out``; Redis passwords in it are shown as ``***`` (as ``stats`` does), and
+    then the line says so."""
     import shlex
 
-    argv, skip = [], False
+    from cachepipe.redis_url import redact
+
+    argv, skip, masked = [], False, False
     for word in getattr(args, "command_line", None) or ["cachepipe", "train", "--data", str(args.data)]:
         if skip:
             skip = False
         elif word in ("--stop-after-steps", "--resume"):
             skip = True
         elif not word.startswith(("--stop-after-steps=", "--resume=")):
-            argv.append(word)
-    return shlex.join(argv + ["--resume", out])
+            argv.append(redact(word))
+            masked = masked or argv[-1] != word
+    line = shlex.join(argv + ["--resume", out])
+    return line + ("  (the Redis password is shown as ***: put it back)" if masked else "")
+
+
+def _check_paths(args, out: str) -> None:
+    """NOTE [output paths checked first] in ``tools/writable.py``: ``--out`` must be
+    writable; ``--cache-dir`` must be creatable, and writable when the embedded Redis lives
+    in it (a read-only, warmed cache dir serves L1 to ``--redis`` or ``--no-l2``).
+
+    Raises:
+        UsageError: names the flag and why.
+    """
+    from tools.cache_flags import DEFAULT_CACHE_DIR, redis_from_args
+    from tools.cli import UsageError
+    from tools.writable import check_writable
+
+    check_writable(out, "--out", directory=True)
+    if args.loader == "memory":
+        return
+    cache_dir = args.cache_dir or DEFAULT_CACHE_DIR
+    if not os.path.isdir(cache_dir):
+        check_writable(cache_dir, "--cache-dir", directory=True)
+    elif redis_from_args(args) is None:
+        try:
+            check_writable(cache_dir, "--cache-dir", directory=True)
+        except UsageError as exc:
+            raise UsageError(f"{exc}; the embedded Redis keeps its socket there (a warmed read-only cache dir "
+                             f"serves L1 with --redis URL or --no-l2)") from None
 
 
 def _check_topology(nprocs: int, nodes: int | None, local_size: int | None) -> None:

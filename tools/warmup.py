@@ -6,7 +6,8 @@ and kept (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``) and the coverage is
 
 Exit status: 0 done (corrupt files are listed; L2 may hold a fixed subset), 1 corrupt
 files with ``--strict``, L2 writes that failed, or files that could not be read (after
-retries; the next run tries them again), 2 bad usage (flag values, URL schemes), 3
+retries; the next run tries them again), 2 bad usage (flag values, URL schemes, a ``--json``
+path that cannot be written: checked before the work, NOTE [output paths checked first]), 3
 missing or invalid source, 4 unreachable Redis, 5 L2 too small with ``--require-full``
 (the message says how much memory it needs), 6 L1 disk or map full, or the cache dir
 cannot be written.
@@ -95,7 +96,9 @@ def _summary(r: dict, node: str, l2: bool) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from tools.cache_flags import cache_sizes_from_args, check_args, redis_from_args
+    from tools.writable import check_writable, write_output
 
+    check_writable(args.json, "--json")  # NOTE [output paths checked first]
     try:
         check_args(args)
         sizes = cache_sizes_from_args(args)
@@ -111,9 +114,7 @@ def main(args: argparse.Namespace) -> int:
         if code:
             break
     if args.json and reports:
-        from trainer.atomic_file import write_atomic
-
-        write_atomic(args.json, json.dumps(reports[0] if len(sizes) == 1 else reports, indent=1))
+        write_output(args.json, json.dumps(reports[0] if len(sizes) == 1 else reports, indent=1), "--json")
     return code
 
 

@@ -165,11 +165,28 @@ class Checkpoints:
 
 
 class CheckpointMismatch(ValueError):
-    """The checkpoint was written by another model, class count or world size."""
+    """The checkpoint was written by another model, class count, world size or topology."""
+
+
+def _shape(topology) -> str:
+    nodes, local = topology
+    return f"{nodes} node{'s' if nodes != 1 else ''} x {local}"
 
 
 def _check_identity(path: Path, shared: dict, expect: dict) -> None:
+    """NOTE [topology of a checkpoint]: the residuals, sampler positions and RNG states of
+    rank ``r`` belong to its place in the ``nodes x local_size`` layout (a hierarchical
+    exchange keeps node-sized residuals, node-local sampling deals samples per node), so
+    the layout must match as the world size does. Checkpoints written before it was
+    recorded carry no ``topology`` and are not checked for it."""
     for key, value in expect.items():
+        if key == "topology":
+            saved = shared.get(key)
+            if saved is not None and list(saved) != list(value):
+                raise CheckpointMismatch(
+                    f"checkpoint {path} was written on {_shape(saved)} ranks but this run has {_shape(value)}; "
+                    f"resume with --nodes {saved[0]} --local-size {saved[1]} or start a fresh --out")
+            continue
         if shared.get(key) != value:
             raise CheckpointMismatch(f"checkpoint {path} was written with {key}={shared.get(key)!r} but this run has "
                              f"{key}={value!r}; resume with the same {key} or start a fresh --out")

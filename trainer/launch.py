@@ -5,20 +5,38 @@ environment variables set (so ``Topology.from_env`` and the loop see a normal jo
 returns rank 0's result. If any rank raises, exits non-zero or is killed, the others are
 terminated and ``WorkerFailed`` names the rank and the reason: the job never hangs on a
 collective that a dead peer will not join.
+
+NOTE [ranks end with their launcher]: ranks left running after their launcher is gone
+go on training and writing checkpoints into the same ``--out``, where a resumed run
+would race them. So (1) while the launcher waits, SIGTERM, SIGINT and SIGHUP become
+:class:`Stopped` in it (:func:`stop_on_signals`): its ``finally`` sends SIGTERM to the
+ranks it started (their ``Process`` handles, nothing else), waits for them and kills
+those still there after 10 s; (2) a rank turns SIGTERM into :class:`Stopped` too, so
+its own ``finally`` blocks close loader workers, shared-memory segments and the
+process group; (3) a rank asks the kernel for SIGTERM when its launcher dies
+(``PR_SET_PDEATHSIG``, Linux), which covers a launcher killed with SIGKILL, and exits at
+once if the launcher is already gone. Ranks started by torchrun are torchrun's to
+manage: none of this applies to them.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime
 import os
 import queue
 import signal
 import socket
+import threading
 import time
 import traceback
 
 import torch.multiprocessing as mp
 
-__all__ = ["WorkerFailed", "launch_local", "free_port"]
+__all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals"]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
 
 
 class WorkerFailed(RuntimeError):
@@ -29,13 +47,58 @@ class WorkerFailed(RuntimeError):
         self.rank, self.reason = rank, reason
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop signal arrived (NOTE [ranks end with their launcher]); ``signum`` says which.
+    A ``KeyboardInterrupt``, so that no ``except Exception`` swallows a request to stop."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals=STOP_SIGNALS):
+    """Raise :class:`Stopped` in the main thread on the first of ``signals``; later ones are
+    ignored until the block ends (its clean-up is not cut short). The previous handlers
+    are restored afterwards. Outside the main thread it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = []
+
+    def handler(signum, frame):
+        if not fired:
+            fired.append(signum)
+            raise Stopped(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def _die_with_launcher(launcher: int) -> None:
+    """Ask for SIGTERM when the launcher dies (NOTE [ranks end with their launcher]); exit
+    now if it is already gone (this process was handed to another parent)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the launcher's own clean-up still applies
+        return
+    if os.getppid() != launcher:
+        os._exit(128 + int(signal.SIGTERM))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _entry(rank, nprocs, local_size, port, threads, fn, args, results):
+def _entry(rank, nprocs, local_size, port, threads, launcher, fn, args, results):
+    _die_with_launcher(launcher)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nprocs),
                       LOCAL_RANK=str(rank % local_size), LOCAL_WORLD_SIZE=str(local_size),
                       GROUP_RANK=str(rank // local_size))
@@ -44,11 +107,12 @@ def _entry(rank, nprocs, local_size, port, threads, fn, args, results):
         import torch.distributed as dist
 
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", rank=rank, world_size=nprocs, timeout=datetime.timedelta(minutes=10))
-        try:
-            results.put((rank, True, fn(rank, nprocs, *args)))
-        finally:
-            dist.destroy_process_group()
+        with stop_on_signals((signal.SIGTERM,)):
+            dist.init_process_group("gloo", rank=rank, world_size=nprocs, timeout=datetime.timedelta(minutes=10))
+            try:
+                results.put((rank, True, fn(rank, nprocs, *args)))
+            finally:
+                dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
         last = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         results.put((rank, False, (last, traceback.format_exc())))
@@ -107,6 +171,8 @@ def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads:
 
     Raises:
         WorkerFailed: when any rank fails (the first failure is reported).
+        Stopped: SIGTERM, SIGINT or SIGHUP arrived; every rank was stopped first (NOTE
+            [ranks end with their launcher]).
         ValueError: for nprocs < 1 or a local_size that does not divide nprocs.
     """
     local_size = local_size or nprocs
@@ -115,12 +181,18 @@ def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, nprocs, local_size, port, threads, fn, args, results), daemon=False)
-             for r in range(nprocs)]
-    for p in procs:
-        p.start()
+    procs = [ctx.Process(target=_entry, args=(r, nprocs, local_size, port, threads, os.getpid(), fn, args, results),
+                         daemon=False) for r in range(nprocs)]
+    with stop_on_signals():
+        return _run(procs, results, nprocs, timeout)
+
+
+def _run(procs, results, nprocs: int, timeout: float | None):
+    """Start ``procs``, collect their results; stop every one still running on the way out."""
     values, deadline = {}, None if timeout is None else time.monotonic() + timeout
     try:
+        for p in procs:
+            p.start()
         while len(values) < nprocs:
             try:
                 rank, ok, value = results.get(timeout=0.5)
@@ -136,9 +208,11 @@ def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads:
             values[rank] = value
     finally:
         for p in procs:
-            if p.is_alive() and len(values) < nprocs:
+            if p.pid is not None and p.is_alive() and len(values) < nprocs:
                 p.terminate()
         for p in procs:
+            if p.pid is None:  # never started
+                continue
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()

@@ -17,10 +17,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from comm.topk.checks import NonFiniteInput
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
 from trainer.config import DDP_COMMS, SPARSE_COMMS
 from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
+from trainer.divergence import checked_loss, diverged
 from trainer.distributed import (all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts, pick_device,
                                  world)
 from trainer.evaluate import evaluate
@@ -70,10 +72,10 @@ class _Run:
         self.cache_seen: dict[str, float] = {}
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
-                         "world_size": self.world}
+                         "world_size": self.world, "topology": [self.topology.nodes, self.topology.local_size]}
         self.local = None
         nccl = self.device if self.device.type == "cuda" else None
-        prepare_out_together(cfg.out, resume=bool(cfg.resume), overwrite=cfg.overwrite, rank=self.rank,
+        prepare_out_together(cfg.out, resume=cfg.resume, overwrite=cfg.overwrite, rank=self.rank,
                              device=nccl)  # NOTE [refusing a used --out]
         self.checkpoints = Checkpoints(cfg.out, self.rank, nccl)
         if cfg.resume:  # before any loader starts, so a mismatch is the only thing said
@@ -184,6 +186,8 @@ class _Run:
                 images = images.contiguous(memory_format=torch.channels_last)
             with self.autocast():
                 loss = self.criterion(self.forward_model(images), labels)
+            # NOTE [a diverged run stops]: before backward starts any exchange
+            value = None if self.scaler else checked_loss(loss, self.epoch, self.global_step + 1)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         if stash is not None:
             with times.part("update"):
@@ -204,7 +208,7 @@ class _Run:
         self.accum["inter_node_bytes"] = self.accum.get("inter_node_bytes", 0) + self.exchanger.take_inter_node_bytes()
         with times.part("update"):
             self._update(phase, finite, applied)
-        return float(loss.detach())
+        return float(loss.detach()) if value is None else value
 
     def _look_ahead(self, phase) -> WeightStash | None:
         """NOTE [lookahead] in trainer/lookahead.py: with a pipelined exchange, step to the
@@ -274,7 +278,10 @@ class _Run:
         mark = time.perf_counter()
         for images, labels in self.loader:
             times.add("data", time.perf_counter() - mark)
-            loss = self._step(images, labels, done / steps, times)
+            try:
+                loss = self._step(images, labels, done / steps, times)
+            except NonFiniteInput:  # NOTE [a diverged run stops]
+                raise ValueError(diverged("the gradients hold inf or NaN", self.epoch, self.global_step + 1)) from None
             done += 1
             self.global_step += 1
             times.iterations += 1

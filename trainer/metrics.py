@@ -100,7 +100,8 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The rows of a ``metrics.jsonl`` file (a run directory or the file itself).
 
     Raises:
-        ValueError: if the file is missing or a line is not JSON.
+        ValueError: if the file is missing or a line is not a JSON object with an
+            integer ``epoch`` (names the line).
     """
     path = Path(path)
     if path.is_dir():
@@ -111,7 +112,10 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 raise ValueError(f"{path}:{n} is not a JSON line") from None
+            if not isinstance(row, dict) or type(row.get("epoch")) is not int:
+                raise ValueError(f"{path}:{n} is not a metrics row (a JSON object with an integer epoch)")
+            rows.append(row)
     return rows

@@ -70,8 +70,14 @@ def curve(rows: list[dict], key: str) -> list[tuple[int, float]]:
     return [(r["epoch"], r[key]) for r in rows if key in r]
 
 
+def _num(value, spec: str) -> str:
+    """``value`` formatted with ``spec``, ``-`` when a row does not record it (an older
+    run, a run without a validation split)."""
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
 def summarise(runs: dict[str, list[dict]]) -> str:
-    """Markdown summary: one row per run."""
+    """Markdown summary: one row per run (``-`` where its metrics do not say)."""
     lines = ["| run | epochs | final top-1 | final top-5 | best top-1 | final loss | images/s | train s | "
              + " | ".join(f"{p} ms/it" for p in PARTS) + " | inter-node MB | residual norm |",
              "|" + "---|" * (10 + len(PARTS))]
@@ -80,8 +86,10 @@ def summarise(runs: dict[str, list[dict]]) -> str:
         seconds = sum(r.get("seconds", 0.0) for r in rows)
         images_per_s = sum(r.get("images_per_s", 0.0) * r.get("seconds", 0.0) for r in rows) / max(seconds, 1e-9)
         mean = {p: sum(r.get("time_per_iter", {}).get(p, 0.0) for r in rows) / len(rows) for p in PARTS}
-        lines.append(f"| {name} | {len(rows)} | {last['val_top1']:.2f} | {last['val_top5']:.2f} | "
-                     f"{max(r['val_top1'] for r in rows):.2f} | {last['train_loss']:.4f} | {images_per_s:.1f} | "
+        best = max((r["val_top1"] for r in rows if isinstance(r.get("val_top1"), (int, float))), default=None)
+        lines.append(f"| {name} | {len(rows)} | {_num(last.get('val_top1'), '.2f')} | "
+                     f"{_num(last.get('val_top5'), '.2f')} | {_num(best, '.2f')} | "
+                     f"{_num(last.get('train_loss'), '.4f')} | {images_per_s:.1f} | "
                      f"{seconds:.1f} | " + " | ".join(f"{1000 * mean[p]:.1f}" for p in PARTS)
                      + f" | {sum(r.get('inter_node_bytes', 0) for r in rows) / 1e6:.2f} | "
                      f"{last.get('residual_norm', 0.0):.3g} |")

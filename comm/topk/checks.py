@@ -1,11 +1,13 @@
 """Argument checks and trivial cases shared by every top-k selector.
 
-NOTE [non-finite inputs]: ``dgc`` and ``mstopk`` raise ``ValueError`` when ``x`` holds a
+NOTE [non-finite inputs]: ``dgc`` and ``mstopk`` raise ``NonFiniteInput`` (a ``ValueError``) when ``x`` holds a
 NaN or an infinity. Both compute a statistic of ``|x|`` anyway (the maximum, or the sum
 for the mean), and a NaN or Inf makes that statistic non-finite, so the check costs no
 extra pass over ``x``. A gradient with NaN/Inf is a training bug (loss scaling overflow)
 that must not be silently sparsified. ``exact`` keeps ``torch.topk``'s behaviour (NaN
-counts as the largest magnitude) because it is the cheapest reference.
+counts as the largest magnitude) because it is the cheapest reference. The trainer turns
+``NonFiniteInput`` into its one line for a diverged run (NOTE [a diverged run stops] in
+``trainer/loop.py``).
 """
 from __future__ import annotations
 
@@ -13,7 +15,11 @@ import math
 
 import torch
 
-__all__ = ["k_for", "check_args", "magnitudes", "take_all", "take_none", "check_finite"]
+__all__ = ["NonFiniteInput", "k_for", "check_args", "magnitudes", "take_all", "take_none", "check_finite"]
+
+
+class NonFiniteInput(ValueError):
+    """A selector was given a tensor with NaN or Inf (NOTE [non-finite inputs])."""
 
 
 def k_for(numel: int, density: float) -> int:
@@ -60,10 +66,10 @@ def take_none(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def check_finite(*stats: float) -> None:
-    """Raise ``ValueError`` if any statistic of ``|x|`` is NaN or infinite.
+    """Raise :class:`NonFiniteInput` if any statistic of ``|x|`` is NaN or infinite.
 
     See NOTE [non-finite inputs].
     """
     if not all(math.isfinite(s) for s in stats):
-        raise ValueError("x contains NaN or Inf; top-k selection of a non-finite tensor is refused "
+        raise NonFiniteInput("x contains NaN or Inf; top-k selection of a non-finite tensor is refused "
                          "(see NOTE [non-finite inputs] in comm/topk/checks.py)")

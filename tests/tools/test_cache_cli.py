@@ -36,7 +36,7 @@ def test_make_dataset(tmp_path, capsys):
     assert len(list((tmp_path / "d" / "train").rglob("*.JPEG"))) == 6
     assert len(list((tmp_path / "d" / "val").rglob("*.JPEG"))) == 3
     assert main(["make-dataset", str(tmp_path / "e"), "--classes", "1"]) == 2
-    assert "classes >= 2" in _err_line(capsys)
+    assert "--classes 1: must be >= 2" in _err_line(capsys)  # names the flag
 
 
 def test_warmup_embedded_then_nothing_to_do_then_stats_and_server(src, cache_dir, tmp_path, capsys):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
-from tools.cli import HelpFormatter
+from tools.cli import HelpFormatter, UsageError, refuse_empty
+from tools.writable import check_writable
 
 __all__ = ["BENCHMARKS", "configure", "main"]
 
@@ -48,4 +50,11 @@ def main(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog=f"cachepipe bench {args.bench}", description=help_text,
                                      formatter_class=HelpFormatter)
     module.configure(parser)
-    return int(module.main(parser.parse_args(args.bench_args)) or 0)
+    bench_args = parser.parse_args(args.bench_args)
+    try:
+        refuse_empty(parser, bench_args)
+        check_writable(getattr(bench_args, "json", None), "--json")  # NOTE [output paths checked first]
+    except UsageError as exc:
+        print(f"cachepipe bench {args.bench}: error: {exc}", file=sys.stderr)
+        return 2
+    return int(module.main(bench_args) or 0)

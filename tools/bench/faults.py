@@ -8,13 +8,17 @@ fault from here, on processes and files this benchmark made:
 - ``worker``: SIGKILL one rank's DataLoader worker in the second epoch;
 - ``corrupt``: overwrite source files with garbage, cold cache (they are read, and fail, each epoch);
 - ``rank``: SIGKILL a rank after a few checkpoints, then ``--resume``;
+- ``launcher``: SIGTERM ``cachepipe train`` itself after a few checkpoints, then ``--resume``;
+- ``other_out``: resume a stopped run into another run's ``--out`` (refused, that run
+  untouched), then into its own (``tools.bench.faults_launcher``);
 - ``l1``: truncate L1's ``data.mdb`` to 16 KiB and empty L2 before the run, so reads go to L1.
 
 Per scenario: whether the fault was injected and the run finished (``survived``), epochs,
 steps and samples seen per epoch against the baseline (``samples_lost``: fewer samples
 trained on; bad samples are replaced, so 0), bad samples replaced (``skipped``), the final
 top-1 and whether it is identical to the baseline's (expected everywhere but ``corrupt``,
-whose data differ), and segments left in ``/dev/shm``.
+whose data differ), segments left in ``/dev/shm`` and processes of the runs (ranks,
+loader workers) still alive 10 s after their job ended (``procs_left``).
 """
 from __future__ import annotations
 
@@ -30,14 +34,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.bench.faults_launcher import ProcessWatch, other_out, spawned_children, stop_launcher
 from tools.bench.table import format_table, machine_description, write_json
 from trainer.launch import free_port
 
 __all__ = ["configure", "main", "spawned_children"]
 
-SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "l1"]  # l1 last: it damages the shared cache
+SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "launcher", "other_out",
+             "l1"]  # l1 last: it damages the shared cache
 COLUMNS = ["fault", "injected", "survived", "epochs", "steps", "samples_lost", "skipped", "top1",
-           "same_top1", "shm_left", "exit"]
+           "same_top1", "shm_left", "procs_left", "exit"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -49,26 +55,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corrupt", type=int, default=5, help="files corrupted in the corrupt scenario (default 5)")
     parser.add_argument("--work-dir", default=None, help="where data, caches and runs go (default: a temporary dir)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-
-
-def spawned_children(pid: int) -> list[int]:
-    """The multiprocessing children (ranks, loader workers) of process ``pid``, oldest first,
-    without its resource tracker: only processes that ``pid`` (one of ours) started."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            children += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    found = []
-    for child in sorted(children):
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
-            found.append(child)
-    return found
 
 
 class _Shard:
@@ -129,6 +115,7 @@ class _Bench:
         self.shards = [_Shard(work / f"shard{i}") for i in range(2)]
         self.urls = [s.url for s in self.shards]
         self.cache = work / "cache"
+        self.procs_left = 0
         prepare_cache(CacheConfig(self.data, self.cache, self.urls, 64))
 
     def train_argv(self, out: Path, data: Path | None = None, cache: Path | None = None, *extra) -> list[str]:
@@ -141,13 +128,16 @@ class _Bench:
         return argv
 
     def run(self, argv, inject=None) -> tuple[int, bool]:
-        """Run ``argv``; ``inject(job)`` is polled while it runs and returns True once injected."""
+        """Run ``argv``; ``inject(job)`` is polled while it runs and returns True once injected.
+        Processes of the job still alive after it are added to ``procs_left`` (and killed)."""
         log = self.work / "logs" / f"run{len(list((self.work / 'logs').glob('*')))}.log"
+        watch = ProcessWatch()
         with open(log, "w") as f:  # a file, not a pipe: a chatty run never blocks on it
             job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, text=True)
             injected = inject is None
             try:
                 while job.poll() is None:
+                    watch.poll(job.pid)
                     if not injected:
                         injected = bool(inject(job))
                     time.sleep(0.02)
@@ -155,6 +145,7 @@ class _Bench:
                 if job.poll() is None:
                     job.kill()
                 job.wait()
+        self.procs_left += watch.leftovers()
         self.log = log.read_text()
         return job.returncode, injected
 
@@ -216,6 +207,10 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
         for f in files[:: max(len(files) // bench.args.corrupt, 1)][: bench.args.corrupt]:
             f.write_bytes(b"\xff\xd8 garbage, not a JPEG")
         return (*bench.run(bench.train_argv(out, data, bench.work / "cache-corrupt")), out)
+    if name == "launcher":
+        return (*stop_launcher(bench, out), out)
+    if name == "other_out":
+        return (*other_out(bench, out), out)
     if name == "l1":
         for mdb in bench.cache.rglob("data.mdb"):
             os.truncate(mdb, 16384)
@@ -229,7 +224,8 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
     return code, injected, out
 
 
-def _row(name: str, code: int, injected: bool, out: Path, base: list[dict], batch: int, shm: set) -> dict:
+def _row(name: str, code: int, injected: bool, out: Path, base: list[dict], batch: int, shm: set,
+         procs_left: int) -> dict:
     rows = _rows(out)
     per_epoch = lambda rs: [(r["steps"] - (rs[i - 1]["steps"] if i else 0)) * batch for i, r in enumerate(rs)]
     seen, want = per_epoch(rows), per_epoch(base)
@@ -239,7 +235,7 @@ def _row(name: str, code: int, injected: bool, out: Path, base: list[dict], batc
             "samples_per_epoch": seen, "samples_lost": sum(want) - sum(seen),
             "skipped": sum(r.get("skipped", 0) for r in rows), "top1": top1,
             "same_top1": "yes" if base and top1 == base[-1]["val_top1"] else "no",
-            "shm_left": len(_shm() - shm), "exit": code}
+            "shm_left": len(_shm() - shm), "procs_left": procs_left, "exit": code}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -247,17 +243,18 @@ def main(args: argparse.Namespace) -> int:
         print("cachepipe bench faults: error: --epochs must be >= 2 (faults are injected between epochs)",
               file=sys.stderr)
         return 2
-    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="cachepipe-faults-"))
+    work = Path(args.work_dir).absolute() if args.work_dir else Path(tempfile.mkdtemp(prefix="cachepipe-faults-"))
     bench = _Bench(args, work)
     results, base = [], []
     try:
         for name in ["baseline"] + [s for s in args.scenarios if s != "baseline"]:
             shm = _shm()
             start = time.perf_counter()
+            bench.procs_left = 0
             code, injected, out = _scenario(bench, name)
             if name == "baseline":
                 base = _rows(out)
-            row = _row(name, code, injected, out, base, 8 * 4, shm)
+            row = _row(name, code, injected, out, base, 8 * 4, shm, bench.procs_left)
             row["seconds"] = round(time.perf_counter() - start, 1)
             if code:
                 row["error"] = bench.log.strip().splitlines()[-1][:200] if bench.log.strip() else ""

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["configure", "main"]
+__all__ = ["check_batch", "configure", "main"]
 
 LOADERS = ("plain", "cached", "cached-tcp", "dali")
 COLUMNS = ("loader", "l2", "workers", "size", "batch_size", "dtype", "images_per_s", "speedup", "fetch_ms_per_batch",
@@ -143,6 +143,21 @@ def _build(kind: str, root: str, args, cache):
     return build_dali_loader(root, cache=cache, device=device, dtype=args.dtype, **common)
 
 
+def check_batch(images: int, ranks: int, batch_size: int) -> None:
+    """Refuse a set too small for one batch per rank (every loader drops the last,
+    partial batch), before any cache is warmed or worker started.
+
+    Raises:
+        UsageError: names ``--batch-size`` and the set's size.
+    """
+    from tools.cli import UsageError
+
+    if batch_size < 1 or images // ranks < batch_size:
+        raise UsageError(f"--batch-size {batch_size}: SRC has {images} images, "
+                         + (f"{images // ranks} per rank of {ranks}, " if ranks > 1 else "")
+                         + "not one full batch; lower --batch-size or use a larger SRC")
+
+
 def _cpu_seconds(redis_clients) -> float:
     """CPU seconds used so far by this process, its children (DataLoader workers) and the Redis servers."""
     me = os.getpid()
@@ -229,9 +244,16 @@ def main(args: argparse.Namespace) -> int:
     if not src.exists() and args.make_dataset:
         print(f"writing a demo dataset to {src}: {args.classes} classes x {args.make_dataset} images of "
               f"~{args.image_px} px")
-        make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)
+        try:
+            make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)
+        except ValueError as exc:
+            raise UsageError(f"--make-dataset {args.make_dataset} --classes {args.classes} --image-px "
+                             f"{args.image_px}: {exc}") from None
     root = src / "train" if (src / "train").is_dir() else src
-    manifest = Manifest.scan(root)
+    try:
+        manifest = Manifest.scan(root)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        raise UsageError(f"SRC {args.src}: {exc}") from None
     mean_bytes = manifest.total_bytes / len(manifest)
     mean_px = _mean_image_px(manifest)
     print(f"dataset {root}: {len(manifest)} images, {len(manifest.classes)} classes, "
@@ -241,6 +263,7 @@ def main(args: argparse.Namespace) -> int:
         binaries = [resolve_binary(b) for b in (args.tcp_server or ["bundled"])] if "cached-tcp" in kinds else []
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    check_batch(len(manifest), 1, args.batch_size)
     cache = TwoLevelCache(root, args.cache_dir, redis=args.redis, cache_size=args.cache_size)
     t = time.perf_counter()
     _warm(cache)

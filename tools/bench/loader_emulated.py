@@ -52,6 +52,8 @@ def _rank_argv(root: str, cache_dir: Path, urls: list[str], args, locality: str,
 
 
 def run(args) -> int:
+    from cachepipe import Manifest
+    from tools.bench.loader import check_batch
     from tools.demo_dataset import make_dataset
     from tools.bench.table import format_table, machine_description, write_json
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
@@ -71,6 +73,7 @@ def run(args) -> int:
     if not src.exists() and args.make_dataset:
         make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)
     root = str((src / "train" if (src / "train").is_dir() else src).resolve())
+    check_batch(len(Manifest.scan(root)), nodes * args.local_size, args.batch_size)  # before any node starts
     cache_dir = Path(args.cache_dir).resolve()
     work = cache_dir / "emulated"
     rows = []

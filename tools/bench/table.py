@@ -6,7 +6,7 @@ import os
 import platform
 from collections.abc import Sequence
 
-from trainer.atomic_file import write_atomic
+from tools.writable import write_output
 
 __all__ = ["format_table", "write_json", "machine_description"]
 
@@ -27,8 +27,12 @@ def format_table(rows: Sequence[dict], columns: Sequence[str]) -> str:
 
 
 def write_json(path: str | os.PathLike, rows: Sequence[dict]) -> None:
-    """Write ``rows`` (a list of dicts) as JSON atomically (NOTE [atomic files])."""
-    write_atomic(path, json.dumps(list(rows), indent=1))
+    """Write ``rows`` (a list of dicts) as JSON atomically (NOTE [atomic files]).
+
+    Raises:
+        UsageError: it cannot be written (``--json``; NOTE [output paths checked first]).
+    """
+    write_output(path, json.dumps(list(rows), indent=1), "--json")
 
 
 def machine_description() -> str:

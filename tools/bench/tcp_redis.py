@@ -66,7 +66,7 @@ class TcpRedis:
         from cachepipe.redis_binary import server_env
 
         self.port = free_port()
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).absolute()  # redis-server chdirs into --dir: a relative --logfile would miss
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = self.workdir / f"redis-{self.port}.log"
         self.proc = subprocess.Popen(

@@ -149,7 +149,7 @@ def _prepare_data(args, out: Path) -> Path:
     ``--per-class``: a dataset kept from an earlier command with other settings (the
     32 px default of before, say) is never trained on in their place."""
     if args.data:
-        return Path(args.data)
+        return Path(args.data).absolute()
     data = out / "data" / f"{_cache_size(args)}px-{args.per_class}"
     if not (data / "val").is_dir():
         from tools.demo_dataset import make_dataset
@@ -242,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
         check_target(runs.values(), args.target_top1)  # before minutes of training, not after
         burst = burst_bytes(args.burst)
-        out = Path(args.out)
+        out = Path(args.out).absolute()  # handed to redis-server, warm-ups and ranks: from any directory
         out.mkdir(parents=True, exist_ok=True)
         if not args.reuse:
             _train_all(args, emu, runs, out, burst)
