@@ -67,9 +67,9 @@ def _decide(ratios: tuple, numel: int, density: float) -> bool:
     return all(r < 1.0 for n, r in near if n in chosen)
 
 
-def timings_entry(rows: list[dict], device_name: str, note: str = "") -> dict:
-    """The table entry for ``device_name`` from ``bench topk --device cuda`` rows: per
-    (numel, density), the kernel's time over ``torch.topk``'s, worst over distributions."""
+def timings_entry(rows: list[dict], note: str = "") -> dict:
+    """A device's table entry from its ``bench topk --device cuda`` rows: per (numel,
+    density), the kernel's time over ``torch.topk``'s, the worst over the distributions."""
     times: dict[tuple, dict] = {}
     for r in rows:
         impl = "exact" if r["selector"] == "exact" else f"{r['selector']}:{r['impl']}"
@@ -78,5 +78,4 @@ def timings_entry(rows: list[dict], device_name: str, note: str = "") -> dict:
     for (numel, density, _), t in times.items():
         if "exact" in t and "mstopk:gpu" in t:
             worst[numel, density] = max(worst.get((numel, density), 0.0), t["mstopk:gpu"] / t["exact"])
-    return {"note": note, "ratios": [[n, d, round(r, 4)] for (n, d), r in sorted(worst.items())]} \
-        if worst else {}
+    return {"note": note, "ratios": [[n, d, round(r, 4)] for (n, d), r in sorted(worst.items())]}
