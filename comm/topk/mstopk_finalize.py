@@ -66,37 +66,60 @@ def band_replay(mean, vmax, v, iters, inv_steps, steps):
 
 
 @triton.jit
-def _pick(vec, ar, i):
-    return tl.reduce(tl.where(ar == i, vec, 0), 0, SUM)
+def _walk_bins(hist_ptr, above, k, W: tl.constexpr, FB: tl.constexpr):
+    """One walk down the bins, ``FB`` at a time (a finalize holding all ``W`` at once would
+    raise the register count of the whole filter kernel): the bin holding the (k+1)-th
+    largest, the bin ~1.4 (k + 1) entries deep, and ``above`` plus every bin's count."""
+    running = above
+    bstar = above * 0 - 1
+    deep = above * 0 - 1
+    for i in range(W // FB):
+        r = W - FB - i * FB + tl.arange(0, FB)
+        h = tl.load(hist_ptr + r, volatile=True)
+        at_least = running + tl.associative_scan(h, 0, SUM, reverse=True)  # #(bits >= bin r's lower edge)
+        bstar = tl.maximum(bstar, tl.reduce(tl.where(at_least >= k + 1, r, -1), 0, MAX))
+        deep = tl.maximum(deep, tl.reduce(tl.where(at_least >= (7 * (k + 1)) // 5, r, -1), 0, MAX))
+        running += tl.reduce(h, 0, SUM)
+    return tl.maximum(bstar, 0), tl.maximum(deep, 0), running
 
 
 @triton.jit
-def _bin(bucket_ptr, bmin_ptr, bmax_ptr, h, ar, b, CAP_B: tl.constexpr):
-    """Bin ``b``: its size, its members (padded with -1), and whether they are all equal."""
-    size = _pick(h, ar, b)
+def _above_bin(hist_ptr, above, b, W: tl.constexpr, FB: tl.constexpr):
+    """``#(bits >= the upper edge of bin b)``."""
+    total = above
+    for i in range(W // FB):
+        r = i * FB + tl.arange(0, FB)
+        total += tl.reduce(tl.where(r > b, tl.load(hist_ptr + r, volatile=True), 0), 0, SUM)
+    return total
+
+
+@triton.jit
+def _bin(ctrl_ptr, bucket_ptr, b, W: tl.constexpr, CAP_B: tl.constexpr):
+    """Bin ``b``: its size, its members (padded with -1), its minimum, and whether its
+    members are all equal (its minimum is its maximum)."""
+    size = tl.load(ctrl_ptr + b, volatile=True)
     s = tl.arange(0, CAP_B)
     vals = tl.load(bucket_ptr + b * CAP_B + s, mask=s < size, other=-1, volatile=True)
-    lo = tl.load(bmin_ptr + b, volatile=True)
-    return size, vals, lo, lo == tl.load(bmax_ptr + b, volatile=True)
+    lo = tl.load(ctrl_ptr + W + b, volatile=True)
+    return size, vals, lo, lo == tl.load(ctrl_ptr + 2 * W + b, volatile=True)
 
 
 @triton.jit
-def _count_ge(t, a_bits, b_bits, sh, above_of, bucket_ptr, bmin_ptr, bmax_ptr, h, ar, CAP_B: tl.constexpr):
+def _count_ge(t, a_bits, b_bits, sh, above, ctrl_ptr, bucket_ptr, W: tl.constexpr, FB: tl.constexpr,
+              CAP_B: tl.constexpr):
     """``#(bits >= t)`` for ``a_bits <= t``, or -1 where the counts cannot tell."""
-    b = tl.minimum(tl.maximum((t - a_bits) >> sh, 0), h.shape[0] - 1)
-    size, vals, lo, tied = _bin(bucket_ptr, bmin_ptr, bmax_ptr, h, ar, b, CAP_B)
+    b = tl.minimum(tl.maximum((t - a_bits) >> sh, 0), W - 1)
+    size, vals, lo, tied = _bin(ctrl_ptr, bucket_ptr, b, W, CAP_B)
     inside = tl.where(size <= CAP_B, tl.reduce((vals >= t).to(tl.int32), 0, SUM),
                       tl.where(tied, tl.where(lo >= t, size, 0), -1))
-    count = tl.where(inside < 0, -1, _pick(above_of, ar, b) + inside)
+    count = tl.where(inside < 0, -1, _above_bin(ctrl_ptr, above, b, W, FB) + inside)
     return tl.where(t >= b_bits, tl.where(t == INF_BITS, 0, -1), count)
 
 
 @triton.jit
 def finalize(ctrl_ptr, bucket_ptr, psum_ptr, summary_ptr, n, k, cap, iters, inv_steps, steps,
-             a_bits, b_bits, sh, deep, nprog, W: tl.constexpr, CAP_B: tl.constexpr, PB: tl.constexpr):
-    ar = tl.arange(0, W)
-    h = tl.load(ctrl_ptr + ar, volatile=True)
-    bmin_ptr, bmax_ptr = ctrl_ptr + W, ctrl_ptr + 2 * W
+             a_bits, b_bits, sh, deep, nprog, W: tl.constexpr, FB: tl.constexpr, CAP_B: tl.constexpr,
+             PB: tl.constexpr):
     total = tl.load(ctrl_ptr + 3 * W + CAND, volatile=True)
     above = tl.load(ctrl_ptr + 3 * W + ABOVE, volatile=True)
     gmax = tl.load(ctrl_ptr + 3 * W + GMAX, volatile=True)
@@ -104,22 +127,20 @@ def finalize(ctrl_ptr, bucket_ptr, psum_ptr, summary_ptr, n, k, cap, iters, inv_
     sums = tl.load(psum_ptr + p, mask=p < nprog, other=0, volatile=True).to(tl.float64, bitcast=True)
     mean = tl.reduce(sums, 0, SUM) / n
     vmax = gmax.to(tl.float32, bitcast=True).to(tl.float64)
-    at_least = above + tl.associative_scan(h, 0, SUM, reverse=True)  # #(bits >= lower edge of bin b)
-    above_of = at_least - h  # #(bits >= upper edge of bin b)
     # the bin holding v, the (k+1)-th magnitude, and v itself (the j-th largest in it);
     # fewer than k + 1 entries at or above the cut 1 (the smallest positive float): v = 0
     zero = (total <= k) & (a_bits <= 1)
-    bstar = tl.reduce(tl.where(at_least >= k + 1, ar, 0), 0, MAX)
-    j = k + 1 - _pick(above_of, ar, bstar)
-    size, vals, lo, tied = _bin(bucket_ptr, bmin_ptr, bmax_ptr, h, ar, bstar, CAP_B)
+    bstar, b_cap, counted = _walk_bins(ctrl_ptr, above, k, W, FB)
+    j = k + 1 - _above_bin(ctrl_ptr, above, bstar, W, FB)
+    size, vals, lo, tied = _bin(ctrl_ptr, bucket_ptr, bstar, W, CAP_B)
     v_bits = tl.reduce(kth_bits(vals[:, None], j + tl.zeros((1,), dtype=tl.int32)), 0, SUM)
     v_bits = tl.where(zero, 0, tl.where(size <= CAP_B, v_bits, tl.where(tied, lo, -1)))
     lower, upper, search_lo = band_replay(mean, vmax, v_bits.to(tl.float32, bitcast=True).to(tl.float64),
                                           iters, inv_steps, steps)
     lower_bits = lower.to(tl.float32).to(tl.int32, bitcast=True)
     upper_bits = tl.where(upper == float("inf"), INF_BITS, upper.to(tl.float32).to(tl.int32, bitcast=True))
-    count_upper = _count_ge(upper_bits, a_bits, b_bits, sh, above_of, bucket_ptr, bmin_ptr, bmax_ptr, h, ar, CAP_B)
-    count_lower = _count_ge(lower_bits, a_bits, b_bits, sh, above_of, bucket_ptr, bmin_ptr, bmax_ptr, h, ar, CAP_B)
+    count_upper = _count_ge(upper_bits, a_bits, b_bits, sh, above, ctrl_ptr, bucket_ptr, W, FB, CAP_B)
+    count_lower = _count_ge(lower_bits, a_bits, b_bits, sh, above, ctrl_ptr, bucket_ptr, W, FB, CAP_B)
     # v = 0: lower is 0 and the band is every entry below upper (NOTE [zero cut] in mstopk_torch)
     n_band = tl.where(zero, n - count_upper, count_lower - count_upper)
     unknown = (count_upper < 0) | (~zero & ((v_bits < 0) | (lower_bits < a_bits) | (count_lower < 0)))
@@ -130,13 +151,12 @@ def finalize(ctrl_ptr, bucket_ptr, psum_ptr, summary_ptr, n, k, cap, iters, inv_
     low = (total <= k) & ~zero
     high = (total > k) & (above > k)
     over = (total > k) & (above <= k) & (total > cap)
-    b_cap = tl.reduce(tl.where(at_least >= (7 * (k + 1)) // 5, ar, 0), 0, MAX)
     retry_a = tl.where(high, b_bits, a_bits + (b_cap << sh))
     retry_a = tl.where(zero, 1, tl.where(low, tl.where(deep < a_bits, deep, 1), retry_a))
     retry_b = tl.where(zero | high, gmax + 1, tl.where(low, a_bits, b_bits))
     status = tl.where(zero & (count_upper < 0), 4, status)
     status = tl.where(low, 1, tl.where(high, 2, tl.where(over, 3, status)))
-    status = tl.where(total != above + tl.reduce(h, 0, SUM), 6, status)
+    status = tl.where(total != counted, 6, status)
     tl.store(summary_ptr + 0, status.to(tl.float64))  # in the order of SUMMARY
     tl.store(summary_ptr + 1, mean)
     tl.store(summary_ptr + 2, vmax)

@@ -38,7 +38,10 @@ def ctrl_layout(bins: int, writers: int) -> dict:
                 len=counters + N_COUNTERS + 2 * writers)
 
 
-@triton.jit
+# Integer arguments are not specialized: Triton turns one equal to 1 into a constant (no
+# ``.to()``, a new compile per value pattern); ``STRIDED`` says whether x's stride is not 1.
+@triton.jit(do_not_specialize=["n", "stride", "step", "s_g", "ctrl_len", "bmin_lo", "bmin_hi", "q_a", "q_b",
+                               "q_deep"])
 def sample_kernel(x_ptr, n, stride, step, s_g, out_ptr, ctrl_ptr, ctrl_len, bmin_lo, bmin_hi, q_a, q_b, q_deep,
                   S: tl.constexpr, ZB: tl.constexpr):
     g = tl.program_id(0)
@@ -76,28 +79,33 @@ def _thresholds(sample_ptr, G, explicit_a, explicit_b, b_from_max, W: tl.constex
     a = tl.maximum(tl.where(explicit_a >= 0, explicit_a, a), 1)  # 1: the smallest positive float
     b = tl.maximum(tl.where(explicit_b >= 0, explicit_b, b), a + 1)
     span = b - 1 - a
-    sh = 0
+    sh = span * 0
     for _ in range(31):
         sh += ((span >> sh) >= W).to(tl.int32)
     return a, b, sh, tl.maximum(deep, 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "stride", "tiles", "per_prog", "G", "explicit_a", "explicit_b", "b_from_max",
+                               "cap", "k", "iters", "steps"])
 def filter_kernel(x_ptr, n, stride, tiles, per_prog, sample_ptr, G, explicit_a, explicit_b, b_from_max,
                   ctrl_ptr, bucket_ptr, psum_ptr, tile_cnt_ptr, tile_base_ptr, cand_idx_ptr, cand_val_ptr, cap,
-                  summary_ptr, k, iters, inv_steps, steps,
-                  TILE: tl.constexpr, W: tl.constexpr, CAP_B: tl.constexpr, GB: tl.constexpr, PB: tl.constexpr):
+                  summary_ptr, k, iters, inv_steps, steps, STRIDED: tl.constexpr, TILE: tl.constexpr,
+                  W: tl.constexpr, FB: tl.constexpr, CAP_B: tl.constexpr, GB: tl.constexpr, PB: tl.constexpr):
     pid = tl.program_id(0)
     a_bits, b_bits, sh, deep = _thresholds(sample_ptr, G, explicit_a, explicit_b, b_from_max, W, GB)
     hist, bmin, bmax = ctrl_ptr, ctrl_ptr + W, ctrl_ptr + 2 * W
     counters = ctrl_ptr + 3 * W
     acc = tl.zeros((TILE,), dtype=tl.float64)
     mx = tl.zeros((TILE,), dtype=tl.int32)
-    above = 0
+    above = pid * 0
     for t in range(pid * per_prog, tl.minimum(pid * per_prog + per_prog, tiles)):
-        offs = t * TILE + tl.arange(0, TILE)
+        offs = t * TILE + tl.arange(0, TILE)  # n < 2**30: int32 indices
         inside = offs < n
-        v = tl.load(x_ptr + offs * stride, mask=inside, other=0.0).to(tl.float32)
+        if STRIDED:  # 64-bit offsets: offs * stride may pass 2**31 (jit helpers cost the interpreter ~3 ms a call)
+            ptrs = x_ptr + offs.to(tl.int64) * stride
+        else:
+            ptrs = x_ptr + offs
+        v = tl.load(ptrs, mask=inside, other=0.0).to(tl.float32)
         bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
         acc += tl.abs(v).to(tl.float64)
         mx = tl.maximum(mx, bits)
@@ -126,14 +134,14 @@ def filter_kernel(x_ptr, n, stride, tiles, per_prog, sample_ptr, G, explicit_a, 
     tl.debug_barrier()  # every thread's atomics are issued before the ticket is taken
     if tl.atomic_add(counters + TICKET, 1) == tl.num_programs(0) - 1:  # the last program
         finalize(ctrl_ptr, bucket_ptr, psum_ptr, summary_ptr, n, k, cap, iters, inv_steps, steps,
-                 a_bits, b_bits, sh, deep, tl.num_programs(0), W, CAP_B, PB)
+                 a_bits, b_bits, sh, deep, tl.num_programs(0), W, FB, CAP_B, PB)
 
 
 @triton.jit
 def _lookback(status_ptr, pid):
     """The packed (band, kept) counts of the programs before ``pid`` (decoupled look-back:
     sum the predecessors' aggregates back to the first inclusive prefix)."""
-    excl = tl.zeros((), dtype=tl.int64)
+    excl = (pid * 0).to(tl.int64)
     q = pid - 1
     while q >= 0:
         s = tl.load(status_ptr + q, volatile=True)
@@ -144,18 +152,20 @@ def _lookback(status_ptr, pid):
     return excl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "stride", "tiles", "per_prog", "lower_bits", "upper_bits", "n_upper", "need",
+                               "offset_value"])
 def write_kernel(x_ptr, n, stride, tile_cnt_ptr, tile_base_ptr, cand_idx_ptr, cand_val_ptr, tiles, per_prog,
                  status_ptr, lower_bits, upper_bits, n_upper, need, offset_ptr, offset_value, out_idx_ptr,
-                 out_val_ptr, OFFSET_ON_DEVICE: tl.constexpr, TILE: tl.constexpr, CB: tl.constexpr):
+                 out_val_ptr, OFFSET_ON_DEVICE: tl.constexpr, STRIDED: tl.constexpr, TILE: tl.constexpr,
+                 CB: tl.constexpr):
     pid = tl.program_id(0)
     t0 = pid * per_prog
     t1 = tl.minimum(t0 + per_prog, tiles)
     # v = 0 (lower is 0): the band is every entry below upper, zeros included, and its
     # window is taken from x itself below; no candidate is ranked in it
     ranked_from = tl.where(lower_bits == 0, 0x7F800001, lower_bits)
-    kept = tl.zeros((), dtype=tl.int64)
-    band = tl.zeros((), dtype=tl.int64)
+    kept = (pid * 0).to(tl.int64)
+    band = (pid * 0).to(tl.int64)
     for t in range(t0, t1):  # pass 1: how many this program keeps and has in the band
         count = tl.load(tile_cnt_ptr + t)
         base = tl.load(tile_base_ptr + t)
@@ -199,7 +209,11 @@ def write_kernel(x_ptr, n, stride, tile_cnt_ptr, tile_base_ptr, cand_idx_ptr, ca
         last = first + tl.minimum(TILE, n - t * TILE) - (kept - (t * TILE - first))  # one past the tile's band
         if (lower_bits == 0) & (last > offset) & (first < offset + need):  # the window meets the tile: read it
             offs = t * TILE + tl.arange(0, TILE)
-            xv = tl.load(x_ptr + offs * stride, mask=offs < n, other=0.0)
+            if STRIDED:
+                ptrs = x_ptr + offs.to(tl.int64) * stride
+            else:
+                ptrs = x_ptr + offs
+            xv = tl.load(ptrs, mask=offs < n, other=0.0)
             below = (offs < n) & ((xv.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF) < upper_bits)
             rank = first + tl.associative_scan(below.to(tl.int64), 0, SUM) - 1 - offset
             win = below & (rank >= 0) & (rank < need)

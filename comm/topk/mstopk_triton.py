@@ -201,9 +201,9 @@ def _count(x: torch.Tensor, p: SimpleNamespace, t: SimpleNamespace, iters: int, 
             ctrl["bmax"], p.q_a, p.q_b, p.q_deep, S=triton.next_power_of_2(p.s_g), ZB=1024, num_warps=16)
     _launch(filter_kernel, (p.filter_progs,), x, p.n, x.stride(0), p.tiles, p.filter_per, t.sample, p.g, cut_a, cut_b,
             p.b_from_max, t.ctrl, t.bucket, t.psum, t.tile_cnt, t.tile_base, t.cand_idx, t.cand_val, p.cap,
-            t.summary, p.k, iters, 2.0**-iters, 2**iters, TILE=TILE, W=p.bins, CAP_B=p.cap_b,
-            GB=triton.next_power_of_2(p.g), PB=triton.next_power_of_2(p.filter_progs), num_warps=8,
-            enable_fp_fusion=False)
+            t.summary, p.k, iters, 2.0**-iters, 2**iters, STRIDED=x.stride(0) != 1, TILE=TILE, W=p.bins,
+            FB=min(p.bins, 1024), CAP_B=p.cap_b, GB=triton.next_power_of_2(p.g),
+            PB=triton.next_power_of_2(p.filter_progs), num_warps=8, enable_fp_fusion=False)
     return read_summary(t.summary)
 
 
@@ -251,7 +251,7 @@ def mstopk_gpu(x: torch.Tensor, k: int, iters: int,
         _launch(write_kernel, (p.write_progs,), x, p.n, x.stride(0), t.tile_cnt, t.tile_base, t.cand_idx,
                 t.cand_val, p.tiles, p.write_per, t.lookback, s.lower_bits, s.upper_bits, s.n_upper, need,
                 offset if on_device else t.summary, 0 if on_device else offset, t.out_idx, t.out_val,
-                OFFSET_ON_DEVICE=on_device, TILE=TILE, CB=CHUNK, num_warps=4)
+                OFFSET_ON_DEVICE=on_device, STRIDED=x.stride(0) != 1, TILE=TILE, CB=CHUNK, num_warps=4)
     except _KernelError as e:  # the offset is drawn: the torch path draws again (a valid, other window)
         return _fallback(x, k, iters, generator, f"a kernel failed ({e})")
     band = MSTopKBand(lower=s.lower, upper=s.upper if math.isfinite(s.upper) else math.inf, search_lo=s.search_lo,
