@@ -5,11 +5,12 @@ max of ``|x|``, the (k+1)-th largest magnitude ``v`` and the entries near it (NO
 [MSTopK thresholds from the (k+1)-th magnitude]). The kernels (``mstopk_kernels.py``)
 find those while reading ``x`` once:
 
-1. ``sample_kernel`` (64 programs, a strided sample of at most 256K entries): each
-   program's q-th largest magnitudes for three target counts (~1.4 (k+1), ~0.65 (k+1)
-   and 8x the first) and its maximum; it also zeroes the control block. The medians over
-   the programs estimate the cut ``t_a`` (about 1.4 (k+1) entries above it) and ``t_b``
-   (about 0.65 (k+1)), so ``v`` lies in ``[t_a, t_b)`` (a 4-sigma margin either way).
+1. ``sample_kernel`` (at most 32 programs; a strided sample of at most 256K entries and
+   1/16 of ``x``): each program's q-th largest magnitudes for three target counts (~1.4
+   (k+1), ~0.65 (k+1) and 8x the first) and its maximum; it also zeroes the control
+   block. The medians over the programs estimate the cut ``t_a`` (about 1.4 (k+1)
+   entries above it) and ``t_b`` (about 0.65 (k+1)), so ``v`` lies in ``[t_a, t_b)`` with
+   a 4-sigma margin either way (wider when the sample holds few entries above ``v``).
 2. ``filter_kernel`` reads ``x`` once, tile by tile: per-program sums (float64) and the
    maximum of ``|x|``; every entry ``>= t_a`` appended to the candidates (one atomic per
    tile reserves the tile's place; a tile's entries stay in index order, and each tile
@@ -27,13 +28,25 @@ find those while reading ``x`` once:
    look-back over its programs (each publishes its counts; each sums its predecessors'
    back to the first complete prefix). So the indices are the torch path's, in its order.
 
-When the sample misleads (``v`` below ``t_a`` or at or above ``t_b``, or more candidates
-than the buffer holds) the summary says so and names a corrected cut from what was
-counted; steps 1-3 run once more (a second read of ``x``, a second sync). When the band
-is not inside the counted bins (a bucket overflowed with distinct values, the band
-reaches below ``t_a``: tiny ``iters``, huge tails), ``v`` is 0 (at most k nonzero
-entries) or ``x`` has 2**30 entries or more, the call hands over to the torch path,
-which selects the same indices (``HANDOVERS`` counts it).
+When ``v`` is 0 (at most k nonzero entries) the band is every entry below the upper
+threshold, zeros included (NOTE [zero cut] in ``mstopk_torch.py``): the write kernel
+takes that window from ``x`` itself, reading only the tiles it meets. When the sample
+misleads (``v`` below ``t_a`` or at or above ``t_b``, more candidates than the buffer
+holds, or ``v = 0`` with the upper threshold outside the bins) the summary says so and
+names a corrected cut from what was counted; steps 1-2 run once more (a second read of
+``x``, a second sync). When the band is not inside the counted bins (a bucket overflowed
+with distinct values, the band reaches below ``t_a``: ``iters`` below ~10, huge tails)
+or ``x`` has 2**30 entries or more, the call hands over to the torch path, which selects
+the same indices (``HANDOVERS`` counts it).
+
+Why this design: the first kernel (three passes, 2048-bin histograms of all of ``x``)
+spent ~0.6 ms per histogram pass at 16M on an H200 where a read took 31 us, and 70
+launches per call; radix levels with fewer bins (block-private 8-bit histograms) still
+need a pass of ``x`` per level. A sampled cut needs one pass, and the exact (k+1)-th
+magnitude then only needs the few entries near it, which the same pass collects in the
+window's bins; a separate top-k over the candidates (``torch.topk`` on ~1.4 k entries,
+then a sort by index) would cost more launches than this whole call, and the look-back
+write gives the index order without a sort.
 
 NOTE [MSTopK GPU cost model] (per call, ``d`` entries of ``b`` bytes, ``M`` ~ 1.4 k
 candidates): bytes read from HBM ``d b`` (the filter pass) + the sample (at most 256K
@@ -42,11 +55,12 @@ candidates twice); written: ``M * 8`` candidates, ``k (8 + b)`` output, a few Mi
 buckets and tile records. Launches: 1 allocation (no kernel), 3 Triton kernels, 1
 device-to-host copy of the summary, 1 draw of the offset (a CPU op for a CPU generator)
 = 6. Host syncs: 1. So at 16M float32 entries the floor is one read pass (~25-30 us on
-an H100/H200, where ``torch.topk`` takes ~400 us), plus a sample kernel (~5-10 us: 31
-bisection steps in registers), the finalize tail of one program (a few us), the sync
-round trip and the relaunch after it (~20-30 us of host latency). The kernels choose
-nothing by timing: ``auto`` picks them only where a recorded measurement says they beat
-``torch.topk`` (NOTE [MSTopK kernel choice] in ``mstopk.py``).
+an H100/H200, where ``torch.topk`` takes ~400 us), plus a sample kernel (~5-10 us: 16
+bisection steps over registers), the finalize tail of one program (a few us), the sync
+round trip and the relaunch after it (~20-30 us of host latency): about 60-80 us, 5-7x
+under ``torch.topk``; at 128M the pass dominates (~200-250 us against ~2.8 ms). The
+kernels choose nothing by timing: ``auto`` picks them only where a recorded measurement
+says they beat ``torch.topk`` (NOTE [MSTopK kernel choice] in ``kernel_choice.py``).
 
 NOTE [MSTopK kernel fallback]: the kernels must never end a training run. A compile or
 launch error (``_launch``) and counts that contradict each other (status ``bad``: a
@@ -150,7 +164,7 @@ def _plan(x: torch.Tensor, k: int) -> SimpleNamespace:
     p.filter_progs, p.filter_per = _programs(p.tiles, FILTER_PROGRAMS, 4, x.device)
     p.write_progs, p.write_per = _programs(p.tiles, WRITE_PROGRAMS, 2, x.device)
     # ~0.75 (k + 1) entries in the window, over half the bins or more: a bucket holds about 3x
-    # a bin's mean, and 32. At most 4096 bins: finalize holds them in one program's registers.
+    # a bin's mean, and 32. At most 4096 bins: one program walks them (finalize).
     p.bins = triton.next_power_of_2(min(max(256, (k + 1) // 4), 4096))
     p.cap_b = triton.next_power_of_2(int(3 * 1.5 * (k + 1) / p.bins) + 32)
     p.cap = min(n, 2 * (k + 1) + 4096)
