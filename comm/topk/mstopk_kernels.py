@@ -97,7 +97,7 @@ def filter_kernel(x_ptr, n, stride, tiles, per_prog, sample_ptr, G, explicit_a, 
     counters = ctrl_ptr + 3 * W
     acc = tl.zeros((TILE,), dtype=tl.float64)
     mx = tl.zeros((TILE,), dtype=tl.int32)
-    above = pid * 0
+    above = tl.zeros((TILE,), dtype=tl.int32)  # per lane: a block reduction per tile costs barriers
     for t in range(pid * per_prog, tl.minimum(pid * per_prog + per_prog, tiles)):
         offs = t * TILE + tl.arange(0, TILE)  # n < 2**30: int32 indices
         inside = offs < n
@@ -121,7 +121,7 @@ def filter_kernel(x_ptr, n, stride, tiles, per_prog, sample_ptr, G, explicit_a, 
         tl.store(cand_val_ptr + pos, v, mask=ok)
         tl.store(tile_cnt_ptr + t, count)
         tl.store(tile_base_ptr + t, base)
-        above += tl.reduce((cand & (bits >= b_bits)).to(tl.int32), 0, SUM)
+        above += (cand & (bits >= b_bits)).to(tl.int32)
         win = cand & (bits < b_bits)
         b = tl.where(win, (bits - a_bits) >> sh, 0)
         slot = tl.atomic_add(hist + b, 1, mask=win)
@@ -129,7 +129,7 @@ def filter_kernel(x_ptr, n, stride, tiles, per_prog, sample_ptr, G, explicit_a, 
         tl.atomic_min(bmin + b, bits, mask=win)
         tl.atomic_max(bmax + b, bits, mask=win)
     tl.atomic_xchg(psum_ptr + pid, tl.reduce(acc, 0, SUM).to(tl.int64, bitcast=True))
-    tl.atomic_add(counters + ABOVE, above)
+    tl.atomic_add(counters + ABOVE, tl.reduce(above, 0, SUM))
     tl.atomic_max(counters + GMAX, tl.reduce(mx, 0, MAX))
     tl.debug_barrier()  # every thread's atomics are issued before the ticket is taken
     if tl.atomic_add(counters + TICKET, 1) == tl.num_programs(0) - 1:  # the last program
