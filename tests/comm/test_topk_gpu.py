@@ -121,6 +121,7 @@ def test_kernel_with_the_gpu_block_sizes(kernels, monkeypatch):
         _same_as_torch(x, k)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy, in the interpreter, on Inf
 def test_kernel_edge_cases():
     zeros = torch.zeros(100_000, device=DEVICE)
     assert mstopk(zeros, 100, kernel="gpu")[1].unique().numel() == 100
@@ -145,6 +146,13 @@ def test_kernel_edge_cases():
             mstopk(y, 10, kernel="gpu")
     with pytest.raises(ValueError, match="float16/bfloat16/float32"):
         mstopk(x.double(), 10, kernel="gpu")
+    # bad input as on every path: k < 0 and integer tensors refused, an empty x gives nothing
+    with pytest.raises(ValueError, match="k must be >= 0"):
+        mstopk(x, -1, kernel="gpu")
+    with pytest.raises(ValueError, match="floating-point"):
+        mstopk(x.int(), 10, kernel="gpu")
+    values, indices = mstopk(x[:0], 10, kernel="gpu")
+    assert values.numel() == indices.numel() == 0
 
 
 @pytest.mark.parametrize("iters", [0, 2, 30])
