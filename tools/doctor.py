@@ -8,10 +8,11 @@ before the checks run).
 
 ``--gpu`` is the one command for the day a GPU is there: after the checks it runs the
 feed comparison (``tools.doctor_feed``: synthetic vs the cached loader's float32 vs uint8
-normalised on the GPU, and DALI, on ResNet-50 bf16), the GPU tests (``pytest -m "gpu or
-triton"``), ``bench topk --device cuda`` and ``bench loader`` one after the other
-(each may fail without stopping the others), all within ``--time-budget`` seconds, and
-writes everything to one JSON file. Without a CUDA device it says so and exits 3; it
+normalised on the GPU, and DALI, on ResNet-50 bf16), ``bench topk --device cuda`` (whose
+timings refresh the table ``mstopk``'s ``kernel="auto"`` consults: NOTE [MSTopK kernel
+choice]), the GPU tests (``pytest -m "gpu or triton"``) and ``bench loader`` one after the
+other (each may fail without stopping the others), all within ``--time-budget`` seconds,
+and writes everything to one JSON file. Without a CUDA device it says so and exits 3; it
 exits 1 when a step failed or was left out for lack of time.
 """
 from __future__ import annotations
@@ -127,8 +128,8 @@ def _triton(has_cuda: bool) -> dict:
     except Exception as e:
         return _check("triton", None, f"installed but does not import: {type(e).__name__}: {e}; mstopk uses torch",
                       "reinstall the triton that matches torch (pip install 'cachepipe[gpu]')")
-    where = ("mstopk kernel='gpu' runs on CUDA (not the default: NOTE [MSTopK kernel choice])" if has_cuda
-             else "no CUDA: kernel tests run in its interpreter")
+    where = ("mstopk kernel='gpu' runs on CUDA; 'auto' picks it where a measurement on this GPU says it is "
+             "faster (doctor --gpu records one)" if has_cuda else "no CUDA: kernel tests run in its interpreter")
     return _check("triton", True, f"triton {triton.__version__}; {where}")
 
 
@@ -182,6 +183,7 @@ def _gpu_steps(tmp: Path, timeout: float, budget: float) -> list[dict]:
         return _run_step(name, argv, json_path, min(limit, left))
 
     steps = [feed_step(run, tmp, timeout)]  # first: the product's main job (NOTE [feed proxy])
+    steps += _topk_steps(run, tmp, timeout)  # then the kernel's timings, which `auto` reads
     tests = REPO / "tests"
     if tests.is_dir():
         steps.append(run("gpu tests", [py, "-m", "pytest", "-q", "-m", "gpu or triton", str(tests)], None, timeout))
@@ -189,13 +191,63 @@ def _gpu_steps(tmp: Path, timeout: float, budget: float) -> list[dict]:
         steps.append(dict(step="gpu tests", returncode=None, output_tail=f"no tests at {tests} (installed "
                                                                          "without the source tree)"))
     bench = [py, "-m", "tools", "bench"]
-    steps.append(run("bench topk", bench + ["topk", "--device", "cuda", "--json", str(tmp / "topk.json")],
-                     tmp / "topk.json", timeout))
     loaders = "plain,cached,dali" if _dali()["status"] == "ok" else "plain,cached"
     steps.append(run("bench loader", bench + [
         "loader", str(tmp / "data"), "--cache-dir", str(tmp / "cache"), "--make-dataset", "40", "--loaders", loaders,
         "--dali-device", "gpu", "--json", str(tmp / "loader.json")], tmp / "loader.json", timeout))
     return steps
+
+
+# NOTE [MSTopK kernel choice] (comm/topk/kernel_choice.py): the sizes and densities the
+# exchange sees, Gaussian and heavy tails; about a minute on an H100 (the kernels compile once).
+TOPK_SECONDS = 240.0
+TOPK_ARGS = ["--sizes", "16M,64M,128M", "--density", "0.001,0.01", "--dist", "gaussian,student_t3,cauchy",
+             "--impls", "exact,mstopk:torch,mstopk:gpu", "--repeats", "5"]
+
+
+def _topk_steps(run, tmp: Path, timeout: float) -> list[dict]:
+    """``bench topk --device cuda``, then its timings as this GPU's entry of the table
+    ``kernel="auto"`` reads (``comm/topk/kernel_timings.json``)."""
+    import torch
+
+    from comm.topk.kernel_choice import KERNEL_VERSION, TABLE, timings_entry
+    from trainer.atomic_file import write_atomic
+
+    out = tmp / "topk.json"
+    bench = run("bench topk", [sys.executable, "-m", "tools", "bench", "topk", "--device", "cuda", *TOPK_ARGS,
+                               "--json", str(out)], out, min(timeout, TOPK_SECONDS))
+    step = dict(step="topk table", returncode=1, argv=[], seconds=0.0, output_tail="")
+    if bench["returncode"] != 0 or not bench.get("rows"):
+        step["output_tail"] = "bench topk failed: the table is left as it was"
+        return [bench, step]
+    name = torch.cuda.get_device_name(0)
+    note = (f"{time.strftime('%Y-%m-%d', time.gmtime())}, torch {torch.__version__}, "
+            f"triton {_version('triton')}: cachepipe doctor --gpu")
+    entry = timings_entry(bench["rows"], note)
+    try:
+        table = json.loads(TABLE.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if table.get("kernel_version") != KERNEL_VERSION:
+        table = {"kernel_version": KERNEL_VERSION, "devices": {}}
+    table.setdefault("devices", {})[name] = entry
+    try:
+        write_atomic(TABLE, json.dumps(table, indent=1) + "\n")
+    except OSError as e:
+        step["output_tail"] = f"cannot write {TABLE}: {e}"
+        return [bench, step]
+    faster = [r for r in entry["ratios"] if r[2] < 1.0]
+    step.update(returncode=0, output_tail=f"wrote {TABLE}: {name}: kernel faster than torch.topk at "
+                                          f"{len(faster)} of {len(entry['ratios'])} (size, density) points")
+    print(f"doctor --gpu: topk table: {step['output_tail']}", flush=True)
+    return [bench, step]
+
+
+def _version(module: str) -> str:
+    try:
+        return importlib.import_module(module).__version__
+    except Exception:  # absent or broken: the note says so
+        return "?"
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,21 +10,14 @@ implementations, chosen by ``kernel``, return the same indices for the same gene
   pass, then replays the N bisection steps on scalars (NOTE [MSTopK torch path]).
 - ``"bisect"``: the literal N counting passes in device tensors, no host sync in the
   loop; the reference the others are tested against.
-- ``"gpu"``: fused Triton kernels, three passes over ``x`` and two host syncs (NOTE
-  [MSTopK GPU kernel]); CUDA tensors, or CPU tensors when ``TRITON_INTERPRET=1`` runs the
-  kernels in Triton's interpreter (NOTE [Triton interpreter]). A kernel that fails to
-  compile or launch falls back to ``"torch"`` with one warning per process (NOTE
-  [MSTopK kernel fallback]).
-- ``"auto"``: ``"torch"`` everywhere (NOTE [MSTopK kernel choice]).
-
-NOTE [MSTopK kernel choice]: the first run on a GPU (H200, triton 3.6, 2026-11-26,
-docs/BENCHMARKS.md) measured the fused kernel 1.7-4.7x *slower* than the torch path on
-the same CUDA tensors at every size from 256K to 128M (16M, k = 0.1 %: 2.6 ms against
-1.0 ms; ``torch.topk``: 0.4 ms). Its two histogram passes take about 0.5-0.6 ms each at
-16M where a read pass takes 31 us (a gradient's magnitudes fill a few dozen of the 2048
-bins; ``torch.bincount`` of the same keys takes as long). Until the histograms get cheaper,
-``"auto"`` never picks the kernel; ``kernel="gpu"`` still runs it (tested on CUDA and in
-the interpreter).
+- ``"gpu"``: Triton kernels, one read of ``x``, three kernels and one host sync (NOTE
+  [MSTopK GPU kernel] in ``mstopk_triton.py``); CUDA tensors, or CPU tensors when
+  ``TRITON_INTERPRET=1`` runs the kernels in Triton's interpreter (NOTE [Triton
+  interpreter]). A kernel that fails to compile or launch falls back to ``"torch"`` with
+  one warning per process (NOTE [MSTopK kernel fallback]).
+- ``"auto"``: ``"torch"`` on CPU; on CUDA ``"gpu"`` where a recorded measurement on that
+  device class says it beats ``torch.topk``, else ``"torch"`` (NOTE [MSTopK kernel choice]
+  in ``kernel_choice.py``).
 
 See NOTE [MSTopK thresholds from the (k+1)-th magnitude] and NOTE [MSTopK fill rule] in
 ``comm/topk/mstopk_band.py`` for why the implementations agree and how the fill differs
@@ -41,6 +34,7 @@ from typing import NamedTuple
 import torch
 
 from comm.topk.checks import check_args, take_all, take_none
+from comm.topk.kernel_choice import kernel_beats_topk
 from comm.topk.mstopk_band import MAX_ITERS, MSTopKBand
 from comm.topk.mstopk_bisect import mstopk_bisect
 from comm.topk.mstopk_torch import mstopk_torch
@@ -64,7 +58,7 @@ def _gpu(*args):
     return _gpu_impl()(*args)
 
 
-# name -> fn(x, k, iters, generator) -> (indices, band); "auto" is resolved first.
+# name -> fn(x, k, iters, generator) -> (values, indices, band); "auto" is resolved first.
 KERNELS = {"torch": mstopk_torch, "bisect": mstopk_bisect, "gpu": _gpu}
 
 
@@ -87,15 +81,20 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 
 
-def resolve_kernel(kernel: str, x: torch.Tensor) -> str:
-    """The implementation ``kernel`` means for ``x`` (``"auto"`` resolved).
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def resolve_kernel(kernel: str, x: torch.Tensor, k: int) -> str:
+    """The implementation ``kernel`` means for selecting ``k`` of ``x`` (``"auto"`` resolved).
 
     Raises:
         ValueError: for an unknown name (the message lists the valid ones), or ``"gpu"``
             for a tensor or machine the kernel cannot serve.
     """
-    if kernel == "auto":
-        return "torch"  # NOTE [MSTopK kernel choice]
+    if kernel == "auto":  # NOTE [MSTopK kernel choice]
+        fast = (x.is_cuda and x.dtype in _KERNEL_DTYPES and 0 < k < x.numel() and gpu_kernel_available()
+                and kernel_beats_topk(x.device, x.numel(), k))
+        return "gpu" if fast else "torch"
     if kernel not in KERNELS:
         raise ValueError(f"unknown mstopk kernel {kernel!r}; valid: {['auto'] + sorted(KERNELS)}")
     if kernel == "gpu" and not (gpu_kernel_available() if x.is_cuda else
@@ -120,13 +119,12 @@ def mstopk_select(x: torch.Tensor, k: int, *, iters: int = 30, generator: torch.
     x = x.detach()  # selection is not differentiable; values come back detached
     if not 0 <= int(iters) <= MAX_ITERS:
         raise ValueError(f"iters must be in [0, {MAX_ITERS}], got {iters}")
-    name = resolve_kernel(kernel, x)
+    name = resolve_kernel(kernel, x, k)
     if k == 0:
         return MSTopKResult(*take_none(x), None)
     if k == x.numel():
         return MSTopKResult(*take_all(x), None)
-    indices, band = KERNELS[name](x, k, int(iters), generator)
-    return MSTopKResult(x[indices], indices, band)
+    return MSTopKResult(*KERNELS[name](x, k, int(iters), generator))
 
 
 def mstopk(x: torch.Tensor, k: int, *, iters: int = 30, generator: torch.Generator | None = None,

@@ -111,8 +111,7 @@ def smallest_positive(dtype: torch.dtype) -> float:
 
 
 def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band: MSTopKBand, k: int,
-                           n: int, generator: torch.Generator | None,
-                           counts: tuple[int, int] | None = None) -> tuple[torch.Tensor, MSTopKBand]:
+                           n: int, generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
     """Keep every candidate ``>= upper`` and fill from the band with a random window.
 
     Args:
@@ -123,16 +122,11 @@ def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band:
         k: how many to select (``#{|x| >= lower} >= k`` must hold).
         n: ``x.numel()``.
         generator: draws the window offset (``None``: torch's default CPU generator).
-        counts: ``(n_upper, n_band)`` already on the host (``#{cand_val >= upper}``, and
-            ``#{lower <= cand_val < upper}`` or ``n - n_upper`` when ``lower == 0``): then
-            nothing here waits for the device (NOTE [selection without syncs]).
 
     Returns:
         ``(indices, band)``: ``k`` indices (the kept ones, then the window, each ascending)
         and the band with ``n_upper`` / ``n_band`` filled in.
     """
-    if counts is not None:
-        return _select_counted(cand_idx, cand_val, band, k, counts, generator)
     upper = torch.tensor(band.upper, dtype=cand_val.dtype, device=cand_val.device)
     above = cand_val >= upper
     kept = cand_idx[above]
@@ -145,8 +139,7 @@ def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band:
     if need < 0 or n_band < need:
         raise RuntimeError(f"MSTopK band inconsistent: {kept.numel()} above, {n_band} in band, k={k}")
     # Paper line 27: rand = random(0, len(band) - (k - k1) + 1), an integer in [0, len - need].
-    device = generator.device if generator is not None else torch.device("cpu")
-    offset = int(torch.randint(0, n_band - need + 1, (1,), generator=generator, device=device))
+    offset = int(draw_offset(n_band - need + 1, generator))
     if band_idx is not None:
         window = band_idx[offset:offset + need]
     else:
@@ -160,45 +153,11 @@ def select_from_candidates(cand_idx: torch.Tensor, cand_val: torch.Tensor, band:
 
 
 def draw_offset(high: int, generator: torch.Generator | None) -> int | torch.Tensor:
-    """The fill window's offset, uniform in ``[0, high)`` as in ``select_from_candidates``:
-    a host int from a CPU generator (or ``None``), a 1-element tensor on a CUDA
-    generator's device (no host sync either way).
+    """The fill window's offset, uniform in ``[0, high)`` (paper line 27): a host int from a
+    CPU generator (or ``None``: torch's default one), a 1-element tensor on a CUDA
+    generator's device (no host sync). Every implementation draws it here, once per call,
+    so the same generator gives the same window.
     """
     device = generator.device if generator is not None else torch.device("cpu")
     offset = torch.randint(0, high, (1,), generator=generator, device=device)
-    return int(offset) if device.type == "cpu" else offset
-
-
-def _select_counted(cand_idx: torch.Tensor, cand_val: torch.Tensor, band: MSTopKBand, k: int,
-                    counts: tuple[int, int], generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
-    # NOTE [selection without syncs]: the GPU kernel path reads the counts together with
-    # its other results (one host sync), then must not wait again. Boolean indexing sizes
-    # its output on the host, so the kept entries and the window are scattered instead:
-    # kept ones to [0, n_upper), the window to [n_upper, k), everything else to a spare
-    # slot k. On CPU that costs more than the masks above (docs/BENCHMARKS.md, "Measurements
-    # behind design decisions"), which is why the torch and bisect paths keep the masks.
-    n_upper, n_band = counts
-    need = k - n_upper
-    if need < 0 or n_band < need:
-        raise RuntimeError(f"MSTopK band inconsistent: {n_upper} above, {n_band} in band, k={k}")
-    offset = draw_offset(n_band - need + 1, generator)
-    dev = cand_idx.device
-    # The thresholds are exact in cand_val's dtype, so Python scalars compare exactly
-    # (and, unlike a tensor made on the host, need no copy to the device).
-    above = cand_val >= band.upper
-    out = torch.empty(k + 1, dtype=torch.int64, device=dev)
-    pos = torch.where(above, torch.cumsum(above, 0) - 1, k)
-    if band.lower > 0:
-        in_band = (cand_val >= band.lower) & ~above
-        rank = torch.cumsum(in_band, 0) - 1 - offset
-        pos = torch.where(in_band & (rank >= 0) & (rank < need), n_upper + rank, pos)
-        out.scatter_(0, pos, cand_idx)
-    else:
-        # The band is every entry not kept: as above, r + #{j : K[j] - j <= r}.
-        out.scatter_(0, pos, cand_idx)
-        kept = out[:n_upper]
-        r = offset + torch.arange(need, device=dev)
-        gaps = kept - torch.arange(n_upper, device=dev)
-        out[n_upper:k] = r + torch.searchsorted(gaps, r, right=True)
-    return out[:k], MSTopKBand(band.lower, band.upper, band.search_lo, band.search_hi,
-                               n_upper=n_upper, n_band=n_band)
+    return offset.tolist()[0] if device.type == "cpu" else offset

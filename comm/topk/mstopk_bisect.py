@@ -20,11 +20,11 @@ __all__ = ["mstopk_bisect"]
 
 
 def mstopk_bisect(x: torch.Tensor, k: int, iters: int,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, MSTopKBand]:
     """Select with the literal N-pass search; ``0 < k < numel``.
 
     Returns:
-        ``(indices, band)``; the caller gathers the values.
+        ``(values, indices, band)``.
 
     Raises:
         ValueError: for NaN/Inf in ``x`` (NOTE [non-finite inputs]).
@@ -55,4 +55,5 @@ def mstopk_bisect(x: torch.Tensor, k: int, iters: int,
     check_finite(stats[0], stats[1])
     band = MSTopKBand(lower=stats[3], upper=stats[2], search_lo=stats[4], search_hi=stats[1])
     cand_idx = torch.nonzero(a >= thres2.to(a.dtype)).squeeze(1)  # lines 25-26
-    return select_from_candidates(cand_idx, a[cand_idx], band, k, a.numel(), generator)  # lines 27-29
+    indices, band = select_from_candidates(cand_idx, a[cand_idx], band, k, a.numel(), generator)  # lines 27-29
+    return x[indices], indices, band

@@ -164,19 +164,21 @@ def candidates(x: torch.Tensor, cut: float) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def mstopk_torch(x: torch.Tensor, k: int, iters: int,
-                 generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
+                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, MSTopKBand]:
     """Select with the torch path; ``0 < k < numel``.
 
     Returns:
-        ``(indices, band)``; the caller gathers the values.
+        ``(values, indices, band)``.
 
     Raises:
         ValueError: for NaN/Inf in ``x`` (NOTE [non-finite inputs]).
     """
     if x.is_cuda:
-        return _mstopk_torch(x, k, iters, generator)
-    with cpu_threads():
-        return _mstopk_torch(x, k, iters, generator)
+        indices, band = _mstopk_torch(x, k, iters, generator)
+    else:
+        with cpu_threads():
+            indices, band = _mstopk_torch(x, k, iters, generator)
+    return x[indices], indices, band
 
 
 def _mstopk_torch(x: torch.Tensor, k: int, iters: int,

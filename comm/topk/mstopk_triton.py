@@ -1,77 +1,102 @@
-"""``mstopk`` with fused Triton kernels: three passes over ``x``, two host syncs.
+"""``mstopk`` with Triton kernels: one read of ``x``, three kernels, one host sync.
 
-NOTE [MSTopK GPU kernel]: the N counting passes of Algorithm 1 are replaced by a radix
-select on the bit pattern of ``|x|`` (float32, converted in registers from any float
-dtype). For non-negative floats the bit pattern is monotone in the value, so its top
-bits are a log-spaced histogram key that needs no range (no mean or max) beforehand:
+NOTE [MSTopK GPU kernel]: Algorithm 1's result depends on ``x`` only through the mean and
+max of ``|x|``, the (k+1)-th largest magnitude ``v`` and the entries near it (NOTE
+[MSTopK thresholds from the (k+1)-th magnitude]). The kernels (``mstopk_kernels.py``)
+find those while reading ``x`` once:
 
-1. ``_coarse_kernel`` reads ``x`` once: per-program sums (float64) and maxima of ``|x|``,
-   and a histogram of the top 11 bits of ``|x|``'s 22-bit key (8 exponent + 3 mantissa
-   bits: bins 12.5 % wide relative to their value, on any distribution). Each program
-   accumulates in registers over a contiguous range and adds to global memory once
-   (integer atomics, so the counts are deterministic).
-2. On the device, a cumulative sum from the top gives the coarse bin holding the
-   (k+1)-th largest magnitude ``v``; ``_fine_kernel`` reads ``x`` again and histograms
-   the next 11 bits of the entries in that bin only (bins 2**-14 of ``v`` wide).
-3. Host sync 1 reads the sums, the maximum and both histograms (one transfer). The host
-   checks for NaN/Inf, finds the fine bin ``[L, ...)`` holding ``v``, and sets the cut
-   at ``band_from_kth(mean, max, L).lower``: the band's lower end is monotone in ``v``,
-   so it lies at or above that value and the candidates hold the whole band. The cut is
-   usually one fine bin below ``L``, so the candidates are the at most k entries above
-   ``v``'s bin, that bin and the one below it. Their number is exact from the histograms
-   (the cut is a key, and a key below ``v``'s coarse bin is rounded down to a coarse
-   bin; that only happens for tiny ``iters``). If ``v`` is 0 (mostly-zero input), the
-   band's lower end is 0 and only the entries ``>= upper`` are needed.
-4. ``_compact_kernel`` reads ``x`` a third time and appends every entry whose key is at
-   or above the cut (the same key code as steps 1-2, so the counts match exactly) to a
-   buffer of exactly that size, reserving space with one atomic per block.
-5. On the device: the candidates are sorted by index, ``v`` is their (k+1)-th largest,
-   ``_band_kernel`` replays the N bisection steps of ``band_from_kth`` (same float64
-   operations, no FMA contraction, the same float32 rounding), and the band counts are
-   summed. Host sync 2 reads the compaction counter, the thresholds and the counts (one
-   transfer); ``select_from_candidates`` finishes with those counts without another
-   sync (NOTE [selection without syncs]; the window offset is drawn on the generator's
-   device, as in the torch path, so the indices are the torch path's).
+1. ``sample_kernel`` (at most 32 programs; a strided sample of at most 256K entries and
+   1/16 of ``x``): each program's q-th largest magnitudes for three target counts (~1.4
+   (k+1), ~0.65 (k+1) and 8x the first) and its maximum; it also zeroes the control
+   block. The medians over the programs estimate the cut ``t_a`` (about 1.4 (k+1)
+   entries above it) and ``t_b`` (about 0.65 (k+1)), so ``v`` lies in ``[t_a, t_b)`` with
+   a 4-sigma margin either way (wider when the sample holds few entries above ``v``).
+2. ``filter_kernel`` reads ``x`` once, tile by tile: per-program sums (float64) and the
+   maximum of ``|x|``; every entry ``>= t_a`` appended to the candidates (one atomic per
+   tile reserves the tile's place; a tile's entries stay in index order, and each tile
+   records where they went); the entries ``>= t_b`` counted; those in ``[t_a, t_b)``
+   counted in ``W`` bins of their bit patterns, each bin keeping its members (a bucket
+   reserved by the bin's counter) and its min and max. The window holds ~0.75 (k+1)
+   entries, so only those touch a global atomic, spread over thousands of bins: no hot
+   bins, unlike a histogram of all of ``x``. The last program to finish (``finalize``)
+   finds the bin holding ``v``, ``v`` itself among that bin's few members (all equal, for
+   ties), replays the N bisection steps (``band_from_kth`` in float64), counts the
+   entries above and inside the band from the bins, and writes a 16-value summary.
+3. The host reads the summary (the one host sync), draws the fill window's offset from
+   ``generator`` exactly as the torch path does, and ``write_kernel`` walks the tiles in
+   index order, placing the kept entries and the window of the band with a decoupled
+   look-back over its programs (each publishes its counts; each sums its predecessors'
+   back to the first complete prefix). So the indices are the torch path's, in its order.
 
-So a call reads ``x`` three times and waits for the device twice (``tests/comm/
-test_topk_gpu.py`` counts the reads). Only when every entry is a candidate (the band
-may reach zero: tiny ``iters``, subnormal inputs) does the call hand over to the torch
-path, which selects the same indices with its own syncs.
+When ``v`` is 0 (at most k nonzero entries) the band is every entry below the upper
+threshold, zeros included (NOTE [zero cut] in ``mstopk_torch.py``): the write kernel
+takes that window from ``x`` itself, reading only the tiles it meets. When the sample
+misleads (``v`` below ``t_a`` or at or above ``t_b``, more candidates than the buffer
+holds, or ``v = 0`` with the upper threshold outside the bins) the summary says so and
+names a corrected cut from what was counted; steps 1-2 run once more (a second read of
+``x``, a second sync). When the band is not inside the counted bins (a bucket overflowed
+with distinct values, the band reaches below ``t_a``: ``iters`` below ~10, huge tails)
+or ``x`` has 2**30 entries or more, the call hands over to the torch path, which selects
+the same indices (``HANDOVERS`` counts it).
+
+Why this design: the first kernel (three passes, 2048-bin histograms of all of ``x``)
+spent ~0.6 ms per histogram pass at 16M on an H200 where a read took 31 us, and 70
+launches per call; radix levels with fewer bins (block-private 8-bit histograms) still
+need a pass of ``x`` per level. A sampled cut needs one pass, and the exact (k+1)-th
+magnitude then only needs the few entries near it, which the same pass collects in the
+window's bins; a separate top-k over the candidates (``torch.topk`` on ~1.4 k entries,
+then a sort by index) would cost more launches than this whole call, and the look-back
+write gives the index order without a sort.
+
+NOTE [MSTopK GPU cost model] (per call, ``d`` entries of ``b`` bytes, ``M`` ~ 1.4 k
+candidates): bytes read from HBM ``d b`` (the filter pass) + the sample (at most 256K
+strided entries: 32-byte sectors, <= 8 MiB) + ``2 M * 8`` (the write pass reads the
+candidates twice); written: ``M * 8`` candidates, ``k (8 + b)`` output, a few MiB of
+buckets and tile records. Launches: 1 allocation (no kernel), 3 Triton kernels, 1
+device-to-host copy of the summary, 1 draw of the offset (a CPU op for a CPU generator)
+= 6. Host syncs: 1. So at 16M float32 entries the floor is one read pass (~25-30 us on
+an H100/H200, where ``torch.topk`` takes ~400 us), plus a sample kernel (~5-10 us: 16
+bisection steps over registers), the finalize tail of one program (a few us), the sync
+round trip and the relaunch after it (~20-30 us of host latency): about 60-80 us, 5-7x
+under ``torch.topk``; at 128M the pass dominates (~200-250 us against ~2.8 ms). The
+kernels choose nothing by timing: ``auto`` picks them only where a recorded measurement
+says they beat ``torch.topk`` (NOTE [MSTopK kernel choice] in ``kernel_choice.py``).
 
 NOTE [MSTopK kernel fallback]: the kernels must never end a training run. A compile or
-launch error (``_launch``) and a compaction count that differs from the histogram's
-(a miscompile: ``tl.histogram`` has had layout bugs) fall back to the torch path with
-one ``RuntimeWarning`` per process; ``FALLBACKS`` counts them. NaN/Inf inputs still
-raise ``ValueError`` (NOTE [non-finite inputs]).
+launch error (``_launch``) and counts that contradict each other (status ``bad``: a
+miscompile) fall back to the torch path with one ``RuntimeWarning`` per process;
+``FALLBACKS`` counts them. NaN/Inf inputs still raise ``ValueError`` (NOTE [non-finite
+inputs]).
 
 NOTE [Triton interpreter]: with ``TRITON_INTERPRET=1`` set before triton is imported,
-the kernels run in Triton's numpy interpreter on CPU tensors (the tests do this when no
-GPU is present). It checks the logic, the masking, the atomics and the counts, not the
-speed; ``_grid`` then asks CUDA for nothing. This module imports triton at import time;
-``comm.topk.mstopk`` imports it only when the kernel is asked for.
+the kernels run in Triton's numpy interpreter on CPU tensors, one program after the
+other (so every look-back finds its predecessors done). It checks the logic, the
+masking, the atomics and the counts, not the speed, with larger tiles and fewer programs
+than a GPU's; ``_programs`` then asks CUDA for nothing.
 """
 from __future__ import annotations
 
+import math
 import warnings
+from types import SimpleNamespace
 from typing import NamedTuple
 
-import numpy as np
 import torch
 import triton
-import triton.language as tl
 
 from comm.topk.checks import check_finite
-from comm.topk.mstopk_band import MSTopKBand, band_from_kth, select_from_candidates, smallest_positive
+from comm.topk.mstopk_band import MSTopKBand, draw_offset
+from comm.topk.mstopk_finalize import STATUS, SUMMARY, SUMMARY_LEN
+from comm.topk.mstopk_kernels import MAX_NUMEL, ctrl_layout, filter_kernel, sample_kernel, write_kernel
 from comm.topk.mstopk_torch import mstopk_torch
 
-__all__ = ["mstopk_gpu", "gpu_candidates", "Candidates", "interpreted", "FALLBACKS", "BINS", "KEY_SHIFT",
-           "BLOCK", "COMPACT_BLOCK"]
+__all__ = ["mstopk_gpu", "read_summary", "Summary", "interpreted", "FALLBACKS", "HANDOVERS", "TILE", "CHUNK"]
 
-BINS = 2048  # bins per histogram level: 11 bits of the key each
-KEY_SHIFT = 9  # key = float32 bits >> 9: 8 exponent + 14 mantissa bits (22 bits, 2 levels)
-_WARPS = 8
-
-FALLBACKS = {"count": 0}  # how often this process fell back to the torch path
+FALLBACKS = {"count": 0}  # calls that fell back to the torch path after a failure (warned once)
+HANDOVERS = {"count": 0}  # calls the kernels passed to the torch path on purpose (NOTE [MSTopK GPU kernel])
+SAMPLE_PROGRAMS, SAMPLE_MAX = 32, 8192  # at most, programs of the sample kernel and entries each samples
+CUT, WINDOW_TOP, DEEP = 1.4, 0.65, 8.0  # target counts of t_a, t_b and the deeper cut, in units of k + 1
+# (t_a and t_b move further out when the sample holds few entries above v: _plan)
 
 
 def interpreted() -> bool:
@@ -80,94 +105,34 @@ def interpreted() -> bool:
     # ``triton.runtime.interpreter`` is not there to look at (seen on an H200, triton 3.6)
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(_load_key, InterpretedFunction)
+    return isinstance(sample_kernel, InterpretedFunction)
 
 
-@triton.jit
-def _load_key(x_ptr, offs, n, SHIFT: tl.constexpr):
-    # |x| in float32 and its key: monotone in |x|, 0 only for zeros.
-    mask = offs < n
-    a = tl.abs(tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32))
-    bits = a.to(tl.int32, bitcast=True)
-    key = tl.where(bits > 0, tl.maximum(bits >> SHIFT, 1), 0)
-    return a, key, mask
+# Entries per tile of the filter pass, candidates per step of the write pass, and programs
+# of both (None: a multiple of the SM count). The interpreter pays per operation, not per
+# entry, so it runs 16x larger tiles (the masking and atomics are the same code).
+TILE, CHUNK, FILTER_PROGRAMS, WRITE_PROGRAMS = (1 << 16, 1 << 14, 4, 4) if interpreted() else (4096, 1024, None, None)
 
 
-@triton.jit
-def _coarse_kernel(x_ptr, n, psum_ptr, pmax_ptr, hist_ptr, per_prog, BLOCK: tl.constexpr,
-                   BINS: tl.constexpr, SHIFT: tl.constexpr):
-    pid = tl.program_id(0)
-    acc = tl.zeros((BLOCK,), dtype=tl.float64)
-    mx = tl.zeros((BLOCK,), dtype=tl.float32)
-    hist = tl.zeros((BINS,), dtype=tl.int32)
-    for i in range(per_prog):
-        offs = (pid.to(tl.int64) * per_prog + i) * BLOCK + tl.arange(0, BLOCK)
-        a, key, mask = _load_key(x_ptr, offs, n, SHIFT)
-        acc += a.to(tl.float64)
-        mx = tl.maximum(mx, a)
-        hist += tl.histogram(key // BINS, BINS, mask=mask)
-    tl.store(psum_ptr + pid, tl.sum(acc, axis=0))
-    tl.store(pmax_ptr + pid, tl.max(mx, axis=0))
-    tl.atomic_add(hist_ptr + tl.arange(0, BINS), hist)
+class Summary(NamedTuple):
+    """What ``finalize`` found (fields in the order of ``mstopk_finalize.SUMMARY``)."""
 
-
-@triton.jit
-def _fine_kernel(x_ptr, n, coarse_ptr, hist_ptr, per_prog, BLOCK: tl.constexpr, BINS: tl.constexpr,
-                 SHIFT: tl.constexpr):
-    pid = tl.program_id(0)
-    coarse = tl.load(coarse_ptr)
-    hist = tl.zeros((BINS,), dtype=tl.int32)
-    for i in range(per_prog):
-        offs = (pid.to(tl.int64) * per_prog + i) * BLOCK + tl.arange(0, BLOCK)
-        _, key, mask = _load_key(x_ptr, offs, n, SHIFT)
-        hist += tl.histogram(key % BINS, BINS, mask=mask & (key // BINS == coarse))
-    tl.atomic_add(hist_ptr + tl.arange(0, BINS), hist)
-
-
-@triton.jit
-def _compact_kernel(x_ptr, n, cut, cap, counter_ptr, out_idx_ptr, out_val_ptr, BLOCK: tl.constexpr,
-                    SHIFT: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    a, key, mask = _load_key(x_ptr, offs, n, SHIFT)
-    keep = (mask & (key >= cut)).to(tl.int32)
-    count = tl.sum(keep, axis=0)
-    if count > 0:
-        base = tl.atomic_add(counter_ptr, count)
-        pos = base + tl.cumsum(keep, axis=0) - keep
-        ok = (keep > 0) & (pos < cap)  # never write past the buffer, even if counts disagree
-        tl.store(out_idx_ptr + pos, offs, mask=ok)
-        tl.store(out_val_ptr + pos, a, mask=ok)
-
-
-@triton.jit(do_not_specialize=["iters", "steps"])
-def _band_kernel(stats_ptr, out_ptr, iters, inv_steps, steps):
-    # band_from_kth (mstopk_band) on the device: stats = [mean, max, v] in float64;
-    # out = [lower, upper, search_lo]. Launched without FMA contraction, so every
-    # operation rounds as Python's floats do.
-    mean = tl.load(stats_ptr)
-    vmax = tl.load(stats_ptr + 1)
-    v = tl.load(stats_ptr + 2)
-    lo = tl.where(v >= mean.to(tl.float32).to(tl.float64), mean, 0.0)
-    span = vmax - lo
-    j_hi = steps.to(tl.int64)
-    j_lo = j_hi * 0
-    for _ in range(iters):
-        mid = (j_lo + j_hi) // 2
-        ok = (lo + (mid.to(tl.float64) * inv_steps) * span).to(tl.float32).to(tl.float64) <= v
-        j_lo = tl.where(ok, mid, j_lo)
-        j_hi = tl.where(ok, j_hi, mid)
-    lower = (lo + (j_lo.to(tl.float64) * inv_steps) * span).to(tl.float32).to(tl.float64)
-    upper = (lo + (j_hi.to(tl.float64) * inv_steps) * span).to(tl.float32).to(tl.float64)
-    tl.store(out_ptr, lower)
-    tl.store(out_ptr + 1, tl.where(j_hi < steps, upper, float("inf")))
-    tl.store(out_ptr + 2, lo)
-
-
-# Entries per block of the histogram passes and of the compaction, and programs of the
-# histogram passes (None: 4 per SM). The interpreter pays per operation, not per entry,
-# so it runs 16x larger blocks (the masking and atomics are the same code).
-BLOCK, COMPACT_BLOCK, PROGRAMS = (1 << 16, 1 << 17, 8) if interpreted() else (4096, 8192, None)
+    status: int
+    mean: float
+    vmax: float
+    lower: float
+    upper: float
+    search_lo: float
+    n_upper: int
+    n_band: int
+    candidates: int  # entries >= t_a (the candidates collected)
+    fine_bin: int  # entries in the bin holding the (k+1)-th magnitude
+    lower_bits: int
+    upper_bits: int
+    retry_a: int  # the cuts a second try uses (status low, high or cap)
+    retry_b: int
+    a_bits: int
+    b_bits: int
 
 
 class _KernelError(Exception):
@@ -181,106 +146,79 @@ def _launch(kernel, grid, *args, **meta) -> None:
         raise _KernelError(f"{type(e).__name__}: {e}") from e
 
 
-def _grid(n: int, device: torch.device) -> tuple[int, int]:
-    """(programs, blocks per program) for the looping kernels: about 4 programs per SM."""
-    blocks = triton.cdiv(n, BLOCK)
-    programs = PROGRAMS or 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    per_prog = max(1, triton.cdiv(blocks, programs))
-    return triton.cdiv(blocks, per_prog), per_prog
+def _programs(tiles: int, fixed: int | None, per_sm: int, device: torch.device) -> tuple[int, int]:
+    """(programs, tiles per program) for a persistent kernel over ``tiles`` tiles."""
+    want = fixed or per_sm * torch.cuda.get_device_properties(device).multi_processor_count
+    per = triton.cdiv(tiles, min(tiles, want))
+    return triton.cdiv(tiles, per), per
 
 
-def _key(value: float) -> int:
-    """The key ``_load_key`` computes for ``value`` (float32-representable, >= 0)."""
-    bits = int(np.float32(value).view(np.int32))
-    return max(bits >> KEY_SHIFT, 1) if bits > 0 else 0
+def _plan(x: torch.Tensor, k: int) -> SimpleNamespace:
+    """Sizes of the call's kernels and buffers (plain Python ints)."""
+    n = x.numel()
+    p = SimpleNamespace(n=n, k=k, tiles=triton.cdiv(n, TILE))
+    sample = min(SAMPLE_PROGRAMS * SAMPLE_MAX, max(SAMPLE_MAX, n // 16), n)  # 1/16 of x at most
+    p.g = triton.cdiv(sample, SAMPLE_MAX)
+    p.s_g = triton.cdiv(sample, p.g)
+    p.step = max(1, n // (p.g * p.s_g))
+    p.filter_progs, p.filter_per = _programs(p.tiles, FILTER_PROGRAMS, 4, x.device)
+    p.write_progs, p.write_per = _programs(p.tiles, WRITE_PROGRAMS, 2, x.device)
+    # ~0.75 (k + 1) entries in the window, over half the bins or more: a bucket holds about 3x
+    # a bin's mean, and 32. At most 4096 bins: one program walks them (finalize).
+    p.bins = triton.next_power_of_2(min(max(256, (k + 1) // 4), 4096))
+    p.cap_b = triton.next_power_of_2(int(3 * 1.5 * (k + 1) / p.bins) + 32)
+    p.cap = min(n, 2 * (k + 1) + 4096)
+    # the sample's ranks: per program, count c of x is c / (g * step) entries; the median
+    # of the q-th largest over the programs sits at q - 1/3 of them (order statistics) and
+    # is off by ~1.25 / sqrt(its count in the whole sample): the cuts keep 4 of those away
+    expected = (k + 1) / p.step  # entries above v in the whole sample
+    spread = 4 * 1.25 / math.sqrt(max(expected, 1.0))
+    cut, top = max(CUT, 1 + spread), min(WINDOW_TOP, 1 - spread)
+    rank = lambda c: round(c * (k + 1) / (p.g * p.step) + 1 / 3)
+    p.q_a, p.q_b, p.q_deep = max(2, rank(cut)), rank(top), max(2, rank(cut * DEEP))
+    p.b_from_max = int(not 1 <= p.q_b < p.q_a)  # the sample cannot place t_b: use its maximum
+    p.q_b = max(1, min(p.q_b, p.q_a - 1))
+    p.ctrl = ctrl_layout(p.bins, p.write_progs)
+    return p
 
 
-def _key_floor(key: int) -> float:
-    """The smallest magnitude with this key."""
-    if key <= 1:
-        return 0.0 if key == 0 else smallest_positive(torch.float32)
-    return float(np.int32(key << KEY_SHIFT).view(np.float32))
+def _views(p: SimpleNamespace, x: torch.Tensor) -> SimpleNamespace:
+    """One allocation for everything the call writes; the outputs are views of it."""
+    parts = [("ctrl", torch.int32, p.ctrl["len"]), ("sample", torch.int32, 4 * p.g),
+             ("psum", torch.int64, p.filter_progs), ("summary", torch.float64, SUMMARY_LEN),
+             ("tile_cnt", torch.int32, p.tiles), ("tile_base", torch.int32, p.tiles),
+             ("bucket", torch.int32, p.bins * p.cap_b), ("cand_idx", torch.int32, p.cap),
+             ("cand_val", torch.float32, p.cap), ("out_idx", torch.int64, p.k), ("out_val", x.dtype, p.k)]
+    offsets, size = [], 0
+    for _, dtype, count in parts:
+        offsets.append(size)
+        size += -(-count * dtype.itemsize // 8) * 8
+    ws = torch.empty(size, dtype=torch.uint8, device=x.device)
+    views = {name: ws[o:o + count * dtype.itemsize].view(dtype) for (name, dtype, count), o in zip(parts, offsets)}
+    look = offsets[0] + 4 * p.ctrl["lookback"]
+    views["lookback"] = ws[look:look + 8 * p.write_progs].view(torch.int64)
+    return SimpleNamespace(**views)
 
 
-def _above(hist: np.ndarray) -> np.ndarray:
-    """``above[b]`` = entries in bins ``>= b``; one extra 0 at the end (numpy: a Python loop
-    over the 2 x 2048 bins cost 0.6 ms per call, more than the kernels on a small vector)."""
-    return np.append(np.cumsum(hist[::-1])[::-1], 0)
+def read_summary(summary: torch.Tensor) -> Summary:
+    """The call's one host sync: copy the summary off the device and read it."""
+    host = summary.to("cpu", copy=True).tolist()  # one copy, whatever the device
+    return Summary(*(host[i] if name in ("mean", "vmax", "lower", "upper", "search_lo") else int(host[i])
+                     for name, i in SUMMARY.items()))
 
 
-class Candidates(NamedTuple):
-    """What ``gpu_candidates`` found: the entries at or above the cut, and how it was set."""
-
-    idx: torch.Tensor  # ascending indices of the candidates
-    val: torch.Tensor  # their float32 magnitudes
-    vmax: float  # max of |x|
-    mean_t: torch.Tensor  # mean of |x|, 0-dim float64 on the device
-    vmax_t: torch.Tensor  # max of |x|, the same
-    v_is_zero: bool  # the (k+1)-th magnitude is 0, so the band's lower end is 0
-    written: torch.Tensor  # the compaction counter (0-dim, on the device); must equal len(idx)
-    fine_bin: int  # entries in the fine bin holding the (k+1)-th magnitude (0 if it is 0)
-
-
-def gpu_candidates(x: torch.Tensor, k: int, iters: int) -> Candidates | None:
-    """Steps 1-4 of NOTE [MSTopK GPU kernel] (one host sync); ``None`` when every entry
-    would be a candidate (the caller uses the torch path). ``x``: contiguous,
-    ``0 < k < numel``.
-
-    Raises:
-        ValueError: for NaN/Inf in ``x``.
-        _KernelError: when a kernel fails to compile or launch.
-    """
-    n, dev = x.numel(), x.device
-    progs, per_prog = _grid(n, dev)
-    psum = torch.empty(progs, dtype=torch.float64, device=dev)
-    pmax = torch.empty(progs, dtype=torch.float32, device=dev)
-    coarse_hist = torch.zeros(BINS, dtype=torch.int32, device=dev)
-    _launch(_coarse_kernel, (progs,), x, n, psum, pmax, coarse_hist, per_prog,
-            BLOCK=BLOCK, BINS=BINS, SHIFT=KEY_SHIFT, num_warps=_WARPS)
-    coarse = ((coarse_hist.flip(0).cumsum(0) > k).sum() - 1).to(torch.int32).reshape(1)  # bin holding v
-    fine_hist = torch.zeros(BINS, dtype=torch.int32, device=dev)
-    _launch(_fine_kernel, (progs,), x, n, coarse, fine_hist, per_prog,
-            BLOCK=BLOCK, BINS=BINS, SHIFT=KEY_SHIFT, num_warps=_WARPS)
-    total, vmax = psum.sum(), pmax.max()
-    host = np.array(torch.cat([torch.stack([total, vmax.double(), coarse[0].double()]),
-                               coarse_hist.double(), fine_hist.double()]).tolist())  # host sync 1
-    total_h, vmax_h, b = float(host[0]), float(host[1]), int(host[2])
-    check_finite(total_h, vmax_h)
-    mean = total_h / n
-    above_c = _above(host[3:3 + BINS].astype(np.int64))
-    fine = host[3 + BINS:].astype(np.int64)
-    above_f = _above(fine)
-    f = int(np.flatnonzero(above_c[b + 1] + above_f[:BINS] > k)[-1])  # fine bin holding v
-    q_v = b * BINS + f
-    if q_v == 0:  # v == 0: the band's lower end is 0; only entries >= upper are needed
-        t = band_from_kth(mean, vmax_h, 0.0, iters).upper
-    else:  # the band's lower end is monotone in v >= _key_floor(q_v)
-        t = max(band_from_kth(mean, vmax_h, _key_floor(q_v), iters).lower, smallest_positive(torch.float32))
-    cut = _key(t) if t != float("inf") else BINS * BINS
-    if cut // BINS == b:
-        m = int(above_c[b + 1] + above_f[cut % BINS])
-    else:  # outside v's coarse bin: lower the cut to a coarse bin edge, where counts are known
-        cut = cut // BINS * BINS
-        m = int(above_c[cut // BINS])
-    if m == n:
-        return None
-    counter = torch.zeros(1, dtype=torch.int32, device=dev)
-    out_idx = torch.empty(m, dtype=torch.int64, device=dev)
-    out_val = torch.empty(m, dtype=torch.float32, device=dev)
-    if m:
-        _launch(_compact_kernel, (triton.cdiv(n, COMPACT_BLOCK),), x, n, cut, m, counter, out_idx, out_val,
-                BLOCK=COMPACT_BLOCK, SHIFT=KEY_SHIFT, num_warps=_WARPS)
-    order = torch.argsort(out_idx)
-    return Candidates(out_idx[order], out_val[order], vmax_h, total / n, vmax.double(), q_v == 0, counter[0],
-                      int(fine[f]) if q_v else 0)
-
-
-def _kth_largest(values: torch.Tensor, j: int) -> torch.Tensor:
-    """The ``j``-th largest of ``values`` (1-based) as a 0-dim device tensor."""
-    rest = values.numel() - j + 1
-    if rest < j:
-        return torch.topk(values, rest, largest=False, sorted=False).values.max()
-    return torch.topk(values, j, sorted=False).values.min()
+def _count(x: torch.Tensor, p: SimpleNamespace, t: SimpleNamespace, iters: int, cut_a: int, cut_b: int) -> Summary:
+    """Steps 1-2 of NOTE [MSTopK GPU kernel] and the sync; ``cut_a``/``cut_b``: explicit
+    cuts as float32 bit patterns (-1: from the sample)."""
+    ctrl = p.ctrl
+    _launch(sample_kernel, (p.g,), x, p.n, x.stride(0), p.step, p.s_g, t.sample, t.ctrl, ctrl["len"], ctrl["bmin"],
+            ctrl["bmax"], p.q_a, p.q_b, p.q_deep, S=triton.next_power_of_2(p.s_g), ZB=1024, num_warps=16)
+    _launch(filter_kernel, (p.filter_progs,), x, p.n, x.stride(0), p.tiles, p.filter_per, t.sample, p.g, cut_a, cut_b,
+            p.b_from_max, t.ctrl, t.bucket, t.psum, t.tile_cnt, t.tile_base, t.cand_idx, t.cand_val, p.cap,
+            t.summary, p.k, iters, 2.0**-iters, 2**iters, STRIDED=x.stride(0) != 1, TILE=TILE, W=p.bins,
+            FB=min(p.bins, 1024), CAP_B=p.cap_b, GB=triton.next_power_of_2(p.g),
+            PB=triton.next_power_of_2(p.filter_progs), num_warps=8, enable_fp_fusion=False)
+    return read_summary(t.summary)
 
 
 def _fallback(x, k, iters, generator, why: str):
@@ -292,44 +230,44 @@ def _fallback(x, k, iters, generator, why: str):
 
 
 def mstopk_gpu(x: torch.Tensor, k: int, iters: int,
-               generator: torch.Generator | None) -> tuple[torch.Tensor, MSTopKBand]:
-    """Select with the Triton kernels; ``x``: float16/bfloat16/float32 on CUDA (or CPU in
-    the interpreter), ``0 < k < numel``. Falls back to the torch path if a kernel fails
-    (NOTE [MSTopK kernel fallback]).
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, MSTopKBand]:
+    """Select with the Triton kernels; ``x``: 1-D float16/bfloat16/float32 on CUDA (or CPU in
+    the interpreter), any stride, ``0 < k < numel``. Returns ``(values, indices, band)``.
 
     Raises:
-        ValueError: for a float64 ``x`` or NaN/Inf in ``x`` (NOTE [non-finite inputs]).
+        ValueError: for another dtype, or NaN/Inf in ``x`` (NOTE [non-finite inputs]).
     """
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"the MSTopK GPU kernel takes float16/bfloat16/float32, got {x.dtype}; "
-                         "use kernel='torch'")
-    x = x.contiguous()
-    n = x.numel()
+        raise ValueError(f"the MSTopK GPU kernel takes float16/bfloat16/float32, got {x.dtype}; use kernel='torch'")
+    if x.numel() >= MAX_NUMEL:
+        HANDOVERS["count"] += 1
+        return mstopk_torch(x, k, iters, generator)
+    p = _plan(x, k)
+    t = _views(p, x)
     try:
-        found = gpu_candidates(x, k, iters)
-        if found is None:
-            # Every entry would be a candidate: the torch path handles that without
-            # collecting them (NOTE [zero cut] in mstopk_torch) and selects the same indices.
-            return mstopk_torch(x, k, iters, generator)
-        dev = x.device
-        v = torch.zeros((), dtype=torch.float64, device=dev) if found.v_is_zero \
-            else _kth_largest(found.val, k + 1).double()
-        stats = torch.stack([found.mean_t, found.vmax_t, v])  # on the device: no copy
-        out = torch.empty(3, dtype=torch.float64, device=dev)
-        _launch(_band_kernel, (1,), stats, out, iters, 2.0**-iters, 2**iters, num_warps=1,
-                enable_fp_fusion=False)
+        s = _count(x, p, t, iters, -1, -1)
+        if s.status in (STATUS["low"], STATUS["high"], STATUS["cap"], STATUS["zero"]):  # cut again
+            s = _count(x, p, t, iters, s.retry_a, s.retry_b)
     except _KernelError as e:
         return _fallback(x, k, iters, generator, f"a kernel failed ({e})")
-    # lower/upper are still on the device: count with them there, then read everything once.
-    lower, upper = out[0], out[1]
-    val = found.val
-    n_upper = (val >= upper).sum()
-    n_band = torch.where(lower > 0, ((val >= lower) & (val < upper)).sum(), n - n_upper)
-    host = torch.stack([found.written.double(), n_upper.double(), n_band.double(), out[0], out[1], out[2]]
-                       ).tolist()  # host sync 2
-    written, n_upper_h, n_band_h = int(host[0]), int(host[1]), int(host[2])
-    if written != found.idx.numel():
-        return _fallback(x, k, iters, generator,
-                         f"histogram counted {found.idx.numel()} candidates, compaction wrote {written}")
-    band = MSTopKBand(lower=host[3], upper=host[4], search_lo=host[5], search_hi=found.vmax)
-    return select_from_candidates(found.idx, val, band, k, n, generator, counts=(n_upper_h, n_band_h))
+    check_finite(s.mean, s.vmax)
+    if s.status == STATUS["bad"]:
+        return _fallback(x, k, iters, generator, f"its counts disagree ({s})")
+    if s.status != STATUS["ok"]:
+        HANDOVERS["count"] += 1
+        return mstopk_torch(x, k, iters, generator)
+    need = k - s.n_upper
+    offset = draw_offset(s.n_band - need + 1, generator)  # the torch path's draw, same generator
+    on_device = isinstance(offset, torch.Tensor) and offset.device == x.device
+    if isinstance(offset, torch.Tensor) and not on_device:
+        offset = int(offset)
+    try:
+        _launch(write_kernel, (p.write_progs,), x, p.n, x.stride(0), t.tile_cnt, t.tile_base, t.cand_idx,
+                t.cand_val, p.tiles, p.write_per, t.lookback, s.lower_bits, s.upper_bits, s.n_upper, need,
+                offset if on_device else t.summary, 0 if on_device else offset, t.out_idx, t.out_val,
+                OFFSET_ON_DEVICE=on_device, STRIDED=x.stride(0) != 1, TILE=TILE, CB=CHUNK, num_warps=4)
+    except _KernelError as e:  # the offset is drawn: the torch path draws again (a valid, other window)
+        return _fallback(x, k, iters, generator, f"a kernel failed ({e})")
+    band = MSTopKBand(lower=s.lower, upper=s.upper if math.isfinite(s.upper) else math.inf, search_lo=s.search_lo,
+                      search_hi=s.vmax, n_upper=s.n_upper, n_band=s.n_band)
+    return t.out_val, t.out_idx, band

@@ -109,7 +109,7 @@ def test_search_runs_between_mean_and_max():
 def test_kernel_names(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # CPU tensors need the interpreter
     x = torch.randn(10)
-    assert resolve_kernel("auto", x) == "torch"
+    assert resolve_kernel("auto", x, 3) == "torch"
     with pytest.raises(ValueError, match="valid: .*'bisect'"):
         mstopk(x, 3, kernel="cuda-please")
     with pytest.raises(ValueError, match="kernel='gpu' needs a CUDA tensor"):

@@ -83,3 +83,31 @@ def test_the_feed_step_is_a_valid_bench_train_command(tmp_path):
     assert args.sources == ["synthetic", "torch", "torch-gpu", "dali"] and args.device == "cuda"
     assert (args.model, args.amp, args.size, args.batch_size) == ("resnet50", "bf16", 224, 128)
     assert "100.0 % of synthetic" in step["summary"][0] and "not installed" in step["summary"][1]
+
+
+def test_doctor_gpu_records_the_topk_timings_for_auto(tmp_path, monkeypatch):
+    # The bench itself needs a GPU; its rows (what bench topk --json writes) are given here,
+    # and the step files them as this GPU's entry of the table kernel="auto" reads.
+    import comm.topk.kernel_choice as choice
+    import tools.doctor as doctor
+
+    table = tmp_path / "kernel_timings.json"
+    table.write_text(json.dumps({"kernel_version": choice.KERNEL_VERSION,
+                                 "devices": {"Old GPU": {"note": "", "ratios": [[1 << 24, 0.001, 2.0]]}}}))
+    rows = [dict(selector="exact", impl="torch", numel=1 << 24, density=0.001, distribution="gaussian",
+                 median_s=4e-4),
+            dict(selector="mstopk", impl="gpu", numel=1 << 24, density=0.001, distribution="gaussian",
+                 median_s=1e-4)]
+    ran = []
+
+    def bench(name, argv, json_path, timeout):
+        ran.append(argv)
+        return dict(step=name, argv=argv, returncode=0, rows=rows)
+
+    monkeypatch.setattr(choice, "TABLE", table)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "New GPU")
+    steps = doctor._topk_steps(bench, tmp_path, 3600.0)
+    assert [s["returncode"] for s in steps] == [0, 0]
+    assert "--device" in ran[0] and "cuda" in ran[0] and "mstopk:gpu" in " ".join(ran[0])
+    devices = json.loads(table.read_text())["devices"]
+    assert devices["New GPU"]["ratios"] == [[1 << 24, 0.001, 0.25]] and "Old GPU" in devices

@@ -9,8 +9,9 @@ like Figure 6 of the MLSys 2021 paper. Runs standalone on a GPU box:
 ``python -m tools bench topk --device cuda --json topk_gpu.json --plot topk_gpu.png``.
 
 Every ``mstopk`` row also reports, from one extra instrumented call
-(``tools/bench/topk_counts.py``), ``candidates_per_k``, ``passes`` (bytes read from ``x``
-/ its size) and ``host_syncs``. ``--kernel gpu`` compares the Triton kernel with the
+(``tools/bench/topk_counts.py``), ``candidates_per_k``, ``read_passes`` (elements of ``x``
+read, counted at the loads, / its size), ``launches`` (Triton kernels plus torch ops that
+are not views) and ``host_syncs``. ``--kernel gpu`` compares the Triton kernel with the
 torch path on the heavy-tailed distributions; without a GPU it runs in Triton's
 interpreter (``TRITON_INTERPRET=1 cachepipe bench topk --device cpu --kernel gpu``),
 which shows the counts, not GPU times.
@@ -35,7 +36,7 @@ __all__ = ["configure", "main", "make_input", "DISTRIBUTIONS", "parse_size", "ru
 
 CPU_SIZES = "256K,1M,4M,16M"
 GPU_SIZES = "256K,1M,4M,16M,64M,128M"
-INTERPRETER_SIZES = "256K,1M"
+INTERPRETER_SIZES = "1M,4M"
 IMPLS = "exact,dgc,mstopk:torch,mstopk:bisect,mstopk:gpu"
 KERNEL_DISTS = "gaussian,student_t3,cauchy,lognormal"  # --kernel's default --dist
 
@@ -195,7 +196,7 @@ def run(sizes: list[int], densities: list[float], device: torch.device, repeats:
                     if read_s is not None:
                         nbytes = n * x.element_size()
                         row.update(eff_GBps=nbytes / median_s / 1e9, read_pass_s=read_s,
-                                   read_passes=median_s / read_s)
+                                   time_in_read_passes=median_s / read_s)
                     rows.append(row)
                     print(f"  {dist} n={n} k={k} {impl}: {median_s * 1e3:.3f} ms", flush=True)
             del x
@@ -276,9 +277,9 @@ def main(args: argparse.Namespace) -> int:
     repeats = args.repeats or (1 if interpreted else 5)
     rows = run(sizes, densities, device, repeats, dists, dtype, impls, args.seed)
     columns = ["distribution", "numel", "k", "selector", "impl", "median_s", "speedup_vs_exact", "recall", "energy",
-               "candidates_per_k", "passes", "host_syncs"]
+               "candidates_per_k", "fine_bin", "read_passes", "launches", "full_size_ops", "host_syncs"]
     if device.type == "cuda":
-        columns += ["eff_GBps", "read_passes"]
+        columns += ["eff_GBps", "time_in_read_passes"]
     print(format_table(rows, columns))
     if args.json:
         write_json(args.json, rows)
