@@ -21,7 +21,7 @@ import numpy as np
 from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis
-from cachepipe.errors import CorruptSampleError
+from cachepipe.errors import CorruptSampleError, SampleTooLargeError
 from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import encode_sample
@@ -32,7 +32,7 @@ from cachepipe.manifest import Manifest
 from cachepipe.private_files import private_dir
 from cachepipe.raw_levels import RawLevels
 from cachepipe.redis_url import redact_all
-from cachepipe.source import STAT_KEYS
+from cachepipe.source import DEFAULT_MAX_FILE_BYTES, STAT_KEYS
 
 __all__ = ["TwoLevelCache"]
 
@@ -69,6 +69,8 @@ class TwoLevelCache:
         rescan: always rescan the source.
         follow_external_links: follow symlinks that leave the source root (default: skip
             them with a warning; NOTE [symlinks in the source]).
+        max_file_bytes: the largest source file read for one sample (default 1 GiB); a
+            larger one is a bad sample, never read (NOTE [bounded reads]).
         save_manifest: write a new scan to ``cache_dir`` (``False`` for inspection only,
             as ``cachepipe stats``: with it and without using L1/L2, nothing is written).
 
@@ -87,10 +89,10 @@ class TwoLevelCache:
                  prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
                  timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
                  verify: str = "dirs", rescan: bool = False, save_manifest: bool = True,
-                 follow_external_links: bool = False) -> None:
+                 follow_external_links: bool = False, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
         root = source.root if isinstance(source, Manifest) else source
-        self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
-                                  l2_memory, timeout, use_l1, l1_map_size, follow_external_links)
+        self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas, l2_memory, timeout,
+                                  use_l1, l1_map_size, follow_external_links, max_file_bytes)
         if save_manifest:  # ranks race to create it: private_dir tolerates that
             private_dir(self.config.cache_dir)  # NOTE [private cache files]
         if isinstance(source, Manifest):
@@ -125,7 +127,7 @@ class TwoLevelCache:
         return cls(manifest or c.source, c.cache_dir, c.redis, c.cache_size, prefix=c.prefix, replicas=c.replicas,
                    l2_memory=c.l2_memory, timeout=c.timeout, use_l1=c.use_l1, l1_map_size=c.l1_map_size,
                    verify=verify, rescan=rescan, save_manifest=save_manifest,
-                   follow_external_links=c.follow_external_links)
+                   follow_external_links=c.follow_external_links, max_file_bytes=c.max_file_bytes)
 
     # -- pickling and per-process state -----------------------------------------------
     def _reset_process_state(self) -> None:
@@ -153,9 +155,10 @@ class TwoLevelCache:
             self._reset_process_state()
         cfg = self.config
         if cfg.use_l1:
-            map_size = cfg.l1_map_size or 2 * self.manifest.total_bytes + (64 << 20)
+            kept = sum(n for n in self.manifest.sizes if n <= cfg.max_file_bytes)  # NOTE [bounded reads]
+            map_size = cfg.l1_map_size or 2 * kept + (64 << 20)
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
-        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS)
+        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
         self._raw.l1_writable = self._l1 is not None and writable
         if cfg.redis is not False:
             urls = list(cfg.redis) if cfg.redis else [self.embedded_server(start=True).url]
@@ -255,8 +258,8 @@ class TwoLevelCache:
             for i in need:
                 try:
                     if isinstance(raw[i], Exception):
-                        raise CorruptSampleError(f"cannot read the file ({raw[i]})", index=i,
-                                                 path=self.manifest.relpaths[i])
+                        what = "too large" if isinstance(raw[i], SampleTooLargeError) else "cannot read the file"
+                        raise CorruptSampleError(f"{what} ({raw[i]})", index=i, path=self.manifest.relpaths[i])
                     arr = decode_and_resize(raw[i], self.config.cache_size, index=i,
                                             path=self.manifest.relpaths[i])
                 except CorruptSampleError as exc:

@@ -14,8 +14,9 @@ killed run resumes where it stopped and a finished one has nothing to do.
 
 NOTE [corrupt files]
 A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NOTE
-[stable reads] in ``source.py``) of bytes that match the manifest's size and mtime does
-not decode. A file that cannot be read (after retries), or that changed since the scan,
+[stable reads] in ``source.py``) of bytes that match the manifest's identity does not
+decode, or when the file is larger than one sample may be (NOTE [bounded reads]; it is
+not read). A file that cannot be read (after retries), or that changed since the scan,
 is reported as such and simply stays missing from the levels: the next warm-up tries it
 again. Recorded files are re-checked by every warm-up: their L1 entries are dropped,
 they are read from the source again, and a file that now decodes is cleared from the
@@ -52,7 +53,7 @@ import numpy as np
 
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.decode import decode_and_resize
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
+from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, SampleTooLargeError
 from cachepipe.l2_codec import encode_sample
 from cachepipe.private_files import write_private
 
@@ -150,8 +151,8 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
     corrupt, unreadable, encoded = [], [], []
     for i in l2_indices:
         data = raw[i]
-        if isinstance(data, OSError):
-            unreadable.append(i)
+        if isinstance(data, OSError):  # NOTE [corrupt files]: a file too large to read is not a sample
+            (corrupt if isinstance(data, SampleTooLargeError) else unreadable).append(i)
             continue
         if i in changed:
             continue
@@ -233,7 +234,8 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     known = known_corrupt(cache)
     recheck = known & set(l2_missing)
     if check_capacity and l1_todo:
-        problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo))
+        limit = cache.config.max_file_bytes  # larger files are never stored (NOTE [bounded reads])
+        problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo if m.sizes[i] <= limit))
         if problem:
             raise L1FullError(28, problem)
     l2_todo = l2_missing

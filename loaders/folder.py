@@ -11,6 +11,7 @@ import torch.utils.data
 from PIL import Image
 
 from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
+from cachepipe.source import read_file
 from loaders.replacement import fill_batch
 
 __all__ = ["CachedImageFolder", "ON_ERROR", "OUTPUTS"]
@@ -155,8 +156,7 @@ class CachedImageFolder(torch.utils.data.Dataset):
         path = self.samples[index][0]
         if self.loader is not None:
             return self.loader(path)
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_file(path)  # never blocks on a FIFO nor reads a 40 GB file whole (NOTE [bounded reads])
         return decode_and_resize(data, self.cache_size, index=index, path=self.manifest.samples[index][0])
 
     def load(self, index: int) -> np.ndarray:
