@@ -14,6 +14,7 @@ from cachepipe.errors import L2UnavailableError
 from cachepipe.l1_guard import inspect_l1
 from cachepipe.l2_registry import open_store
 from cachepipe.l2_store import namespace
+from cachepipe.warmup import known_corrupt
 
 __all__ = ["coverage"]
 
@@ -32,7 +33,8 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
         ``source`` (root, samples, classes, bytes, fingerprint), ``l1`` (entries, percent,
         disk_bytes, path), ``l2`` (kind, shards: per-shard memory/keys, error, ``sizes``:
         per cached size ``size``, ``namespace``, ``present`` (samples with a copy in L2),
-        ``percent``, ``partial`` (``{node: samples left out}`` when warm-up left L2 a
+        ``known_corrupt`` (files the warm-up recorded as corrupt: never in L2), ``percent``
+        (of the samples that are not known corrupt), ``partial`` (``{node: samples left out}`` when warm-up left L2 a
         fixed subset, NOTE [fixed L2 subset])), ``other_fingerprints`` (stale namespaces
         in the cache dir).
     """
@@ -90,8 +92,10 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
 
 def _row(cache, size: int, present: int, partial: dict) -> dict:
     n = len(cache.manifest)
+    bad = sum(1 for i in known_corrupt(cache) if i < n)  # NOTE [corrupt files]: never cached
     return {"size": size, "namespace": namespace(cache.config.prefix, cache.fingerprint, size),
-            "present": present, "percent": 100.0 * present / n if n else 0.0, "partial": partial}
+            "present": present, "known_corrupt": bad, "percent": 100.0 * present / (n - bad) if n > bad else 0.0,
+            "partial": partial}
 
 
 def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[dict]:

@@ -18,9 +18,13 @@ A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NO
 decode, or when the file is larger than one sample may be (NOTE [bounded reads]; it is
 not read). A file that cannot be read (after retries), or that changed since the scan,
 is reported as such and simply stays missing from the levels: the next warm-up tries it
-again. Recorded files are re-checked by every warm-up: their L1 entries are dropped,
-they are read from the source again, and a file that now decodes is cleared from the
-record and cached. So a restored file never stays "corrupt".
+again. A corrupt file's bytes stay in L1, which mirrors the source as it is: a file
+fixed or restored since has another identity (NOTE [file identity]) and so another
+fingerprint, so the bytes L1 holds under this one are the file's. Every warm-up re-checks
+the recorded files by decoding those bytes again (read from the source when L1 lacks
+them, as for a file too large to read) without writing anything for them: one that now
+decodes (a Pillow release that reads it, a larger ``max_file_bytes``) is cleared from the
+record and cached. Re-checks alone are "nothing to do" and write nothing.
 
 NOTE [fixed L2 subset]
 A source larger than L2 (ImageNet decoded at 256 px is ~300 GB) is cached in part: the
@@ -125,7 +129,7 @@ def plan_warmup(cache, part: list[int], *, l1_scope: str = "all", limit: int | N
     bad = known_corrupt(cache) & set(part)
     l1_todo: list[int] = []
     if cache.l1 is not None:
-        present = cache.l1.present() - bad
+        present = cache.l1.present()  # known corrupt files included: NOTE [corrupt files]
         l1_todo = [i for i in (range(n) if l1_scope == "all" else part) if i not in present]
     l2_todo = cache.store.missing(part) if cache.store is not None else []
     return l1_todo, sorted(set(l2_todo) | bad)
@@ -252,8 +256,6 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
               "nothing_to_do": set(l1_todo) | set(l2_todo) <= recheck}
     used_before = _l2_used(cache) if l2_todo else 0
-    if recheck and cache.l1 is not None and cache._raw.l1_writable:
-        cache.l1.delete(sorted(recheck))  # read them from the source again
     l2_set = set(l2_todo)
     work = sorted(set(l1_todo) | l2_set)
     chunks = [(c, [i for i in c if i in l2_set])

@@ -34,8 +34,10 @@ def format_coverage(c: dict) -> str:
     if not l2["sizes"]:
         lines.append(f"L2      {l2['kind']}: nothing cached for this source")
     for row in l2["sizes"]:
+        of = f" of the {s['samples'] - row['known_corrupt']} that decode; {row['known_corrupt']} known corrupt " \
+             f"(never cached; listed by warmup)" if row["known_corrupt"] else ""
         line = (f"L2      {l2['kind']} {row['size']} px: {row['present']}/{s['samples']} "
-                f"({row['percent']:.1f} %) under {row['namespace']}*")
+                f"({row['percent']:.1f} %{of}) under {row['namespace']}*")
         if row["partial"]:
             left = ", ".join(f"{count} of node {node}" for node, count in sorted(row["partial"].items()))
             line += f"; a fixed subset (warm-up left out {left}: read from L1)"
