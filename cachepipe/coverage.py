@@ -1,9 +1,23 @@
-"""How much of a source each cache level holds (for ``cachepipe stats``); starts nothing."""
+"""How much of a source each cache level holds (for ``cachepipe stats`` and the warm-up's
+report); starts nothing.
+
+NOTE [evicting shards]
+A shard whose ``maxmemory-policy`` is ``allkeys-*`` (lru, lfu, random) makes room for a
+write by evicting other keys, cached samples included, and refuses nothing: the warm-up's
+own count (present before + written) then overstates L2, and each warm-up or training
+write-back evicts what the last one wrote, so coverage shrinks run after run. cachepipe
+asks for ``noeviction`` (NOTE [fixed L2 subset]); with an evicting shard the warm-up warns
+once per shard and process and counts the samples really present afterwards (one
+pipelined ``EXISTS`` pass over the partition). ``volatile-*`` policies evict only keys
+with a TTL, which cachepipe never sets, so they behave as ``noeviction`` here.
+"""
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+
+import warnings
 
 import lmdb
 import numpy as np
@@ -13,10 +27,13 @@ from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import L2UnavailableError
 from cachepipe.l1_guard import inspect_l1
 from cachepipe.l2_registry import open_store
+from cachepipe.corrupt_record import known_corrupt
+from cachepipe.errors import CacheWarning
 from cachepipe.l2_store import namespace
-from cachepipe.warmup import known_corrupt
 
-__all__ = ["coverage"]
+__all__ = ["coverage", "evicting_shards", "l2_used", "warm_coverage"]
+
+_WARNED: set[str] = set()  # shards warned about (NOTE [evicting shards])
 
 
 def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
@@ -120,3 +137,50 @@ def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[d
         found = present.get(size)
         rows.append(_row(cache, size, int(found.sum()) if found is not None else 0, partial))
     return rows
+
+
+def l2_used(cache) -> int:
+    """Memory used by the reachable L2 shards together (0 without L2)."""
+    if cache.store is None:
+        return 0
+    return sum(row["used_memory"] for row in cache.store.shard_info() if row["reachable"])
+
+
+def evicting_shards(store) -> list[str]:
+    """The shards of ``store`` (``None``: no L2) whose policy evicts cached samples; warns
+    once per shard and process (NOTE [evicting shards])."""
+    rows = [r for r in (store.shard_info() if store is not None else []) if r["policy"].startswith("allkeys-")]
+    for row in rows:
+        if row["url"] not in _WARNED:
+            _WARNED.add(row["url"])
+            warnings.warn(f"L2 shard {row['url']} uses maxmemory-policy {row['policy']}: Redis evicts cached "
+                          f"samples to make room for new ones, so coverage shrinks as the shard fills (every "
+                          f"warm-up and training epoch); the warm-up counts the samples really present. Set "
+                          f"maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction) to keep a fixed "
+                          f"subset", CacheWarning, stacklevel=3)
+    return [r["url"] for r in rows]
+
+
+def warm_coverage(cache, report: dict, part: list[int], missing: int, left_out: int, not_samples: set[int],
+                  evicting: list[str]) -> dict:
+    """``l2_cached``, ``l2_uncached`` and ``l2_coverage`` of the partition after a warm-up
+    (NOTE [fixed L2 subset]): uncached are the samples left out for lack of room, before
+    writing or refused while writing; ``not_samples`` (corrupt, unreadable or changed
+    files) count in neither. With ``evicting`` shards the samples present are counted
+    afresh (NOTE [evicting shards]).
+
+    Args:
+        report: the warm-up's counts (``l2_written``, ``l2_full``).
+        part: the partition; ``missing``: how many of it lacked a value before the run;
+        ``left_out``: how many of those were not attempted for lack of room.
+    """
+    if cache.store is None:
+        return {"l2_cached": 0, "l2_uncached": 0, "l2_coverage": 0.0}
+    if evicting:
+        absent = set(cache.store.missing(part))
+        cached, uncached = len(part) - len(absent), len(absent - not_samples)
+    else:
+        cached = len(part) - missing + report["l2_written"]
+        uncached = left_out + report["l2_full"]
+    return {"l2_cached": cached, "l2_uncached": uncached,
+            "l2_coverage": cached / (cached + uncached) if cached + uncached else 1.0}

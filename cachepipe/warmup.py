@@ -45,7 +45,6 @@ partition does not fit, as before, and the CLI then exits 5.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import sys
 import time
@@ -58,8 +57,9 @@ import numpy as np
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.decode import decode_and_resize
 from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, SampleTooLargeError
+from cachepipe.corrupt_record import known_corrupt, save_corrupt
+from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
 from cachepipe.l2_codec import encode_sample
-from cachepipe.private_files import write_private
 
 __all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
 
@@ -68,23 +68,6 @@ _SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors
 
 class L2TooSmallError(MemoryError):
     """L2 cannot hold the partition; the message says how much memory it needs."""
-
-
-def _corrupt_path(cache):
-    return cache.l1_path.parent / "corrupt.json"
-
-
-def known_corrupt(cache) -> set[int]:
-    """Indices found undecodable by earlier warm-ups of this fingerprint."""
-    try:
-        with open(_corrupt_path(cache)) as f:
-            return set(json.load(f))
-    except (OSError, ValueError):
-        return set()
-
-
-def _save_corrupt(cache, indices: set[int]) -> None:
-    write_private(_corrupt_path(cache), json.dumps(sorted(indices)).encode())
 
 
 def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int | None = None) -> list[int]:
@@ -255,7 +238,8 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
               "nothing_to_do": set(l1_todo) | set(l2_todo) <= recheck}
-    used_before = _l2_used(cache) if l2_todo else 0
+    used_before = l2_used(cache) if l2_todo else 0
+    evicting = evicting_shards(cache.store)  # warned once: they undo what is written
     l2_set = set(l2_todo)
     work = sorted(set(l1_todo) | l2_set)
     chunks = [(c, [i for i in c if i in l2_set])
@@ -290,14 +274,16 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     recovered = recheck & (found["decoded"] | found["changed"])
     now_known = (known - recovered) | found["corrupt"]
     if now_known != known:
-        _save_corrupt(cache, now_known)
+        save_corrupt(cache, now_known)
     report["corrupt"] = _names(m, found["corrupt"] - known)
     report["known_corrupt"] = _names(m, now_known & set(part))
     report["recovered"] = _names(m, recovered)
     report["unreadable"] = _names(m, found["unreadable"])
     report["changed"] = _names(m, found["changed"])
-    report.update(_l2_coverage(cache, report, len(part), len(l2_missing), len(l2_missing) - len(l2_todo)))
-    report["l2_bytes_per_sample"] = ((_l2_used(cache) - used_before) / report["l2_written"]
+    not_samples = now_known | found["unreadable"] | found["changed"]
+    report.update(warm_coverage(cache, report, part, len(l2_missing), len(l2_missing) - len(l2_todo),
+                                not_samples, evicting))
+    report["l2_bytes_per_sample"] = ((l2_used(cache) - used_before) / report["l2_written"]
                                      if report["l2_written"] else 0.0)
     if cache.store is not None:
         cache.store.mark_partial(f"{node_rank}/{num_nodes}", report["l2_uncached"])
@@ -305,22 +291,3 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0
     return report
 
-
-def _l2_used(cache) -> int:
-    """Memory used by the reachable L2 shards together (0 without L2)."""
-    if cache.store is None:
-        return 0
-    return sum(row["used_memory"] for row in cache.store.shard_info() if row["reachable"])
-
-
-def _l2_coverage(cache, report: dict, part: int, missing: int, left_out: int) -> dict:
-    """``l2_cached``, ``l2_uncached`` and ``l2_coverage`` of the partition after this run
-    (NOTE [fixed L2 subset]): uncached are the samples left out for lack of room, before
-    writing or refused while writing; corrupt, unreadable or changed files count in
-    neither (they are reported as such)."""
-    if cache.store is None:
-        return {"l2_cached": 0, "l2_uncached": 0, "l2_coverage": 0.0}
-    cached = part - missing + report["l2_written"]
-    uncached = left_out + report["l2_full"]
-    return {"l2_cached": cached, "l2_uncached": uncached,
-            "l2_coverage": cached / (cached + uncached) if cached + uncached else 1.0}
