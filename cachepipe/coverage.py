@@ -31,7 +31,7 @@ from cachepipe.corrupt_record import known_corrupt
 from cachepipe.errors import CacheWarning
 from cachepipe.l2_store import namespace
 
-__all__ = ["coverage", "evicting_shards", "l2_used", "warm_coverage"]
+__all__ = ["coverage", "evicting_shards", "l2_used", "running_l2", "warm_coverage"]
 
 _WARNED: set[str] = set()  # shards warned about (NOTE [evicting shards])
 
@@ -77,15 +77,9 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
     out["l1"] = l1
     l2 = {"kind": "none", "shards": [], "error": "", "sizes": []}
     if cfg.redis is not False:
-        urls = list(cfg.redis or [])
+        urls, l2["error"] = running_l2(cfg)
         l2["kind"] = "embedded" if cfg.redis is None else ("cluster" if urls[0].startswith(
             "redis-cluster://") else "shards")
-        if cfg.redis is None:
-            server = EmbeddedRedis(cfg.cache_dir)
-            if server.ping():
-                urls = [server.url]
-            else:
-                l2["error"] = f"embedded server not running (socket {server.socket_path})"
         if urls:
             store = open_store(urls, cache.namespace, Counter(), replicas=cfg.replicas,
                                timeout=cfg.timeout)
@@ -96,7 +90,7 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
                 l2["error"] = str(exc)
             finally:
                 store.close()
-    if sizes and not l2["sizes"]:  # no L2, or it cannot be read: the sizes asked for, empty
+    if sizes and not l2["sizes"] and not l2["shards"]:  # no L2 (or not running): the sizes asked for, empty
         l2["sizes"] = [_row(cache, size, 0, {}) for size in sizes]
     out["l2"] = l2
     root = Path(cfg.cache_dir)
@@ -105,6 +99,17 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
         if p.is_dir() and p.name != m.fingerprint and (p / "manifest.json").exists()
     ) if root.is_dir() else []
     return out
+
+
+def running_l2(cfg) -> tuple[list[str], str]:
+    """The L2 URLs of a :class:`~cachepipe.CacheConfig` without starting anything, and why
+    there are none: the embedded server only when it runs (its keys die with it)."""
+    if cfg.redis is not None:
+        return list(cfg.redis or []), ""
+    server = EmbeddedRedis(cfg.cache_dir)
+    if server.ping():
+        return [server.url], ""
+    return [], f"embedded server not running (socket {server.socket_path})"
 
 
 def _row(cache, size: int, present: int, partial: dict) -> dict:

@@ -1,8 +1,8 @@
 """Exceptions and warnings raised by cachepipe."""
 from __future__ import annotations
 
-__all__ = ["CacheWarning", "CorruptSampleError", "EmptyFolderError", "L1FullError", "L2UnavailableError",
-           "SampleTooLargeError"]
+__all__ = ["CacheWarning", "CorruptSampleError", "EmptyFolderError", "L1FullError", "L2PermissionError",
+           "L2UnavailableError", "SampleTooLargeError"]
 
 
 class CacheWarning(RuntimeWarning):
@@ -60,6 +60,11 @@ class L1FullError(OSError):
 class L2UnavailableError(ConnectionError):
     """No L2 shard can be reached (raised by checks such as ``cachepipe warmup``, never
     by reads, which fall back to L1 and the source)."""
+
+
+class L2PermissionError(L2UnavailableError):
+    """A shard refused a command of an explicit check with ``NOPERM``: its ACL user lacks
+    it. The message names the command and the shard (never the password)."""
 
 
 class SampleTooLargeError(OSError):

@@ -56,10 +56,11 @@ import numpy as np
 
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.decode import decode_and_resize
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, SampleTooLargeError
+from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, L2UnavailableError, SampleTooLargeError
 from cachepipe.corrupt_record import known_corrupt, save_corrupt
 from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
 from cachepipe.l2_codec import encode_sample
+from cachepipe.stale import stale_fingerprints, stale_l2_keys
 
 __all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
 
@@ -203,6 +204,8 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         corrupt for the first time), ``known_corrupt`` (relpaths still recorded after the
         re-check), ``recovered`` (recorded ones that now decode), ``unreadable`` and
         ``changed`` (relpaths not cached this time; see NOTE [corrupt files]),
+        ``stale_fingerprints`` and ``l2_stale_keys`` (older versions of the source and their
+        L2 keys, counted when samples did not fit: NOTE [stale namespaces]),
         ``seconds``, ``mb_per_s``, ``nothing_to_do`` (no work but the re-checks).
 
     Raises:
@@ -287,7 +290,17 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
                                      if report["l2_written"] else 0.0)
     if cache.store is not None:
         cache.store.mark_partial(f"{node_rank}/{num_nodes}", report["l2_uncached"])
+    report["stale_fingerprints"], report["l2_stale_keys"] = _stale(cache) if report["l2_uncached"] else ([], 0)
     report["seconds"] = time.perf_counter() - t0
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0
     return report
 
+
+def _stale(cache) -> tuple[list[str], int]:
+    """Older versions of the source and their L2 keys, which take the room that is missing
+    (NOTE [stale namespaces]); none when they cannot be counted."""
+    stale = stale_fingerprints(cache)
+    try:
+        return stale, stale_l2_keys(cache, stale)
+    except L2UnavailableError:
+        return stale, 0

@@ -54,6 +54,9 @@ def _coverage(r: dict, node: str) -> str:
     if r["l2_uncached"]:
         line += (f"; {r['l2_uncached']} did not fit and are read from L1 (a fixed subset: "
                  f"more L2 memory and another warmup raise it)")
+    if r.get("l2_stale_keys"):
+        line += (f"; {r['l2_stale_keys']} L2 keys of older versions of this source "
+                 f"({', '.join(r['stale_fingerprints'])}) take room: cachepipe drop frees them")
     return line
 
 
@@ -139,7 +142,8 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
                     return fail(f"cannot start the embedded Redis: {exc}", EXIT_REDIS)
                 down = [r for r in store.shard_info() if not r["reachable"]]
                 if down:
-                    return fail(f"cannot reach L2 shard {down[0]['url']} ({down[0]['error']})"
+                    what = "L2 shard {} refused INFO" if down[0].get("denied") else "cannot reach L2 shard {}"
+                    return fail(f"{what.format(down[0]['url'])} ({down[0]['error']})"
                                 + (f" and {len(down) - 1} more" if len(down) > 1 else ""), EXIT_REDIS)
             report = warmup(cache, workers=args.workers, node_rank=args.node_rank,
                             num_nodes=args.num_nodes, l1_scope=args.l1_scope,
@@ -155,6 +159,9 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
         return fail(str(exc), EXIT_USAGE)
     reports.append(report)
     print(_summary(report, node, cache.config.redis is not False))
+    if report.get("l2_stale_keys"):
+        print(f"  free the older versions' L2 keys first: cachepipe drop {args.source} --cache-dir {args.cache_dir}"
+              + (" (with the same --redis flags)" if args.redis else "") + ", then warm up again")
     if cache.config.redis is None:
         print(f"  L2 is the embedded Redis at {cache.embedded_server().url}; it keeps running for "
               f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")
