@@ -23,6 +23,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
@@ -100,7 +101,9 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket_path}"
+        """``unix://`` and the socket path, percent-quoted: a cache dir may hold ``#``, ``?``,
+        ``%``, tabs or newlines, which a URL parser would otherwise cut or decode."""
+        return f"unix://{quote(os.fsencode(self.socket_path), safe='/')}"
 
     def client(self, timeout: float = 1.0) -> redis.Redis:
         """A client of the socket (checked first, NOTE [private socket]).

@@ -137,6 +137,7 @@ class TwoLevelCache:
         self._raw: RawLevels | None = None
         self._l2: L2Level | None = None
         self.counters: Counter = Counter()
+        self.started_server = False  # this process started the embedded server
 
     def __getstate__(self) -> dict:
         return {"config": self.config, "fingerprint": self._fingerprint}
@@ -200,10 +201,11 @@ class TwoLevelCache:
         return self._store
 
     def embedded_server(self, start: bool = False) -> EmbeddedRedis:
-        """The embedded server of ``cache_dir`` (started when ``start``)."""
+        """The embedded server of ``cache_dir`` (started when ``start``; ``started_server``
+        then says whether this process started it)."""
         server = EmbeddedRedis(self.config.cache_dir)
-        if start:
-            server.start(self.config.l2_memory)
+        if start and server.start(self.config.l2_memory):
+            self.started_server = True
         return server
 
     def __len__(self) -> int:
@@ -314,9 +316,9 @@ class TwoLevelCache:
                 self._l1.close()
             if self._raw is not None:
                 self._raw.close()
-        counters = self.counters
+        counters, started = self.counters, self.started_server
         self._reset_process_state()
-        self.counters = counters
+        self.counters, self.started_server = counters, started
 
     def __enter__(self) -> TwoLevelCache:
         return self

@@ -122,8 +122,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
     """Warm one cache size and print its summary; returns a non-zero exit status on failure."""
-    from cachepipe.errors import L1FullError, L2UnavailableError
-    from cachepipe.warmup import L2TooSmallError, warmup
     from tools.cache_flags import cache_from_args
 
     try:
@@ -132,6 +130,16 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
         return fail(str(exc), EXIT_SOURCE)
     except OSError as exc:  # read-only or full cache dir
         return fail(f"cannot write the cache dir {args.cache_dir}: {exc}", EXIT_L1_FULL)
+    code = _warm(args, size, reports, cache)
+    if code == EXIT_REDIS and cache.started_server:  # never leave a server we started and cannot use
+        cache.embedded_server().stop()
+    return code
+
+
+def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
+    from cachepipe.errors import L1FullError, L2UnavailableError
+    from cachepipe.warmup import L2TooSmallError, warmup
+
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
     try:
         with cache:
