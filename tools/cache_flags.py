@@ -53,7 +53,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
     parser.add_argument("--prefix", default="cachepipe", help="first part of every L2 key")
     parser.add_argument("--l2-memory", default=None,
                         help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%%; unset: "
-                             "keep a running server's, else 25%% of RAM")
+                             "keep a running server's, else the last one given for --cache-dir, else 25%% of RAM")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
     parser.add_argument("--max-file-size", default="1gb", metavar="SIZE",
                         help="the largest source file read for one sample (e.g. 1gb, 512mb); a larger one is "

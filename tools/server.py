@@ -1,7 +1,7 @@
 """``cachepipe server {start,stop,status} --cache-dir DIR``: the embedded Redis of a cache dir.
 
-Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran; 4 when
-it cannot start.
+Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran; 2 for a
+bad ``--l2-memory``; 4 when it cannot start.
 """
 from __future__ import annotations
 
@@ -17,15 +17,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", required=True, help="the cache directory")
     parser.add_argument("--l2-memory", default=None,
                         help="maxmemory for start, e.g. 4gb, 25%%; unset: keep a running "
-                             "server's, else 25%% of RAM")
+                             "server's, else the last one given for this cache dir, else 25%% of RAM")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
 
 
 def main(args: argparse.Namespace) -> int:
-    from cachepipe.embedded import EmbeddedRedis
+    from cachepipe.embedded import EmbeddedRedis, parse_memory
 
     server = EmbeddedRedis(args.cache_dir)
     if args.action == "start":
+        try:
+            if args.l2_memory is not None:
+                parse_memory(args.l2_memory)
+        except ValueError as exc:
+            print(f"cachepipe server: error: {exc}", file=sys.stderr)
+            return 2
         try:
             started = server.start(args.l2_memory)
         except (RuntimeError, FileNotFoundError, ValueError, OSError) as exc:
