@@ -76,8 +76,7 @@ class RawLevels:
         expect = [m.identity(i) for i in todo]
         for i, got in zip(todo, self.reader.read([m.path(i) for i in todo], expect)):
             if isinstance(got, OSError):
-                raw[i] = got
-                warnings.warn(f"cannot read {m.path(i)!r}: {got}", CacheWarning, stacklevel=3)
+                raw[i] = got  # the caller reports the bad sample, once (NOTE [bad samples reported once])
                 c["source_errors"] += 1
                 continue
             raw[i] = got.data

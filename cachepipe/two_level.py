@@ -138,6 +138,7 @@ class TwoLevelCache:
         self._l2: L2Level | None = None
         self.counters: Counter = Counter()
         self.started_server = False  # this process started the embedded server
+        self.last_errors: dict[int, str] = {}  # bad samples of the last get_many: index -> reason
 
     def __getstate__(self) -> dict:
         return {"config": self.config, "fingerprint": self._fingerprint}
@@ -227,9 +228,12 @@ class TwoLevelCache:
 
         Args:
             indices: sample indices (duplicates allowed).
-            errors: ``"raise"``: a corrupt source file raises :class:`CorruptSampleError`
-                (after the good samples were cached); ``"skip"``: it gives ``None`` and is
-                counted in ``stats()["corrupt"]``.
+            errors: ``"raise"``: a corrupt or unreadable source file raises
+                :class:`CorruptSampleError` (after the good samples were cached); ``"skip"``:
+                it gives ``None`` and is counted in ``stats()["corrupt"]``. Either way
+                ``last_errors`` then maps each bad index of this call to what was wrong, and
+                nothing is warned about here: the caller reports a bad sample (NOTE [bad
+                samples reported once] in ``loaders/folder.py``).
             copy: ``False`` returns L2 hits as read-only views of the Redis reply (one
                 copy less per sample, for callers that crop or convert anyway).
 
@@ -254,6 +258,7 @@ class TwoLevelCache:
         result = self._l2.read(uniq, copy=copy) if self._l2 is not None and uniq else {}
         need = [i for i in uniq if i not in result]
         errors_seen: list[CorruptSampleError] = []
+        self.last_errors = {}
         if need:
             raw = self._raw.read(need)
             encoded = []
@@ -273,6 +278,7 @@ class TwoLevelCache:
                     encoded.append((i, encode_sample(i, arr)))
             if encoded:
                 self._l2.write_back(encoded)
+        self.last_errors = {e.index: e.reason for e in errors_seen}
         if errors_seen and errors == "raise":
             raise errors_seen[0]
         out, seen = [], set()

@@ -126,8 +126,9 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
         Counts (``done``, ``l1_written``, ``l2_written``, ``l2_full`` (refused for
         maxmemory: NOTE [fixed L2 subset]), ``bytes_read``, ``l2_write_errors`` (other
         failures)) and index lists: ``corrupt`` (stable, unchanged bytes that do
-        not decode), ``unreadable`` (read errors after retries), ``changed`` (the file
-        differs from the manifest), ``decoded``.
+        not decode, or too large to read), ``unreadable`` (read errors after retries;
+        ``why``: index -> the error), ``changed`` (the file differs from the manifest),
+        ``decoded``.
 
     Raises:
         L1FullError: the L1 map or disk is full.
@@ -157,7 +158,7 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
             "l2_written": l2_written, "bytes_read": after["source_bytes"] - before["source_bytes"],
             "l2_write_errors": after["l2_write_errors"] - before["l2_write_errors"] - oom,
             "l2_full": oom, "corrupt": corrupt, "unreadable": unreadable, "changed": sorted(changed),
-            "decoded": [i for i, _ in encoded]}
+            "decoded": [i for i, _ in encoded], "why": {i: str(raw[i]) for i in unreadable}}
 
 
 def _names(manifest, indices: set[int]) -> list[str]:
@@ -204,6 +205,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         corrupt for the first time), ``known_corrupt`` (relpaths still recorded after the
         re-check), ``recovered`` (recorded ones that now decode), ``unreadable`` and
         ``changed`` (relpaths not cached this time; see NOTE [corrupt files]),
+        ``unreadable_reasons`` (relpath -> the read error),
         ``stale_fingerprints`` and ``l2_stale_keys`` (older versions of the source and their
         L2 keys, counted when samples did not fit: NOTE [stale namespaces]),
         ``seconds``, ``mb_per_s``, ``nothing_to_do`` (no work but the re-checks).
@@ -248,6 +250,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     chunks = [(c, [i for i in c if i in l2_set])
               for c in (work[s:s + batch_size] for s in range(0, len(work), batch_size))]
     found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}
+    why: dict[int, str] = {}  # what was wrong with each unreadable file
     if chunks:
         from tqdm import tqdm
 
@@ -266,6 +269,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
                     report[k] += r[k]
                 for k, v in found.items():
                     v.update(r[k])
+                why.update(r["why"])
                 bar.update(r["done"])
                 if on_progress:
                     on_progress(r["done"])
@@ -282,6 +286,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     report["known_corrupt"] = _names(m, now_known & set(part))
     report["recovered"] = _names(m, recovered)
     report["unreadable"] = _names(m, found["unreadable"])
+    report["unreadable_reasons"] = {m.relpaths[i]: why[i] for i in sorted(found["unreadable"])}
     report["changed"] = _names(m, found["changed"])
     not_samples = now_known | found["unreadable"] | found["changed"]
     report.update(warm_coverage(cache, report, part, len(l2_missing), len(l2_missing) - len(l2_todo),

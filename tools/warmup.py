@@ -90,7 +90,9 @@ def _summary(r: dict, node: str, l2: bool) -> str:
                        ("changed", "files changed since the scan (not cached; rescan)")):
         if key == "corrupt" or r[key]:
             lines.append(f"  {title}: {len(r[key])}")
-            lines += [f"    {p!r}" if not p.isprintable() else f"    {p}" for p in r[key][:20]]
+            why = r.get("unreadable_reasons", {}) if key == "unreadable" else {}
+            lines += [(f"    {p!r}" if not p.isprintable() else f"    {p}") + (f": {why[p]}" if p in why else "")
+                      for p in r[key][:20]]
             if len(r[key]) > 20:
                 lines.append(f"    ... and {len(r[key]) - 20} more (see --json)")
     return "\n".join(lines)

@@ -53,7 +53,8 @@ with TwoLevelCache(src, cache_dir, [url], 32) as cache:
         warnings.simplefilter("always")
         got = cache.get_many(range(6), errors="skip")
         samples, _, skipped = folder.load_many([2, 3, 4])
-    print(json.dumps({"missing": [k for k, x in enumerate(got) if x is None], "stats": cache.stats(),
+        why = cache.last_errors
+    print(json.dumps({"missing": [k for k, x in enumerate(got) if x is None], "stats": cache.stats(), "why": why,
                       "skipped": skipped, "samples": len(samples), "warnings": [str(w.message) for w in seen]}))
 """
 
@@ -76,6 +77,7 @@ def test_a_file_replaced_by_a_fifo_after_the_scan_is_unreadable_not_a_hang(sourc
     r = json.loads(proc.stdout)
     assert r["missing"] == [3] and r["stats"]["source_errors"] == 1  # the cache: unreadable, skipped
     assert set(r["skipped"]) == {3} and r["samples"] == 3  # the loader without a cache: replaced
+    assert "not a regular file" in r["why"]["3"]  # what was wrong, said once by the loader that skips it
     assert any("not a regular file" in w for w in r["warnings"]), r["warnings"]
 
 

@@ -119,9 +119,10 @@ def test_persistent_eio_is_unreadable_not_corrupt(source, cache, tmp_path):
     path = Path(cache.manifest.path(2))
     with on_open(path, eio()):
         r = warmup(cache, progress=False)
-        with pytest.warns(Warning, match="Input/output error"):
-            assert cache.get_many([2], errors="skip") == [None]  # never a wrong sample
+        assert cache.get_many([2], errors="skip") == [None]  # never a wrong sample
+        assert "Input/output error" in cache.last_errors[2]
     assert r["unreadable"] == [cache.manifest.relpaths[2]] and known_corrupt(cache) == set()
+    assert "Input/output error" in r["unreadable_reasons"][cache.manifest.relpaths[2]]
     again = warmup(cache, progress=False)  # the disk is back
     assert again["l2_written"] == 1 and again["corrupt"] == []
     _check_all(cache)
