@@ -7,7 +7,8 @@ and kept (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``) and the coverage is
 Exit status: 0 done (corrupt files are listed; L2 may hold a fixed subset), 1 corrupt
 files with ``--strict``, L2 writes that failed, or files that could not be read (after
 retries; the next run tries them again), 2 bad usage (flag values, URL schemes), 3
-missing or invalid source, 4 unreachable Redis, 5 L2 too small with ``--require-full``
+missing or invalid source, 4 unreachable Redis or a command its ACL refuses (an embedded
+server this warm-up started is stopped again), 5 L2 too small with ``--require-full``
 (the message says how much memory it needs), 6 L1 disk or map full, or the cache dir
 cannot be written.
 """

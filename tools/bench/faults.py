@@ -8,13 +8,18 @@ fault from here, on processes and files this benchmark made:
 - ``worker``: SIGKILL one rank's DataLoader worker in the second epoch;
 - ``corrupt``: overwrite source files with garbage, cold cache (they are read, and fail, each epoch);
 - ``rank``: SIGKILL a rank after a few checkpoints, then ``--resume``;
-- ``l1``: truncate L1's ``data.mdb`` to 16 KiB and empty L2 before the run, so reads go to L1.
+- ``l1``: truncate L1's ``data.mdb`` to 16 KiB and empty L2 before the run, so reads go to L1;
+- ``fifo``, ``huge``, ``replaced``: a FIFO, a 40 GB sparse file, a same-size same-mtime
+  replacement in a copy of the source (``tools/bench/fault_sources.py``).
 
 Per scenario: whether the fault was injected and the run finished (``survived``), epochs,
 steps and samples seen per epoch against the baseline (``samples_lost``: fewer samples
 trained on; bad samples are replaced, so 0), bad samples replaced (``skipped``), the final
 top-1 and whether it is identical to the baseline's (expected everywhere but ``corrupt``,
-whose data differ), and segments left in ``/dev/shm``.
+whose data differ), segments left in ``/dev/shm``, processes of the run still alive after
+it (``procs_left``: marked by an environment variable, then killed), and for ``replaced``
+whether the cache served the old pixels afterwards (``stale``). A run that does not end
+within ``--timeout`` seconds is killed and did not survive.
 """
 from __future__ import annotations
 
@@ -30,14 +35,16 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.bench.fault_sources import SOURCE_FAULTS, source_fault
 from tools.bench.table import format_table, machine_description, write_json
 from trainer.launch import free_port
 
 __all__ = ["configure", "main", "spawned_children"]
 
-SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "l1"]  # l1 last: it damages the shared cache
+SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", *SOURCE_FAULTS,
+             "l1"]  # l1 last: it damages the shared cache
 COLUMNS = ["fault", "injected", "survived", "epochs", "steps", "samples_lost", "skipped", "top1",
-           "same_top1", "shm_left", "exit"]
+           "same_top1", "shm_left", "procs_left", "stale", "exit"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-class", type=int, default=64, help="training images per class (default 64)")
     parser.add_argument("--corrupt", type=int, default=5, help="files corrupted in the corrupt scenario (default 5)")
     parser.add_argument("--work-dir", default=None, help="where data, caches and runs go (default: a temporary dir)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds a run may take before it is killed (a hang does not survive)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
 
 
@@ -107,6 +116,24 @@ class _Shard:
         redis.Redis(port=self.port).flushall()
 
 
+_MARK = "CACHEPIPE_BENCH_FAULTS_RUN"  # in the environment of every process of a run
+
+
+def _kill_marked(mark: str) -> list[int]:
+    """Kill the processes whose environment carries ``_MARK=mark`` (a run's, left behind);
+    returns their pids."""
+    token = f"{_MARK}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+                found.append(int(entry.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def _rows(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -130,6 +157,7 @@ class _Bench:
         self.urls = [s.url for s in self.shards]
         self.cache = work / "cache"
         prepare_cache(CacheConfig(self.data, self.cache, self.urls, 64))
+        self.procs_left, self.stale = 0, "-"
 
     def train_argv(self, out: Path, data: Path | None = None, cache: Path | None = None, *extra) -> list[str]:
         argv = [sys.executable, "-m", "tools", "train", "--data", str(data or self.data), "--recipe", "demo",
@@ -141,13 +169,18 @@ class _Bench:
         return argv
 
     def run(self, argv, inject=None) -> tuple[int, bool]:
-        """Run ``argv``; ``inject(job)`` is polled while it runs and returns True once injected."""
+        """Run ``argv``; ``inject(job)`` is polled while it runs and returns True once injected.
+        A run past ``--timeout`` is killed; processes it leaves behind are counted in
+        ``self.procs_left`` and killed."""
         log = self.work / "logs" / f"run{len(list((self.work / 'logs').glob('*')))}.log"
+        mark = f"{os.getpid()}-{log.name}"
+        deadline = time.monotonic() + self.args.timeout
         with open(log, "w") as f:  # a file, not a pipe: a chatty run never blocks on it
-            job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, text=True)
+            job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, _MARK: mark})
             injected = inject is None
             try:
-                while job.poll() is None:
+                while job.poll() is None and time.monotonic() < deadline:
                     if not injected:
                         injected = bool(inject(job))
                     time.sleep(0.02)
@@ -156,6 +189,7 @@ class _Bench:
                     job.kill()
                 job.wait()
         self.log = log.read_text()
+        self.procs_left += len(_kill_marked(mark))
         return job.returncode, injected
 
 
@@ -216,6 +250,8 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
         for f in files[:: max(len(files) // bench.args.corrupt, 1)][: bench.args.corrupt]:
             f.write_bytes(b"\xff\xd8 garbage, not a JPEG")
         return (*bench.run(bench.train_argv(out, data, bench.work / "cache-corrupt")), out)
+    if name in SOURCE_FAULTS:
+        return (*source_fault(bench, name, out), out)
     if name == "l1":
         for mdb in bench.cache.rglob("data.mdb"):
             os.truncate(mdb, 16384)
@@ -254,10 +290,12 @@ def main(args: argparse.Namespace) -> int:
         for name in ["baseline"] + [s for s in args.scenarios if s != "baseline"]:
             shm = _shm()
             start = time.perf_counter()
+            bench.procs_left, bench.stale = 0, "-"
             code, injected, out = _scenario(bench, name)
             if name == "baseline":
                 base = _rows(out)
             row = _row(name, code, injected, out, base, 8 * 4, shm)
+            row.update(procs_left=bench.procs_left, stale=bench.stale)
             row["seconds"] = round(time.perf_counter() - start, 1)
             if code:
                 row["error"] = bench.log.strip().splitlines()[-1][:200] if bench.log.strip() else ""
