@@ -18,6 +18,7 @@ from PIL import Image
 
 from cachepipe.decode import resized_shape
 from cachepipe.l2_codec import encoded_size
+from cachepipe.source import open_regular
 
 __all__ = ["estimate_sample_bytes", "l2_fitting", "l2_shortfalls", "check_l1_space"]
 
@@ -35,8 +36,9 @@ def estimate_sample_bytes(cache, indices: list[int]) -> int:
     cached = cache.l1.get_many(pick)[0] if cache.l1 is not None else [None] * len(pick)
     sizes = []
     for i, data in zip(pick, cached):
-        try:  # Pillow reads only the header; no level is filled here
-            with Image.open(io.BytesIO(data) if data is not None else cache.manifest.path(i)) as img:
+        try:  # Pillow reads only the header; no level is filled here; never a FIFO (NOTE [bounded reads])
+            with (io.BytesIO(data) if data is not None else open_regular(cache.manifest.path(i))) as f, \
+                    Image.open(f) as img:
                 h, w = resized_shape(img.height, img.width, cache.config.cache_size)
             sizes.append(encoded_size(h, w))
         except Exception:  # corrupt files are reported by the warm-up itself

@@ -10,6 +10,7 @@ from cachepipe.embedded_group import default_l2_servers
 from cachepipe.l2_registry import store_kind
 from cachepipe.netfs import check_cache_dir
 from cachepipe.redis_url import canonical, redact_all
+from cachepipe.source import DEFAULT_MAX_FILE_BYTES
 
 __all__ = ["CacheConfig", "normalize_redis"]
 
@@ -53,6 +54,8 @@ class CacheConfig:
         l1_map_size: LMDB map size in bytes (``None`` = from the manifest).
         follow_external_links: the scan follows links leaving the source root (NOTE
             [symlinks in the source]).
+        max_file_bytes: the largest source file read for one sample; a larger one is a
+            bad sample (NOTE [bounded reads] in ``cachepipe/source.py``).
     """
 
     source: str
@@ -67,6 +70,7 @@ class CacheConfig:
     l1_map_size: int | None = None
     follow_external_links: bool = False
     l2_servers: int | None = None
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if k != "redis")
@@ -94,6 +98,9 @@ class CacheConfig:
             raise ValueError(f"replicas must be in 1..{n} (the number of shards), got {self.replicas}")
         if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
             raise ValueError(f"timeout (--timeout) must be a finite number of seconds > 0, got {self.timeout!r}")
+        if not isinstance(self.max_file_bytes, int) or self.max_file_bytes < 1:
+            raise ValueError(f"max_file_bytes (--max-file-size) must be a positive number of bytes, "
+                             f"got {self.max_file_bytes!r}")
         if self.l1_map_size is not None and self.l1_map_size < 1 << 16:
             raise ValueError(f"l1_map_size must be >= 64 KiB, got {self.l1_map_size}")
         check_cache_dir(self.cache_dir)  # NOTE [cache dir on a network file system]

@@ -1,21 +1,38 @@
-"""How much of a source each cache level holds (for ``cachepipe stats``); starts nothing."""
+"""How much of a source each cache level holds (for ``cachepipe stats`` and the warm-up's
+report); starts nothing.
+
+NOTE [evicting shards]
+A shard whose ``maxmemory-policy`` is ``allkeys-*`` (lru, lfu, random) makes room for a
+write by evicting other keys, cached samples included, and refuses nothing: the warm-up's
+own count (present before + written) then overstates L2, and each warm-up or training
+write-back evicts what the last one wrote, so coverage shrinks run after run. cachepipe
+asks for ``noeviction`` (NOTE [fixed L2 subset]); with an evicting shard the warm-up warns
+once per shard and process and counts the samples really present afterwards (one
+pipelined ``EXISTS`` pass over the partition). ``volatile-*`` policies evict only keys
+with a TTL, which cachepipe never sets, so they behave as ``noeviction`` here.
+"""
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+import warnings
+
 import lmdb
 import numpy as np
 
+from cachepipe.corrupt_record import known_corrupt
 from cachepipe.decode import DECODER_TAG
 from cachepipe.embedded_group import EmbeddedGroup
-from cachepipe.errors import L2UnavailableError
+from cachepipe.errors import CacheWarning, L2UnavailableError
 from cachepipe.l1_guard import inspect_l1
 from cachepipe.l2_registry import open_store
 from cachepipe.l2_store import namespace
 
-__all__ = ["coverage"]
+__all__ = ["coverage", "evicting_shards", "l2_used", "running_l2", "warm_coverage"]
+
+_WARNED: set[str] = set()  # shards warned about (NOTE [evicting shards])
 
 
 def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
@@ -32,7 +49,8 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
         ``source`` (root, samples, classes, bytes, fingerprint), ``l1`` (entries, percent,
         disk_bytes, path), ``l2`` (kind, shards: per-shard memory/keys, error, ``sizes``:
         per cached size ``size``, ``namespace``, ``present`` (samples with a copy in L2),
-        ``percent``, ``partial`` (``{node: samples left out}`` when warm-up left L2 a
+        ``known_corrupt`` (files the warm-up recorded as corrupt: never in L2), ``percent``
+        (of the samples that are not known corrupt), ``partial`` (``{node: samples left out}`` when warm-up left L2 a
         fixed subset, NOTE [fixed L2 subset])), ``other_fingerprints`` (stale namespaces
         in the cache dir).
     """
@@ -58,16 +76,9 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
     out["l1"] = l1
     l2 = {"kind": "none", "shards": [], "error": "", "sizes": []}
     if cfg.redis is not False:
-        urls = list(cfg.redis or [])
+        urls, l2["error"] = running_l2(cfg)
         l2["kind"] = "embedded" if cfg.redis is None else ("cluster" if urls[0].startswith(
             "redis-cluster://") else "shards")
-        if cfg.redis is None:
-            servers = EmbeddedGroup(cfg.cache_dir, cfg.l2_servers).servers
-            down = [s for s in servers if not s.ping()]
-            if not down:
-                urls = [s.url for s in servers]
-            else:
-                l2["error"] = f"embedded server not running (socket {down[0].socket_path})"
         if urls:
             store = open_store(urls, cache.namespace, Counter(), replicas=cfg.replicas,
                                timeout=cfg.timeout)
@@ -78,7 +89,7 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
                 l2["error"] = str(exc)
             finally:
                 store.close()
-    if sizes and not l2["sizes"]:  # no L2, or it cannot be read: the sizes asked for, empty
+    if sizes and not l2["sizes"] and not l2["shards"]:  # no L2 (or not running): the sizes asked for, empty
         l2["sizes"] = [_row(cache, size, 0, {}) for size in sizes]
     out["l2"] = l2
     root = Path(cfg.cache_dir)
@@ -89,10 +100,24 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
     return out
 
 
+def running_l2(cfg) -> tuple[list[str], str]:
+    """The L2 URLs of a :class:`~cachepipe.CacheConfig` without starting anything, and why
+    there are none: the embedded server only when it runs (its keys die with it)."""
+    if cfg.redis is not None:
+        return list(cfg.redis or []), ""
+    servers = EmbeddedGroup.found(cfg.cache_dir).servers
+    down = [s for s in servers if not s.ping()]
+    if not down:
+        return [s.url for s in servers], ""
+    return [], f"embedded server not running (socket {down[0].socket_path})"
+
+
 def _row(cache, size: int, present: int, partial: dict) -> dict:
     n = len(cache.manifest)
+    bad = sum(1 for i in known_corrupt(cache) if i < n)  # NOTE [corrupt files]: never cached
     return {"size": size, "namespace": namespace(cache.config.prefix, cache.fingerprint, size),
-            "present": present, "percent": 100.0 * present / n if n else 0.0, "partial": partial}
+            "present": present, "known_corrupt": bad, "percent": 100.0 * present / (n - bad) if n > bad else 0.0,
+            "partial": partial}
 
 
 def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[dict]:
@@ -117,3 +142,50 @@ def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[d
         found = present.get(size)
         rows.append(_row(cache, size, int(found.sum()) if found is not None else 0, partial))
     return rows
+
+
+def l2_used(cache) -> int:
+    """Memory used by the reachable L2 shards together (0 without L2)."""
+    if cache.store is None:
+        return 0
+    return sum(row["used_memory"] for row in cache.store.shard_info() if row["reachable"])
+
+
+def evicting_shards(store) -> list[str]:
+    """The shards of ``store`` (``None``: no L2) whose policy evicts cached samples; warns
+    once per shard and process (NOTE [evicting shards])."""
+    rows = [r for r in (store.shard_info() if store is not None else []) if r["policy"].startswith("allkeys-")]
+    for row in rows:
+        if row["url"] not in _WARNED:
+            _WARNED.add(row["url"])
+            warnings.warn(f"L2 shard {row['url']} uses maxmemory-policy {row['policy']}: Redis evicts cached "
+                          f"samples to make room for new ones, so coverage shrinks as the shard fills (every "
+                          f"warm-up and training epoch); the warm-up counts the samples really present. Set "
+                          f"maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction) to keep a fixed "
+                          f"subset", CacheWarning, stacklevel=3)
+    return [r["url"] for r in rows]
+
+
+def warm_coverage(cache, report: dict, part: list[int], missing: int, left_out: int, not_samples: set[int],
+                  evicting: list[str]) -> dict:
+    """``l2_cached``, ``l2_uncached`` and ``l2_coverage`` of the partition after a warm-up
+    (NOTE [fixed L2 subset]): uncached are the samples left out for lack of room, before
+    writing or refused while writing; ``not_samples`` (corrupt, unreadable or changed
+    files) count in neither. With ``evicting`` shards the samples present are counted
+    afresh (NOTE [evicting shards]).
+
+    Args:
+        report: the warm-up's counts (``l2_written``, ``l2_full``).
+        part: the partition; ``missing``: how many of it lacked a value before the run;
+        ``left_out``: how many of those were not attempted for lack of room.
+    """
+    if cache.store is None:
+        return {"l2_cached": 0, "l2_uncached": 0, "l2_coverage": 0.0}
+    if evicting:
+        absent = set(cache.store.missing(part))
+        cached, uncached = len(part) - len(absent), len(absent - not_samples)
+    else:
+        cached = len(part) - missing + report["l2_written"]
+        uncached = left_out + report["l2_full"]
+    return {"l2_cached": cached, "l2_uncached": uncached,
+            "l2_coverage": cached / (cached + uncached) if cached + uncached else 1.0}

@@ -16,6 +16,20 @@ a cached sample equals what a torchvision validation pipeline would produce:
 No EXIF rotation is applied (torchvision's ``pil_loader`` does not either). JPEG ``draft``
 mode is not used: it changes pixels.
 
+NOTE [torchvision's pixels]
+Every mode becomes RGB by Pillow's own ``convert("RGB")``, which is what torchvision's
+``pil_loader`` does (``Image.open(f).convert("RGB")``), so a cached sample equals the
+torchvision one for every mode Pillow can convert (1, L, LA, P, PA, RGBA, CMYK, YCbCr,
+I, I;16, F, ...); a mode it cannot convert fails here as it fails there (a corrupt
+sample). That includes Pillow's treatment of 16-bit and float images: values are clipped
+to 0..255, not rescaled; a private rule here (policy 1 divided by 257 only when the image's
+maximum was above 255, so a dark 16-bit image and a bright one of the same scene came out
+on different scales) would give a model trained from the cache other inputs than the
+same model evaluated on torchvision's loader. Decompression bombs follow Pillow too:
+above ``Image.MAX_IMAGE_PIXELS`` Pillow only warns (``DecompressionBombWarning``) and the
+image is decoded, as torchvision does (a 108 MP phone photo is a sample); above twice
+that Pillow raises ``DecompressionBombError``, which is a corrupt sample here.
+
 NOTE [decoder tag]
 ``DECODER_TAG`` names the pixels this module makes: the policy version above and the
 Pillow release (its decoders and resampling may change between releases). It is part
@@ -27,7 +41,6 @@ also have a shape the policy can produce (:func:`possible_shape`): a checksummed
 from __future__ import annotations
 
 import io
-import warnings
 
 import numpy as np
 import PIL
@@ -38,7 +51,7 @@ from cachepipe.errors import CorruptSampleError
 __all__ = ["DECODER_TAG", "MAX_ASPECT", "decode_and_resize", "possible_shape", "resized_shape"]
 
 MAX_ASPECT = 8
-_POLICY = 1
+_POLICY = 2  # 2: NOTE [torchvision's pixels] (1 rescaled some 16-bit images)
 DECODER_TAG = f"r{_POLICY}-pil{PIL.__version__}"
 
 
@@ -76,23 +89,13 @@ def resized_shape(height: int, width: int, cache_size: int) -> tuple[int, int]:
     return (new_short, new_long) if height <= width else (new_long, new_short)
 
 
-def _to_rgb(img: Image.Image) -> Image.Image:
-    if img.mode == "RGB":
-        return img
-    if img.mode in ("I", "I;16", "I;16B", "I;16L", "F"):  # 16-bit / float grayscale
-        arr = np.asarray(img, dtype=np.float64)
-        hi = arr.max() if arr.size else 0.0
-        scale = 255.0 / 65535.0 if hi > 255 else 1.0
-        img = Image.fromarray(np.clip(arr * scale, 0, 255).astype(np.uint8), "L")
-    return img.convert("RGB")  # L, LA, P, PA, RGBA, CMYK, YCbCr, 1 ... as torchvision does
-
-
 def decode_and_resize(data: bytes, cache_size: int, *, index: int | None = None,
                       path: str | None = None) -> np.ndarray:
     """Decode an image file's bytes to RGB and resize its shorter side to ``cache_size``.
 
     The format is taken from the content, not the name, so PNG data in a ``.JPEG`` file
-    decodes; grayscale, CMYK, palette and alpha images become RGB.
+    decodes; every mode becomes RGB as torchvision's loader makes it (NOTE [torchvision's
+    pixels]).
 
     Args:
         data: the whole file.
@@ -115,20 +118,17 @@ def decode_and_resize(data: bytes, cache_size: int, *, index: int | None = None,
     if cache_size < 1:
         raise ValueError(f"cache_size must be >= 1, got {cache_size}")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                img.load()
-                rgb = _to_rgb(img)
-                h, w = rgb.height, rgb.width
-                nh, nw = resized_shape(h, w, cache_size)
-                if (nh, nw) != (h, w):
-                    rgb = rgb.resize((nw, nh), Image.Resampling.BILINEAR)
-                out = np.array(rgb, dtype=np.uint8)
+        with Image.open(io.BytesIO(data)) as img:  # NOTE [torchvision's pixels]
+            img.load()
+            rgb = img if img.mode == "RGB" else img.convert("RGB")  # convert would copy an RGB image
+            h, w = rgb.height, rgb.width
+            nh, nw = resized_shape(h, w, cache_size)
+            if (nh, nw) != (h, w):
+                rgb = rgb.resize((nw, nh), Image.Resampling.BILINEAR)
+            out = np.array(rgb, dtype=np.uint8)
     except UnidentifiedImageError:
         raise CorruptSampleError(f"not an image ({len(data)} bytes)", index=index, path=path) from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning, EOFError) as exc:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, EOFError) as exc:
         raise CorruptSampleError(f"cannot decode ({type(exc).__name__}: {exc})",
                                  index=index, path=path) from None
     if out.ndim != 3 or out.shape[2] != 3:

@@ -6,7 +6,8 @@ socket] for where it goes when that path is too long), ``redis.pid``, ``server.i
 (NOTE [server identity]), ``redis.log`` and ``lock``. The server daemonizes, so it
 outlives the command that started it: ``cachepipe warmup`` then a separate training
 process both hit the same L2. Persistence is off (L2 is rebuilt from L1). ``maxmemory``
-comes from ``l2_memory`` with policy ``noeviction``: training reads every sample once
+comes from ``l2_memory`` (the last one given for the cache dir, recorded in ``maxmemory``,
+when a start gives none) with policy ``noeviction``: training reads every sample once
 per epoch, a cyclic pattern that LRU turns into a 0 % hit rate when the data does not
 fit, while ``noeviction`` keeps the first part cached (writes past the limit fail with
 OOM, which the store counts). Starting is serialized by ``flock`` on ``lock``, so many
@@ -24,12 +25,13 @@ import re
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cachepipe.private_files import private_dir
+from cachepipe.private_files import private_dir, write_private
 from cachepipe.redis_binary import find_redis_server, server_env
 from cachepipe.server_identity import ServerIdentity, wait_gone
 from cachepipe.server_socket import check_socket, prepare_dir, socket_path
@@ -98,12 +100,15 @@ class EmbeddedRedis:
         self.pid_path = self.dir / "redis.pid"
         self.id_path = self.dir / "server.id"
         self.log_path = self.dir / "redis.log"
+        self.memory_path = self.dir / "maxmemory"  # the last l2_memory given: a restart keeps it
         self.socket_path = socket_path(self.dir)
         self.stuck_after = stuck_after
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket_path}"
+        """``unix://`` and the socket path, percent-quoted: a cache dir may hold ``#``, ``?``,
+        ``%``, tabs or newlines, which a URL parser would otherwise cut or decode."""
+        return f"unix://{quote(os.fsencode(self.socket_path), safe='/')}"
 
     def client(self, timeout: float = 1.0) -> redis.Redis:
         """A client of the socket (checked first, NOTE [private socket]).
@@ -142,6 +147,13 @@ class EmbeddedRedis:
             row.update(running=True, used_memory=int(mem["used_memory"]),
                        maxmemory=int(mem["maxmemory"]), keys=int(c.dbsize()))
         return row
+
+    def _last_maxmemory(self) -> int:
+        """The maxmemory last given for this cache dir, else 25 % of RAM (NOTE [embedded server])."""
+        try:
+            return int(self.memory_path.read_text())
+        except (OSError, ValueError):
+            return parse_memory(None)
 
     def _lock(self, create: bool = True) -> int | None:
         """Hold the cache dir's server lock; None (no lock) when ``create`` is False and the
@@ -187,6 +199,8 @@ class EmbeddedRedis:
         """Make sure the server runs; returns ``True`` if this call started it.
 
         A running server is reused; with ``l2_memory`` given its ``maxmemory`` is set to it.
+        Without it a new server gets the ``l2_memory`` last given for this cache dir (so a
+        server restarted after ``cachepipe server stop`` keeps its size), else 25 % of RAM.
         One of ours that does not answer is waited for up to ``stuck_after`` seconds.
 
         Raises:
@@ -195,15 +209,16 @@ class EmbeddedRedis:
             RuntimeError: the server did not come up (the message quotes its log).
             ValueError: bad ``l2_memory``.
         """
-        maxmemory = parse_memory(l2_memory)
+        maxmemory = parse_memory(l2_memory) if l2_memory is not None else self._last_maxmemory()
         fd = self._lock()
         try:
-            prepare_dir(self.socket_path)
+            self.socket_path = prepare_dir(self.socket_path, self.dir)  # NOTE [private socket]
             check_socket(self.socket_path)
             ident = self.identity()
             if self.ping() or (ident is not None and self._wait_answer(ident)):
                 if l2_memory is not None:
                     self.client().config_set("maxmemory", maxmemory)
+                    write_private(self.memory_path, str(maxmemory).encode())
                 return False
             self._remove_stale()
             args = [find_redis_server(), "--port", "0", "--unixsocket", str(self.socket_path),
@@ -225,6 +240,8 @@ class EmbeddedRedis:
                 raise RuntimeError(f"embedded redis-server on {self.socket_path} is not the process "
                                    f"{pid} named by {self.pid_path}")
             ident.save(self.id_path)
+            if l2_memory is not None:
+                write_private(self.memory_path, str(maxmemory).encode())
             return True
         finally:
             os.close(fd)

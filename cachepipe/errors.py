@@ -1,7 +1,8 @@
 """Exceptions and warnings raised by cachepipe."""
 from __future__ import annotations
 
-__all__ = ["CacheWarning", "CorruptSampleError", "EmptyFolderError", "L1FullError", "L2UnavailableError"]
+__all__ = ["CacheWarning", "CorruptSampleError", "EmptyFolderError", "L1FullError", "L2PermissionError",
+           "L2UnavailableError", "SampleTooLargeError"]
 
 
 class CacheWarning(RuntimeWarning):
@@ -59,3 +60,28 @@ class L1FullError(OSError):
 class L2UnavailableError(ConnectionError):
     """No L2 shard can be reached (raised by checks such as ``cachepipe warmup``, never
     by reads, which fall back to L1 and the source)."""
+
+
+class L2PermissionError(L2UnavailableError):
+    """A shard refused a command of an explicit check with ``NOPERM``: its ACL user lacks
+    it. The message names the command and the shard (never the password)."""
+
+
+class SampleTooLargeError(OSError):
+    """A source file is larger than one sample may be (NOTE [bounded reads] in
+    ``cachepipe/source.py``); it was not read.
+
+    Attributes:
+        size: the file's size in bytes.
+        limit: the limit (``CacheConfig.max_file_bytes``, ``--max-file-size``).
+    """
+
+    def __init__(self, size: int, limit: int, path: str) -> None:
+        import errno
+
+        self.size, self.limit = size, limit
+        super().__init__(errno.EFBIG, f"{size / 2**20:.1f} MiB, more than the {limit / 2**20:.0f} MiB one "
+                         f"sample may take (--max-file-size)", path)
+
+    def __reduce__(self):  # keep size/limit across worker pickling
+        return (type(self), (self.size, self.limit, self.filename))

@@ -1,6 +1,7 @@
 """L2 over one Redis Cluster (``redis-cluster://host:port``): the cluster places and replicates."""
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -201,6 +202,24 @@ class ClusterStore:
         except _ERRORS as exc:
             self._client = None
             raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
+
+    def drop(self, match: str) -> int:
+        deleted = 0
+        try:
+            batch = []
+            for key in itertools.chain(self.client.scan_iter(match=match, count=_CHUNK * 4), [None]):
+                if key is not None:
+                    batch.append(key)
+                if batch and (key is None or len(batch) == _CHUNK):
+                    pipe = self.client.pipeline()  # routes each key to its slot's primary
+                    for k in batch:
+                        pipe.unlink(k)
+                    deleted += sum(pipe.execute())
+                    batch = []
+        except _ERRORS as exc:
+            self._client = None
+            raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
+        return deleted
 
     def shard_info(self) -> list[dict]:
         try:

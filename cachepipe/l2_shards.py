@@ -1,6 +1,20 @@
-"""L2 over independent Redis servers: rendezvous-hashed shards with optional replicas."""
+"""L2 over independent Redis servers: rendezvous-hashed shards with optional replicas.
+
+NOTE [Redis ACL]
+The commands cachepipe sends to a shard, all on keys under its prefix: ``MGET`` (reads),
+``SET`` (writes), ``EXISTS`` (what the warm-up must do), ``HSET``/``HDEL``/``HGETALL`` (the
+``<namespace>partial`` record, NOTE [fixed L2 subset]), ``SCAN`` (``stats`` and ``drop``),
+``UNLINK`` (``cachepipe drop``), ``INFO``/``DBSIZE`` (memory and keys), ``PING``
+(placement), and ``GET``. The clients send no ``CLIENT`` commands on connect, so an ACL user
+with exactly these (docs/cache.md, Security: ``+get +mget +set +exists +unlink +hset
++hdel +hgetall +scan +info +dbsize +ping ~<prefix>:*``) never meets a denial. A ``NOPERM``
+on an explicit check raises :class:`~cachepipe.errors.L2PermissionError` naming the command
+and the shard, never "cannot reach"; on reads and writes it is warned about once and
+counted like any other failure of the shard.
+"""
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
@@ -10,7 +24,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cachepipe.backoff import ShardHealth
-from cachepipe.errors import L2UnavailableError
+from cachepipe.errors import L2PermissionError, L2UnavailableError
 from cachepipe.hashing import rendezvous_owners, shard_seed
 from cachepipe.l2_store import PARTIAL_KEY, is_oom, warn_once
 from cachepipe.placement import first_live_owner
@@ -24,19 +38,46 @@ _CHUNK = 2048  # keys per EXISTS pipeline
 _READ_SIZE = 1 << 20  # values are ~200 KB: read big chunks (64 KB default: 4x more syscalls)
 
 
+def _quiet_connects() -> dict:
+    """Arguments that keep redis-py from sending commands of its own on connect (``CLIENT
+    SETINFO``, and in redis-py 8 ``CLIENT MAINT_NOTIFICATIONS``), whichever release it is."""
+    params = inspect.signature(redis.Redis.__init__).parameters
+    kwargs = {"driver_info": None} if "driver_info" in params else {"lib_name": None, "lib_version": None}
+    if "maint_notifications_config" in params:
+        from redis.maint_notifications import MaintNotificationsConfig
+
+        kwargs["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return kwargs
+
+
+_QUIET = _quiet_connects()
+
+
 def make_client(url: str, timeout: float) -> redis.Redis:
-    """A client with no hidden retries (failures are handled by NOTE [dead shard backoff])."""
+    """A client with no hidden retries (failures are handled by NOTE [dead shard backoff])
+    that sends only the commands of NOTE [Redis ACL]."""
     return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-                                health_check_interval=0, socket_read_size=_READ_SIZE)
+                                health_check_interval=0, socket_read_size=_READ_SIZE, **_QUIET)
 
 
-def _why(exc: BaseException) -> str:
-    """An error as one line; a reply that is not RESP says the server is not Redis."""
+def _why(exc: BaseException, command: str = "") -> str:
+    """An error as one line; a reply that is not RESP says the server is not Redis, and a
+    NOPERM names the command the Redis user may not run (NOTE [Redis ACL])."""
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return (f"permission denied: the Redis user may not run {command or 'a command'} ({exc}); grant it "
+                f"(the ACL in docs/cache.md, Security)")
     if isinstance(exc, redis.exceptions.InvalidResponse) or (
             isinstance(exc, redis.ConnectionError) and "unexpected" in str(exc)):
         return f"not a Redis server ({type(exc).__name__}: {exc})"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _failed_check(name: str, command: str, exc: BaseException) -> L2UnavailableError:
+    """The error an explicit check raises: a permission error for NOPERM, else unreachable."""
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return L2PermissionError(f"L2 shard {name} refused {command}: {_why(exc, command)}")
+    return L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}")
 
 
 class ShardedRedisStore:
@@ -198,7 +239,7 @@ class ShardedRedisStore:
                 try:
                     found = pipe.execute()
                 except (*_NET_ERRORS, redis.RedisError) as exc:
-                    raise L2UnavailableError(f"cannot reach L2 shard {self.names[s]}: {_why(exc)}") from None
+                    raise _failed_check(self.names[s], "EXISTS", exc) from None
                 lacking[chunk[~np.asarray(found, dtype=bool)]] = True
         return idx[lacking].tolist()
 
@@ -206,7 +247,7 @@ class ShardedRedisStore:
         info = []
         for url, client in zip(self.names, self.clients):
             row = {"url": url, "reachable": False, "used_memory": 0, "maxmemory": 0, "keys": 0,
-                   "policy": "", "error": ""}
+                   "policy": "", "error": "", "denied": False}
             try:
                 mem = client.info("memory")
                 row.update(reachable=True, used_memory=int(mem["used_memory"]),
@@ -214,7 +255,8 @@ class ShardedRedisStore:
                            policy=str(mem.get("maxmemory_policy", "")),
                            system_memory=int(mem.get("total_system_memory", 0)))
             except (*_NET_ERRORS, redis.RedisError) as exc:
-                row["error"] = _why(exc)
+                row["error"] = _why(exc, "INFO and DBSIZE")
+                row["denied"] = isinstance(exc, redis.exceptions.NoPermissionError)
             info.append(row)
         return info
 
@@ -226,7 +268,7 @@ class ShardedRedisStore:
                 else:
                     client.hdel(self.namespace + PARTIAL_KEY, node)
             except (*_NET_ERRORS, redis.RedisError) as exc:
-                raise L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}") from None
+                raise _failed_check(name, "HSET" if uncached > 0 else "HDEL", exc) from None
 
     def partial(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -245,7 +287,22 @@ class ShardedRedisStore:
             try:
                 yield from client.scan_iter(match=match, count=_CHUNK * 4)
             except (*_NET_ERRORS, redis.RedisError) as exc:
-                raise L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}") from None
+                raise _failed_check(name, "SCAN", exc) from None
+
+    def drop(self, match: str) -> int:
+        deleted = 0
+        for name, client in zip(self.names, self.clients):
+            try:
+                batch = []
+                for key in client.scan_iter(match=match, count=_CHUNK * 4):  # deleting while scanning is safe
+                    batch.append(key)
+                    if len(batch) == _CHUNK:
+                        deleted += client.unlink(*batch)
+                        batch = []
+                deleted += client.unlink(*batch) if batch else 0
+            except (*_NET_ERRORS, redis.RedisError) as exc:
+                raise _failed_check(name, "SCAN or UNLINK", exc) from None
+        return deleted
 
     def close(self) -> None:
         for c in [*self.clients, *filter(None, self.readers)]:

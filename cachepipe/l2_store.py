@@ -68,6 +68,10 @@ class SampleStore(Protocol):
     def scan(self, match: str) -> Iterator[bytes]:
         """Keys matching the glob ``match`` on every shard (or primary); raises if one is down."""
 
+    def drop(self, match: str) -> int:
+        """Delete (``UNLINK``) every key matching the glob ``match`` on every shard (or
+        primary); returns how many (NOTE [stale namespaces]; raises if one is down)."""
+
     def close(self) -> None:
         """Drop connections."""
 

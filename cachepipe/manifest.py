@@ -13,8 +13,9 @@ place* does not touch its directory: pass ``verify="files"`` (one stat per file,
 listing) or ``rescan=True`` to catch that.
 
 NOTE [changed files]
-Policy: the fingerprint is a hash of every (relpath, label, size, mtime_ns), and both
-levels are keyed by it (L1 directory, L2 key prefix). Any changed, added or removed file
+Policy: the fingerprint is a hash of every (relpath, label) and file identity (size,
+mtime, inode, ctime: NOTE [file identity] in ``file_identity.py``), and both levels are
+keyed by it (L1 directory, L2 key prefix). Any changed, added, removed or replaced file
 therefore gives a new fingerprint and a fresh cache namespace; stale pixels are never
 served. This costs a re-warm after a change, which is the right trade for a training set
 that changes rarely: sample indices shift when files come and go, so per-entry
@@ -31,13 +32,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cachepipe.errors import EmptyFolderError
+from cachepipe.file_identity import identity, settle
 from cachepipe.private_files import private_dir, write_private
 from cachepipe.scan import Walker
 
 __all__ = ["IMG_EXTENSIONS", "Manifest"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-_FORMAT = 1
+_FORMAT = 2  # 2: inode and ctime in the identity (NOTE [file identity]); 1 is rescanned
 _RACY_SECONDS = 2.0
 
 
@@ -77,8 +79,12 @@ class Manifest:
         targets: list of labels.
         sizes: file sizes in bytes.
         mtimes: file mtimes in nanoseconds.
-        fingerprint: 16 hex chars, hash of every (relpath, label, size, mtime_ns);
-            independent of ``root`` so nodes mounting the data elsewhere agree.
+        inos, ctimes: file inode numbers and ctimes in nanoseconds.
+        fingerprint: 16 hex chars, hash of every relpath, label and identity (size,
+            mtime, inode, ctime: NOTE [file identity]); independent of ``root`` so nodes
+            mounting the data elsewhere agree.
+        skipped_files: entries of the scan that were not regular files (a FIFO, socket
+            or device named like an image), left out with a warning; empty when loaded.
 
     Example:
         >>> m = Manifest.scan("/data/imagenet/train")  # doctest: +SKIP
@@ -86,10 +92,10 @@ class Manifest:
     """
 
     def __init__(self, root: str | os.PathLike, classes: Sequence[str], relpaths: Sequence[str],
-                 labels: Sequence[int], sizes: Sequence[int], mtimes: Sequence[int],
-                 dir_mtimes: dict[str, int] | None = None, scanned_at: float = 0.0) -> None:
-        if not (len(relpaths) == len(labels) == len(sizes) == len(mtimes)):
-            raise ValueError("relpaths, labels, sizes and mtimes must have the same length")
+                 labels: Sequence[int], sizes: Sequence[int], mtimes: Sequence[int], inos: Sequence[int],
+                 ctimes: Sequence[int], dir_mtimes: dict[str, int] | None = None, scanned_at: float = 0.0) -> None:
+        if not (len(relpaths) == len(labels) == len(sizes) == len(mtimes) == len(inos) == len(ctimes)):
+            raise ValueError("relpaths, labels, sizes, mtimes, inos and ctimes must have the same length")
         self.root = os.path.abspath(os.fspath(root))
         self.classes = list(classes)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
@@ -97,6 +103,9 @@ class Manifest:
         self.targets = [int(t) for t in labels]
         self.sizes = [int(s) for s in sizes]
         self.mtimes = [int(m) for m in mtimes]
+        self.inos = [int(i) for i in inos]
+        self.ctimes = [int(c) for c in ctimes]
+        self.skipped_files: list[str] = []
         self.samples = list(zip(self.relpaths, self.targets))
         self.dir_mtimes = dict(dir_mtimes or {})
         self.scanned_at = scanned_at
@@ -105,8 +114,8 @@ class Manifest:
         for c in self.classes:
             h.update(os.fsencode(c) + b"\0")
         h.update(b"\1")
-        for rel, lab, size, mt in zip(self.relpaths, self.targets, self.sizes, self.mtimes):
-            h.update(os.fsencode(rel) + f"\0{lab}\0{size}\0{mt}\n".encode())
+        for rel, lab, *ident in zip(self.relpaths, self.targets, self.sizes, self.mtimes, self.inos, self.ctimes):
+            h.update(os.fsencode(rel) + f"\0{lab}\0{ident[0]}\0{ident[1]}\0{ident[2]}\0{ident[3]}\n".encode())
         self.fingerprint = h.hexdigest()[:16]
 
     def __len__(self) -> int:
@@ -119,6 +128,10 @@ class Manifest:
     def path(self, index: int) -> str:
         """Absolute path of sample ``index``."""
         return os.path.join(self.root, self.relpaths[index])
+
+    def identity(self, index: int) -> tuple[int, int, int, int]:
+        """``(size, mtime_ns, inode, ctime_ns)`` of sample ``index`` at the scan (NOTE [file identity])."""
+        return self.sizes[index], self.mtimes[index], self.inos[index], self.ctimes[index]
 
     @property
     def total_bytes(self) -> int:
@@ -164,7 +177,7 @@ class Manifest:
         root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(root):
             raise FileNotFoundError(f"source {root!r} does not exist or is not a directory")
-        started = time.time()
+        started_ns = time.time_ns()
         with os.scandir(root) as it:
             entries = list(it)
         walker = Walker(root, follow_external_links)
@@ -175,28 +188,11 @@ class Manifest:
             raise EmptyFolderError(f"no class folders in {root!r} (an ImageFolder root holds one folder "
                                    f"per class); found {len(files)} other entries"
                                    + (f": {shown}" if files else ""))
-        dir_mtimes = {".": os.stat(root).st_mtime_ns}
-        relpaths, labels, sizes, mtimes, empty = [], [], [], [], []
-        class_dirs = [os.path.join(root, name) for name in classes]
-        for label, name in enumerate(classes):
-            before = len(relpaths)
-            for dirpath, fnames in walker.walk(class_dirs[label]):
-                dir_mtimes[os.path.relpath(dirpath, root)] = os.stat(dirpath).st_mtime_ns
-                for fname in fnames:  # sorted by the walker
-                    full = os.path.join(dirpath, fname)
-                    if not is_valid_file(full):
-                        continue
-                    try:
-                        st = os.stat(full)
-                    except FileNotFoundError:  # dangling symlink: ImageFolder would fail to open it too
-                        continue
-                    relpaths.append(os.path.relpath(full, root))
-                    labels.append(label)
-                    sizes.append(st.st_size)
-                    mtimes.append(st.st_mtime_ns)
-            if len(relpaths) == before:
-                empty.append(name)
+        files = walker.files([os.path.join(root, name) for name in classes], is_valid_file)
         walker.warn()
+        dir_mtimes = {".": os.stat(root).st_mtime_ns, **files.dir_mtimes}
+        have = set(files.labels)
+        empty = [name for label, name in enumerate(classes) if label not in have]
         if empty and not allow_empty:
             shown = ", ".join(repr(e) for e in empty[:5]) + (", ..." if len(empty) > 5 else "")
             rule = "is_valid_file" if extensions is None and custom else "/".join(ends)
@@ -204,15 +200,20 @@ class Manifest:
                                    f"file ({rule}): {shown}")
         if custom or empty:
             dir_mtimes = {}
-        m = cls(root, classes, relpaths, labels, sizes, mtimes, dir_mtimes, started)
+        ids = [identity(st) for st in settle(files.paths, files.stats, started_ns)]  # NOTE [file identity]
+        columns = [list(col) for col in zip(*ids)] if ids else [[], [], [], []]
+        m = cls(root, classes, [os.path.relpath(p, root) for p in files.paths], files.labels, *columns,
+                dir_mtimes, started_ns / 1e9)
         m.follow_external_links = follow_external_links
+        m.skipped_files = files.irregular
         return m
 
     # -- persistence --------------------------------------------------------------------
     def to_json(self) -> dict:
         return {"format": _FORMAT, "root": self.root, "fingerprint": self.fingerprint,
                 "classes": self.classes, "relpaths": self.relpaths, "labels": self.targets,
-                "sizes": self.sizes, "mtimes": self.mtimes, "dir_mtimes": self.dir_mtimes,
+                "sizes": self.sizes, "mtimes": self.mtimes, "inos": self.inos, "ctimes": self.ctimes,
+                "dir_mtimes": self.dir_mtimes,
                 "scanned_at": self.scanned_at}
 
     @classmethod
@@ -220,7 +221,7 @@ class Manifest:
         if obj.get("format") != _FORMAT:
             raise ValueError(f"unsupported manifest format {obj.get('format')!r}")
         m = cls(obj["root"], obj["classes"], obj["relpaths"], obj["labels"], obj["sizes"],
-                obj["mtimes"], obj.get("dir_mtimes"), obj.get("scanned_at", 0.0))
+                obj["mtimes"], obj["inos"], obj["ctimes"], obj.get("dir_mtimes"), obj.get("scanned_at", 0.0))
         if m.fingerprint != obj["fingerprint"]:
             raise ValueError("manifest file does not match its fingerprint")
         return m
@@ -266,7 +267,7 @@ class Manifest:
                     st = os.stat(self.path(i))
                 except OSError:
                     return False
-                if st.st_size != self.sizes[i] or st.st_mtime_ns != self.mtimes[i]:
+                if identity(st) != self.identity(i):
                     return False
         return True
 
@@ -280,8 +281,8 @@ class Manifest:
             root: ImageFolder root.
             cache_dir: where manifests are kept.
             verify: ``"dirs"`` (stat every directory: catches added/removed/renamed
-                files) or ``"files"`` (also stat every file: catches in-place edits).
-                See NOTE [manifest reuse].
+                files) or ``"files"`` (also stat every file and compare its identity:
+                catches in-place edits and replacements). See NOTE [manifest reuse].
             rescan: always scan.
             save: write a new scan to ``cache_dir`` (``False``: change nothing there).
             follow_external_links: as :meth:`scan`; a saved scan made with the other
@@ -320,3 +321,4 @@ class Manifest:
         if save:
             m.save(cache_dir)
         return m
+

@@ -15,7 +15,7 @@ from cachepipe.errors import CacheWarning, L1FullError
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_store import warn_once
 from cachepipe.manifest import Manifest
-from cachepipe.source import SourceReader
+from cachepipe.source import DEFAULT_MAX_FILE_BYTES, SourceReader
 
 __all__ = ["RawLevels"]
 
@@ -28,14 +28,15 @@ class RawLevels:
         l1: the mirror, or ``None`` for source only.
         counters: where hits, misses and failures are counted (shared with the cache).
         threads: source reader threads.
+        max_file_bytes: the largest file read for one sample (NOTE [bounded reads]).
     """
 
     def __init__(self, manifest: Manifest, l1: L1Mirror | None, counters: Counter,
-                 threads: int = 8) -> None:
+                 threads: int = 8, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
         self.manifest = manifest
         self.l1 = l1
         self.counters = counters
-        self.reader = SourceReader(threads)
+        self.reader = SourceReader(threads, max_file_bytes)
         self.l1_writable = True
         self.changed: set[int] = set()  # of the last read: bytes that do not match the manifest
         self._warned: set = set()
@@ -43,7 +44,7 @@ class RawLevels:
     def read(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
         """Raw bytes of ``need``; an unreadable file maps to its ``OSError``.
 
-        Bytes whose file no longer has the manifest's size and mtime are returned (they
+        Bytes whose file no longer has the manifest's identity are returned (they
         are the file as it is now) but never stored: their indices are in ``self.changed``
         after the call, so the caller keeps them out of L2 too (NOTE [changed files]).
 
@@ -72,23 +73,22 @@ class RawLevels:
         if not todo:
             return raw
         fresh = []
-        expect = [(m.sizes[i], m.mtimes[i]) for i in todo]
+        expect = [m.identity(i) for i in todo]
         for i, got in zip(todo, self.reader.read([m.path(i) for i in todo], expect)):
             if isinstance(got, OSError):
-                raw[i] = got
-                warnings.warn(f"cannot read {m.path(i)!r}: {got}", CacheWarning, stacklevel=3)
+                raw[i] = got  # the caller reports the bad sample, once (NOTE [bad samples reported once])
                 c["source_errors"] += 1
                 continue
             raw[i] = got.data
             c["source_reads"] += 1
             c["source_bytes"] += got.size
-            if (got.size, got.mtime_ns) != (m.sizes[i], m.mtimes[i]):
+            if got.identity != m.identity(i):
                 c["source_changed"] += 1
                 self.changed.add(i)
-                warn_once(self._warned, "changed", f"{m.relpaths[i]!r} has {got.size} bytes and mtime "
-                          f"{got.mtime_ns}, the manifest says {m.sizes[i]} and {m.mtimes[i]}: the "
-                          f"source changed since it was scanned; served but not cached (rescan to "
-                          f"refresh the cache)")
+                warn_once(self._warned, "changed", f"{m.relpaths[i]!r} is not the file the manifest "
+                          f"describes (size, mtime, inode, ctime {got.identity}, the scan saw "
+                          f"{m.identity(i)}): the source changed since it was scanned; served but not "
+                          f"cached (rescan to refresh the cache)")
                 continue
             fresh.append((i, got.data))
         if self.l1 is not None and fresh and (self.l1_writable or strict_l1):

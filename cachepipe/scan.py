@@ -14,16 +14,32 @@ the tree, files and labels included, until the path is too long. Here:
 - names are kept as the file system gives them; a name that is not UTF-8 is carried
   with ``surrogateescape`` (``os.fsdecode``) and hashed as bytes (``os.fsencode``).
 The check is made at scan time; a link changed afterwards changes its directory's mtime
-and so forces a rescan (NOTE [manifest reuse]).
+and so forces a rescan (NOTE [manifest reuse]). Only regular files are samples: a FIFO,
+socket or device named like an image is left out with a warning (opening a FIFO blocks
+until a writer comes, reading a device may never end).
 """
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from cachepipe.errors import CacheWarning
+from cachepipe.file_identity import is_regular
 
-__all__ = ["Walker"]
+__all__ = ["Files", "Walker"]
+
+
+@dataclass
+class Files:
+    """The files of a walk over the class folders, in sample order."""
+
+    paths: list[str] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    stats: list[os.stat_result] = field(default_factory=list)
+    dir_mtimes: dict[str, int] = field(default_factory=dict)  # relative to the root
+    irregular: list[str] = field(default_factory=list)  # named like images, not regular files
 
 
 def _inside(path: str, root: str) -> bool:
@@ -39,7 +55,9 @@ class Walker:
     """
 
     def __init__(self, root: str, follow_external_links: bool = False) -> None:
+        self.root = root
         self.root_real = os.path.realpath(root)
+        self.irregular: list[str] = []
         self.follow_external = follow_external_links
         self.skipped: list[tuple[str, str]] = []  # (path, why)
         self.seen = {self._key(root)}
@@ -113,8 +131,38 @@ class Walker:
         out.sort(key=lambda row: row[0])
         return out
 
+    def files(self, class_dirs: list[str], is_valid_file: Callable[[str], bool]) -> Files:
+        """Every valid regular file under ``class_dirs`` (label = position), stat'ed, in
+        torchvision's order; irregular ones are listed apart (see :meth:`warn`)."""
+        out = Files()
+        for label, top in enumerate(class_dirs):
+            for dirpath, fnames in self.walk(top):
+                out.dir_mtimes[os.path.relpath(dirpath, self.root)] = os.stat(dirpath).st_mtime_ns
+                for fname in fnames:  # sorted by the walk
+                    full = os.path.join(dirpath, fname)
+                    if not is_valid_file(full):
+                        continue
+                    try:
+                        st = os.stat(full)
+                    except FileNotFoundError:  # dangling symlink: ImageFolder would fail to open it too
+                        continue
+                    if not is_regular(st):
+                        out.irregular.append(full)
+                        continue
+                    out.paths.append(full)
+                    out.labels.append(label)
+                    out.stats.append(st)
+        self.irregular = out.irregular
+        return out
+
     def warn(self) -> None:
-        """One warning listing what was skipped (if anything)."""
+        """One warning listing the links skipped and one listing the irregular files (if any)."""
+        if self.irregular:
+            n = len(self.irregular)
+            shown = ", ".join(repr(p) for p in self.irregular[:5]) + (f" (and {n - 5} more)" if n > 5 else "")
+            warnings.warn(f"skipped {n} source entr{'y' if n == 1 else 'ies'} named like an image but not a "
+                          f"regular file (a FIFO, socket or device: reading one can block forever): {shown}",
+                          CacheWarning, stacklevel=4)
         if not self.skipped:
             return
         shown = "; ".join(f"{p!r} {why}" for p, why in self.skipped[:5])

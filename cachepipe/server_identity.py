@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -58,19 +59,26 @@ def wait_gone(pid: int, timeout: float) -> bool:
         time.sleep(0.02)
 
 
+# an entry of /proc/net/unix: "Num: RefCount Protocol Flags Type St Inode [Path]"
+_ENTRY = re.compile(rb"^[0-9a-f]+: [0-9A-F]{8} [0-9A-F]{8} [0-9A-F]{8} [0-9A-F]{4} [0-9A-F]{2} +(\d+)(?: (.*))?$")
+
+
 def _socket_inodes(path: str) -> set[str]:
-    """Inodes of the Unix sockets bound to ``path`` (from ``/proc/net/unix``)."""
-    found = set()
+    """Inodes of the Unix sockets bound to ``path`` (from ``/proc/net/unix``, whose paths are
+    printed raw: a newline in a path continues the entry on the next line)."""
+    want, entries = os.fsencode(path), []
     try:
-        with open("/proc/net/unix") as f:
-            next(f)
-            for line in f:
-                parts = line.split(None, 7)
-                if len(parts) == 8 and parts[7].rstrip("\n") == path:
-                    found.add(parts[6])
+        with open("/proc/net/unix", "rb") as f:
+            lines = f.read().split(b"\n")[1:]
     except OSError:
-        pass
-    return found
+        return set()
+    for line in lines:
+        m = _ENTRY.match(line)
+        if m:
+            entries.append([m.group(1), m.group(2)])
+        elif entries and entries[-1][1] is not None:
+            entries[-1][1] += b"\n" + line
+    return {inode.decode() for inode, name in entries if name == want}
 
 
 def _holds_socket(pid: int, path: str) -> bool:

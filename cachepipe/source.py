@@ -3,15 +3,25 @@ one reader (the GIL is released while a thread waits on the file system).
 
 NOTE [stable reads]
 A file is read between two ``fstat`` calls on the open descriptor: the bytes count only
-when size and mtime are the same both times and the length read equals that size, so
-a file caught mid-write is never taken for its content. A read that is unstable, or
-stable but not the size and mtime the manifest expects (a writer that truncated the
-file and is filling it again), is retried with backoff (``cachepipe.backoff.
+when its identity (size, mtime, inode, ctime: NOTE [file identity]) is the same both
+times and the length read equals that size, so a file caught mid-write is never taken
+for its content. A read that is unstable, or stable but not the identity the manifest
+expects (a writer that truncated the file and is filling it again), is retried with backoff (``cachepipe.backoff.
 retry_delays``), and so are the errors a network file system gives for a moment
 (ENOENT while a file is replaced, EIO, ESTALE, ETIMEDOUT, ...). Then a stable read that
 still differs from the manifest is returned for what it is (the caller serves it but
 does not cache it, NOTE [changed files]); an error is returned as its ``OSError``, which
 callers count as unreadable, never as a corrupt file.
+
+NOTE [bounded reads]
+Only a regular file is read: the file is opened with ``O_NONBLOCK`` (opening a FIFO
+would wait for a writer forever) and anything but a regular file is refused before a
+byte is read. One sample's read is bounded by ``max_bytes`` (``CacheConfig.
+max_file_bytes``, ``--max-file-size``, default 1 GiB: an 8-bit RGB image at Pillow's own
+pixel limit, stored uncompressed, is 512 MiB): a larger file raises
+:class:`~cachepipe.errors.SampleTooLargeError` without being read, so a 40 GB file named
+``x.jpg`` is one bad sample (skipped in training, recorded as corrupt by the warm-up)
+instead of a ``MemoryError`` that ends the job. A reader holds at most threads x limit.
 """
 from __future__ import annotations
 
@@ -22,8 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cachepipe.backoff import retry_delays
+from cachepipe.errors import SampleTooLargeError
+from cachepipe.file_identity import identity, is_regular
 
-__all__ = ["SourceChangedError", "SourceFile", "SourceReader", "STAT_KEYS", "TRANSIENT_ERRNOS"]
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "SourceChangedError", "SourceFile", "SourceReader", "STAT_KEYS",
+           "TRANSIENT_ERRNOS", "open_regular", "read_file", "read_stable"]
+
+DEFAULT_MAX_FILE_BYTES = 1 << 30  # NOTE [bounded reads]
 
 # Counters reported by TwoLevelCache.stats(), in display order.
 STAT_KEYS = ("requests", "l2_hits", "l2_misses", "l2_bytes", "l2_writes", "l2_corrupt",
@@ -43,33 +58,60 @@ class SourceChangedError(OSError):
 
 @dataclass(frozen=True)
 class SourceFile:
-    """The bytes of one stable read and the file's size and mtime while they were read."""
+    """The bytes of one stable read and the file's identity while they were read."""
 
     data: bytes
-    size: int
-    mtime_ns: int
+    identity: tuple[int, int, int, int]  # (size, mtime_ns, inode, ctime_ns): NOTE [file identity]
+
+    @property
+    def size(self) -> int:
+        return self.identity[0]
 
 
-def _read_once(path: str) -> SourceFile:
-    with open(path, "rb") as f:
+def _nonblocking(path, flags: int) -> int:
+    return os.open(path, flags | os.O_NONBLOCK)  # NOTE [bounded reads]: a FIFO's open would block
+
+
+def open_regular(path: str):
+    """``open(path, "rb")`` that never blocks on a FIFO and refuses anything but a regular
+    file (NOTE [bounded reads]).
+
+    Raises:
+        OSError: as ``open``; ``EINVAL`` for a FIFO, socket or device.
+    """
+    f = open(path, "rb", opener=_nonblocking)
+    if not is_regular(os.fstat(f.fileno())):
+        f.close()
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device is never read)", path)
+    os.set_blocking(f.fileno(), True)
+    return f
+
+
+def _read_once(path: str, max_bytes: int) -> SourceFile:
+    with open_regular(path) as f:
         before = os.fstat(f.fileno())
-        data = f.read()
+        if before.st_size > max_bytes:
+            raise SampleTooLargeError(before.st_size, max_bytes, path)
+        data = f.read(max_bytes + 1)
         after = os.fstat(f.fileno())
-    if (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns) or len(data) != after.st_size:
+    if identity(before) != identity(after) or len(data) != after.st_size:
+        if len(data) > max_bytes:
+            raise SampleTooLargeError(len(data), max_bytes, path)
         raise SourceChangedError(errno.EAGAIN, f"changed while it was read ({before.st_size} -> "
                                  f"{after.st_size} bytes, {len(data)} read)", path)
-    return SourceFile(data, after.st_size, after.st_mtime_ns)
+    return SourceFile(data, identity(after))
 
 
-def read_stable(path: str, expect: tuple[int, int] | None = None,
-                attempts: int = 4) -> SourceFile | OSError:
-    """One file by NOTE [stable reads].
+def read_stable(path: str, expect: tuple[int, int, int, int] | None = None, attempts: int = 4,
+                max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> SourceFile | OSError:
+    """One file by NOTE [stable reads] and NOTE [bounded reads].
 
     Args:
         path: the file.
-        expect: ``(size, mtime_ns)`` from the manifest; a stable read that differs is
+        expect: its identity from the manifest; a stable read that differs is
             retried, then returned as it is.
         attempts: reads before giving up.
+        max_bytes: a larger file is a :class:`SampleTooLargeError`, not read.
 
     Returns:
         The :class:`SourceFile`, or the last ``OSError``.
@@ -78,8 +120,8 @@ def read_stable(path: str, expect: tuple[int, int] | None = None,
     result: SourceFile | OSError = OSError(errno.EIO, "not read", path)
     for attempt in range(attempts):
         try:
-            result = _read_once(path)
-            if expect is None or (result.size, result.mtime_ns) == tuple(expect):
+            result = _read_once(path, max_bytes)
+            if expect is None or result.identity == tuple(expect):
                 return result
         except SourceChangedError as exc:
             result = exc if not isinstance(result, SourceFile) else result
@@ -92,34 +134,51 @@ def read_stable(path: str, expect: tuple[int, int] | None = None,
     return result
 
 
+def read_file(path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+    """One sample file's bytes, read as the cache reads them (NOTE [stable reads], NOTE
+    [bounded reads]), for loaders that bypass the cache.
+
+    Raises:
+        OSError: the last error (``SampleTooLargeError`` for a file over ``max_bytes``).
+    """
+    got = read_stable(path, max_bytes=max_bytes)
+    if isinstance(got, OSError):
+        raise got
+    return got.data
+
+
 class SourceReader:
     """Read whole files, in parallel threads when there are several.
 
     Args:
         threads: pool size (created on first use, per process).
+        max_bytes: the largest file read for one sample (NOTE [bounded reads]).
     """
 
-    def __init__(self, threads: int = 8) -> None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+    def __init__(self, threads: int = 8, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+        if threads < 1 or max_bytes < 1:
+            raise ValueError(f"threads and max_bytes must be >= 1, got {threads}, {max_bytes}")
         self.threads = threads
+        self.max_bytes = max_bytes
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
 
-    def read(self, paths: list[str], expect: list[tuple[int, int]] | None = None) -> list[SourceFile | OSError]:
+    def read(self, paths: list[str], expect: list[tuple[int, int, int, int]] | None = None
+             ) -> list[SourceFile | OSError]:
         """Stable reads in order (NOTE [stable reads]); an unreadable file gives its ``OSError``.
 
         Args:
             paths: files.
-            expect: per file, ``(size, mtime_ns)`` from the manifest.
+            expect: per file, its identity from the manifest (NOTE [file identity]).
         """
         expect = expect or [None] * len(paths)
+        read = lambda p, e: read_stable(p, e, max_bytes=self.max_bytes)  # noqa: E731
         if len(paths) <= 1:
-            return [read_stable(p, e) for p, e in zip(paths, expect)]
+            return [read(p, e) for p, e in zip(paths, expect)]
         if self._pool is None or self._pid != os.getpid():
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cachepipe-read")
             self._pid = os.getpid()
-        return list(self._pool.map(read_stable, paths, expect))
+        return list(self._pool.map(read, paths, expect))
 
     def close(self) -> None:
         if self._pool is not None and self._pid == os.getpid():

@@ -22,7 +22,7 @@ from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
 from cachepipe.embedded import EmbeddedRedis, parse_memory
 from cachepipe.embedded_group import EmbeddedGroup
-from cachepipe.errors import CorruptSampleError
+from cachepipe.errors import CorruptSampleError, SampleTooLargeError
 from cachepipe.l1_guard import open_l1
 from cachepipe.l1_mirror import L1Mirror
 from cachepipe.l2_codec import encode_sample
@@ -33,7 +33,7 @@ from cachepipe.manifest import Manifest
 from cachepipe.private_files import private_dir
 from cachepipe.raw_levels import RawLevels
 from cachepipe.redis_url import redact_all
-from cachepipe.source import STAT_KEYS
+from cachepipe.source import DEFAULT_MAX_FILE_BYTES, STAT_KEYS
 
 __all__ = ["TwoLevelCache"]
 
@@ -72,6 +72,8 @@ class TwoLevelCache:
             them with a warning; NOTE [symlinks in the source]).
         l2_servers: embedded servers, reads spread over them by key (``None``: one per 8
             cores; NOTE [a node's L2] in ``cachepipe.embedded_group``); ``l2_memory`` is their total.
+        max_file_bytes: the largest source file read for one sample (default 1 GiB); a
+            larger one is a bad sample, never read (NOTE [bounded reads]).
         save_manifest: write a new scan to ``cache_dir`` (``False`` for inspection only,
             as ``cachepipe stats``: with it and without using L1/L2, nothing is written).
 
@@ -90,10 +92,12 @@ class TwoLevelCache:
                  prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
                  timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
                  verify: str = "dirs", rescan: bool = False, save_manifest: bool = True,
-                 follow_external_links: bool = False, l2_servers: int | None = None) -> None:
+                 follow_external_links: bool = False, l2_servers: int | None = None,
+                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
         root = source.root if isinstance(source, Manifest) else source
-        self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas,
-                                  l2_memory, timeout, use_l1, l1_map_size, follow_external_links, l2_servers)
+        self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas, l2_memory, timeout,
+                                  use_l1, l1_map_size, follow_external_links, l2_servers=l2_servers,
+                                  max_file_bytes=max_file_bytes)
         if save_manifest:  # ranks race to create it: private_dir tolerates that
             private_dir(self.config.cache_dir)  # NOTE [private cache files]
         if isinstance(source, Manifest):
@@ -128,7 +132,8 @@ class TwoLevelCache:
         return cls(manifest or c.source, c.cache_dir, c.redis, c.cache_size, prefix=c.prefix, replicas=c.replicas,
                    l2_memory=c.l2_memory, timeout=c.timeout, use_l1=c.use_l1, l1_map_size=c.l1_map_size,
                    verify=verify, rescan=rescan, save_manifest=save_manifest,
-                   follow_external_links=c.follow_external_links, l2_servers=c.l2_servers)
+                   follow_external_links=c.follow_external_links, l2_servers=c.l2_servers,
+                   max_file_bytes=c.max_file_bytes)
 
     # -- pickling and per-process state -----------------------------------------------
     def _reset_process_state(self) -> None:
@@ -138,6 +143,8 @@ class TwoLevelCache:
         self._raw: RawLevels | None = None
         self._l2: L2Level | None = None
         self.counters: Counter = Counter()
+        self.started_server = False  # this process started the embedded server
+        self.last_errors: dict[int, str] = {}  # bad samples of the last get_many: index -> reason
 
     def __getstate__(self) -> dict:
         return {"config": self.config, "fingerprint": self._fingerprint}
@@ -156,9 +163,10 @@ class TwoLevelCache:
             self._reset_process_state()
         cfg = self.config
         if cfg.use_l1:
-            map_size = cfg.l1_map_size or 2 * self.manifest.total_bytes + (64 << 20)
+            kept = sum(n for n in self.manifest.sizes if n <= cfg.max_file_bytes)  # NOTE [bounded reads]
+            map_size = cfg.l1_map_size or 2 * kept + (64 << 20)
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
-        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS)
+        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
         self._raw.l1_writable = self._l1 is not None and writable
         if cfg.redis is not False:
             urls = list(cfg.redis) if cfg.redis else self.embedded_group(start=True).urls
@@ -202,15 +210,14 @@ class TwoLevelCache:
 
     def embedded_server(self, start: bool = False, index: int = 0) -> EmbeddedRedis:
         """Embedded server ``index`` of ``cache_dir`` (started when ``start``)."""
-        if start:
-            self.embedded_group(start=True)
-        return self.embedded_group().servers[index]
+        return self.embedded_group(start).servers[index]
 
     def embedded_group(self, start: bool = False) -> EmbeddedGroup:
-        """The ``l2_servers`` embedded servers of ``cache_dir`` (started when ``start``)."""
+        """The ``l2_servers`` embedded servers of ``cache_dir`` (started when ``start``;
+        ``started_server`` then says whether this process started one)."""
         group = EmbeddedGroup(self.config.cache_dir, self.config.l2_servers)
-        if start:
-            group.start(self.config.l2_memory)
+        if start and group.start(self.config.l2_memory):
+            self.started_server = True
         return group
 
     def __len__(self) -> int:
@@ -232,9 +239,12 @@ class TwoLevelCache:
 
         Args:
             indices: sample indices (duplicates allowed).
-            errors: ``"raise"``: a corrupt source file raises :class:`CorruptSampleError`
-                (after the good samples were cached); ``"skip"``: it gives ``None`` and is
-                counted in ``stats()["corrupt"]``.
+            errors: ``"raise"``: a corrupt or unreadable source file raises
+                :class:`CorruptSampleError` (after the good samples were cached); ``"skip"``:
+                it gives ``None`` and is counted in ``stats()["corrupt"]``. Either way
+                ``last_errors`` then maps each bad index of this call to what was wrong, and
+                nothing is warned about here: the caller reports a bad sample (NOTE [bad
+                samples reported once] in ``loaders/folder.py``).
             copy: ``False`` returns L2 hits as read-only views of the Redis reply (one
                 copy less per sample, for callers that crop or convert anyway).
 
@@ -259,14 +269,15 @@ class TwoLevelCache:
         result = self._l2.read(uniq, copy=copy) if self._l2 is not None and uniq else {}
         need = [i for i in uniq if i not in result]
         errors_seen: list[CorruptSampleError] = []
+        self.last_errors = {}
         if need:
             raw = self._raw.read(need)
             encoded = []
             for i in need:
                 try:
                     if isinstance(raw[i], Exception):
-                        raise CorruptSampleError(f"cannot read the file ({raw[i]})", index=i,
-                                                 path=self.manifest.relpaths[i])
+                        what = "too large" if isinstance(raw[i], SampleTooLargeError) else "cannot read the file"
+                        raise CorruptSampleError(f"{what} ({raw[i]})", index=i, path=self.manifest.relpaths[i])
                     arr = decode_and_resize(raw[i], self.config.cache_size, index=i,
                                             path=self.manifest.relpaths[i])
                 except CorruptSampleError as exc:
@@ -278,6 +289,7 @@ class TwoLevelCache:
                     encoded.append((i, encode_sample(i, arr)))
             if encoded:
                 self._l2.write_back(encoded)
+        self.last_errors = {e.index: e.reason for e in errors_seen}
         if errors_seen and errors == "raise":
             raise errors_seen[0]
         out, seen = [], set()
@@ -321,9 +333,9 @@ class TwoLevelCache:
                 self._l1.close()
             if self._raw is not None:
                 self._raw.close()
-        counters = self.counters
+        counters, started = self.counters, self.started_server
         self._reset_process_state()
-        self.counters = counters
+        self.counters, self.started_server = counters, started
 
     def __enter__(self) -> TwoLevelCache:
         return self

@@ -14,12 +14,17 @@ killed run resumes where it stopped and a finished one has nothing to do.
 
 NOTE [corrupt files]
 A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NOTE
-[stable reads] in ``source.py``) of bytes that match the manifest's size and mtime does
-not decode. A file that cannot be read (after retries), or that changed since the scan,
+[stable reads] in ``source.py``) of bytes that match the manifest's identity does not
+decode, or when the file is larger than one sample may be (NOTE [bounded reads]; it is
+not read). A file that cannot be read (after retries), or that changed since the scan,
 is reported as such and simply stays missing from the levels: the next warm-up tries it
-again. Recorded files are re-checked by every warm-up: their L1 entries are dropped,
-they are read from the source again, and a file that now decodes is cleared from the
-record and cached. So a restored file never stays "corrupt".
+again. A corrupt file's bytes stay in L1, which mirrors the source as it is: a file
+fixed or restored since has another identity (NOTE [file identity]) and so another
+fingerprint, so the bytes L1 holds under this one are the file's. Every warm-up re-checks
+the recorded files by decoding those bytes again (read from the source when L1 lacks
+them, as for a file too large to read) without writing anything for them: one that now
+decodes (a Pillow release that reads it, a larger ``max_file_bytes``) is cleared from the
+record and cached. Re-checks alone are "nothing to do" and write nothing.
 
 NOTE [fixed L2 subset]
 A source larger than L2 (ImageNet decoded at 256 px is ~300 GB) is cached in part: the
@@ -40,7 +45,6 @@ partition does not fit, as before, and the CLI then exits 5.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import sys
 import time
@@ -52,9 +56,11 @@ import numpy as np
 
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.decode import decode_and_resize
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError
+from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, L2UnavailableError, SampleTooLargeError
+from cachepipe.corrupt_record import known_corrupt, save_corrupt
+from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
 from cachepipe.l2_codec import encode_sample
-from cachepipe.private_files import write_private
+from cachepipe.stale import stale_fingerprints, stale_l2_keys
 
 __all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
 
@@ -63,23 +69,6 @@ _SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors
 
 class L2TooSmallError(MemoryError):
     """L2 cannot hold the partition; the message says how much memory it needs."""
-
-
-def _corrupt_path(cache):
-    return cache.l1_path.parent / "corrupt.json"
-
-
-def known_corrupt(cache) -> set[int]:
-    """Indices found undecodable by earlier warm-ups of this fingerprint."""
-    try:
-        with open(_corrupt_path(cache)) as f:
-            return set(json.load(f))
-    except (OSError, ValueError):
-        return set()
-
-
-def _save_corrupt(cache, indices: set[int]) -> None:
-    write_private(_corrupt_path(cache), json.dumps(sorted(indices)).encode())
 
 
 def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int | None = None) -> list[int]:
@@ -124,7 +113,7 @@ def plan_warmup(cache, part: list[int], *, l1_scope: str = "all", limit: int | N
     bad = known_corrupt(cache) & set(part)
     l1_todo: list[int] = []
     if cache.l1 is not None:
-        present = cache.l1.present() - bad
+        present = cache.l1.present()  # known corrupt files included: NOTE [corrupt files]
         l1_todo = [i for i in (range(n) if l1_scope == "all" else part) if i not in present]
     l2_todo = cache.store.missing(part) if cache.store is not None else []
     return l1_todo, sorted(set(l2_todo) | bad)
@@ -137,8 +126,9 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
         Counts (``done``, ``l1_written``, ``l2_written``, ``l2_full`` (refused for
         maxmemory: NOTE [fixed L2 subset]), ``bytes_read``, ``l2_write_errors`` (other
         failures)) and index lists: ``corrupt`` (stable, unchanged bytes that do
-        not decode), ``unreadable`` (read errors after retries), ``changed`` (the file
-        differs from the manifest), ``decoded``.
+        not decode, or too large to read), ``unreadable`` (read errors after retries;
+        ``why``: index -> the error), ``changed`` (the file differs from the manifest),
+        ``decoded``.
 
     Raises:
         L1FullError: the L1 map or disk is full.
@@ -150,8 +140,8 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
     corrupt, unreadable, encoded = [], [], []
     for i in l2_indices:
         data = raw[i]
-        if isinstance(data, OSError):
-            unreadable.append(i)
+        if isinstance(data, OSError):  # NOTE [corrupt files]: a file too large to read is not a sample
+            (corrupt if isinstance(data, SampleTooLargeError) else unreadable).append(i)
             continue
         if i in changed:
             continue
@@ -168,7 +158,7 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
             "l2_written": l2_written, "bytes_read": after["source_bytes"] - before["source_bytes"],
             "l2_write_errors": after["l2_write_errors"] - before["l2_write_errors"] - oom,
             "l2_full": oom, "corrupt": corrupt, "unreadable": unreadable, "changed": sorted(changed),
-            "decoded": [i for i, _ in encoded]}
+            "decoded": [i for i, _ in encoded], "why": {i: str(raw[i]) for i in unreadable}}
 
 
 def _names(manifest, indices: set[int]) -> list[str]:
@@ -215,6 +205,9 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         corrupt for the first time), ``known_corrupt`` (relpaths still recorded after the
         re-check), ``recovered`` (recorded ones that now decode), ``unreadable`` and
         ``changed`` (relpaths not cached this time; see NOTE [corrupt files]),
+        ``unreadable_reasons`` (relpath -> the read error),
+        ``stale_fingerprints`` and ``l2_stale_keys`` (older versions of the source and their
+        L2 keys, counted when samples did not fit: NOTE [stale namespaces]),
         ``seconds``, ``mb_per_s``, ``nothing_to_do`` (no work but the re-checks).
 
     Raises:
@@ -233,7 +226,8 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     known = known_corrupt(cache)
     recheck = known & set(l2_missing)
     if check_capacity and l1_todo:
-        problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo))
+        limit = cache.config.max_file_bytes  # larger files are never stored (NOTE [bounded reads])
+        problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo if m.sizes[i] <= limit))
         if problem:
             raise L1FullError(28, problem)
     l2_todo = l2_missing
@@ -249,14 +243,14 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
               "nothing_to_do": set(l1_todo) | set(l2_todo) <= recheck}
-    used_before = _l2_used(cache) if l2_todo else 0
-    if recheck and cache.l1 is not None and cache._raw.l1_writable:
-        cache.l1.delete(sorted(recheck))  # read them from the source again
+    used_before = l2_used(cache) if l2_todo else 0
+    evicting = evicting_shards(cache.store)  # warned once: they undo what is written
     l2_set = set(l2_todo)
     work = sorted(set(l1_todo) | l2_set)
     chunks = [(c, [i for i in c if i in l2_set])
               for c in (work[s:s + batch_size] for s in range(0, len(work), batch_size))]
     found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}
+    why: dict[int, str] = {}  # what was wrong with each unreadable file
     if chunks:
         from tqdm import tqdm
 
@@ -275,6 +269,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
                     report[k] += r[k]
                 for k, v in found.items():
                     v.update(r[k])
+                why.update(r["why"])
                 bar.update(r["done"])
                 if on_progress:
                     on_progress(r["done"])
@@ -286,37 +281,31 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     recovered = recheck & (found["decoded"] | found["changed"])
     now_known = (known - recovered) | found["corrupt"]
     if now_known != known:
-        _save_corrupt(cache, now_known)
+        save_corrupt(cache, now_known)
     report["corrupt"] = _names(m, found["corrupt"] - known)
     report["known_corrupt"] = _names(m, now_known & set(part))
     report["recovered"] = _names(m, recovered)
     report["unreadable"] = _names(m, found["unreadable"])
+    report["unreadable_reasons"] = {m.relpaths[i]: why[i] for i in sorted(found["unreadable"])}
     report["changed"] = _names(m, found["changed"])
-    report.update(_l2_coverage(cache, report, len(part), len(l2_missing), len(l2_missing) - len(l2_todo)))
-    report["l2_bytes_per_sample"] = ((_l2_used(cache) - used_before) / report["l2_written"]
+    not_samples = now_known | found["unreadable"] | found["changed"]
+    report.update(warm_coverage(cache, report, part, len(l2_missing), len(l2_missing) - len(l2_todo),
+                                not_samples, evicting))
+    report["l2_bytes_per_sample"] = ((l2_used(cache) - used_before) / report["l2_written"]
                                      if report["l2_written"] else 0.0)
     if cache.store is not None:
         cache.store.mark_partial(f"{node_rank}/{num_nodes}", report["l2_uncached"])
+    report["stale_fingerprints"], report["l2_stale_keys"] = _stale(cache) if report["l2_uncached"] else ([], 0)
     report["seconds"] = time.perf_counter() - t0
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0
     return report
 
 
-def _l2_used(cache) -> int:
-    """Memory used by the reachable L2 shards together (0 without L2)."""
-    if cache.store is None:
-        return 0
-    return sum(row["used_memory"] for row in cache.store.shard_info() if row["reachable"])
-
-
-def _l2_coverage(cache, report: dict, part: int, missing: int, left_out: int) -> dict:
-    """``l2_cached``, ``l2_uncached`` and ``l2_coverage`` of the partition after this run
-    (NOTE [fixed L2 subset]): uncached are the samples left out for lack of room, before
-    writing or refused while writing; corrupt, unreadable or changed files count in
-    neither (they are reported as such)."""
-    if cache.store is None:
-        return {"l2_cached": 0, "l2_uncached": 0, "l2_coverage": 0.0}
-    cached = part - missing + report["l2_written"]
-    uncached = left_out + report["l2_full"]
-    return {"l2_cached": cached, "l2_uncached": uncached,
-            "l2_coverage": cached / (cached + uncached) if cached + uncached else 1.0}
+def _stale(cache) -> tuple[list[str], int]:
+    """Older versions of the source and their L2 keys, which take the room that is missing
+    (NOTE [stale namespaces]); none when they cannot be counted."""
+    stale = stale_fingerprints(cache)
+    try:
+        return stale, stale_l2_keys(cache, stale)
+    except L2UnavailableError:
+        return stale, 0

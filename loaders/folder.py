@@ -11,6 +11,7 @@ import torch.utils.data
 from PIL import Image
 
 from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
+from cachepipe.source import read_file
 from loaders.replacement import fill_batch
 
 __all__ = ["CachedImageFolder", "ON_ERROR", "OUTPUTS"]
@@ -141,6 +142,8 @@ class CachedImageFolder(torch.utils.data.Dataset):
         self.imgs = self.samples  # torchvision's alias
         self.targets = [label for _, label in self.samples]
         self.skipped: list[int] = []  # indices left out (on_error="skip"), in this process
+        self._warned: set[int] = set()  # bad samples already warned about, in this process
+        self._why: dict[int, str] = {}  # what was wrong with a bad sample
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -155,8 +158,7 @@ class CachedImageFolder(torch.utils.data.Dataset):
         path = self.samples[index][0]
         if self.loader is not None:
             return self.loader(path)
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_file(path)  # never blocks on a FIFO nor reads a 40 GB file whole (NOTE [bounded reads])
         return decode_and_resize(data, self.cache_size, index=index, path=self.manifest.samples[index][0])
 
     def load(self, index: int) -> np.ndarray:
@@ -172,9 +174,13 @@ class CachedImageFolder(torch.utils.data.Dataset):
         return self._read_file(index) if self.cache is None else self.cache.get(index)
 
     def _fetch(self, indices: list[int], skip: bool, copy: bool) -> list[np.ndarray | None]:
-        """Samples of ``indices``; with ``skip`` a bad one (corrupt, unreadable) is ``None``."""
+        """Samples of ``indices``; with ``skip`` a bad one (corrupt, unreadable) is ``None``
+        and what was wrong with it goes to ``self._why``."""
         if self.cache is not None:
-            return self.cache.get_many(indices, errors="skip" if skip else "raise", copy=copy)
+            try:
+                return self.cache.get_many(indices, errors="skip" if skip else "raise", copy=copy)
+            finally:
+                self._why.update(self.cache.last_errors)
         arrays = []
         # a custom loader's errors pass through as torchvision's do; "skip" replaces them
         bad = (CorruptSampleError, OSError) if self.loader is None else (OSError, ValueError)
@@ -187,9 +193,15 @@ class CachedImageFolder(torch.utils.data.Dataset):
                         raise
                     raise CorruptSampleError(f"cannot read the file ({exc})", index=i,
                                              path=self.manifest.samples[i][0]) from exc
+                self._why[i] = exc.reason if isinstance(exc, CorruptSampleError) else f"{type(exc).__name__}: {exc}"
                 arrays.append(None)
         return arrays
 
+    # NOTE [bad samples reported once]: a bad sample (corrupt, unreadable, too large) is one
+    # warning line per file and process, naming the file and what was wrong: the cache does
+    # not warn about it (it counts it and says why in ``last_errors``), and a file already
+    # reported is not reported again when a later batch (the next epoch, in a persistent
+    # worker) meets it; it is still counted in ``skipped`` every time it is replaced.
     def load_many(self, indices: Sequence[int], *,
                   copy: bool = True) -> tuple[list[np.ndarray], list[int], list[int]]:
         """Untransformed samples of a batch: ``(samples, targets, skipped_indices)``.
@@ -207,11 +219,13 @@ class CachedImageFolder(torch.utils.data.Dataset):
         key = getattr(indices, "seed", "")
         samples, used, skipped = fill_batch(lambda idx: self._fetch(idx, True, copy), indices, key=key,
                                             num_samples=len(self), name=lambda i: self.samples[i][0])
-        if skipped:
-            self.skipped.extend(skipped)
-            names = ", ".join(self.samples[i][0] for i in skipped[:3]) + (", ..." if len(skipped) > 3 else "")
-            warnings.warn(f"skipped {len(skipped)} bad sample(s) and replaced them (on_error='skip'): {names}",
-                          RuntimeWarning, stacklevel=2)
+        self.skipped.extend(skipped)
+        new = list(dict.fromkeys(i for i in skipped if i not in self._warned))  # NOTE [bad samples reported once]
+        if new:
+            self._warned.update(new)
+            names = ", ".join(f"{self.samples[i][0]} ({self._why.get(i, 'bad')})" for i in new[:3])
+            warnings.warn(f"skipped {len(new)} bad sample(s) and replaced them (on_error='skip'): {names}"
+                          + (f" and {len(new) - 3} more" if len(new) > 3 else ""), RuntimeWarning, stacklevel=2)
         return samples, [self.targets[i] for i in used], skipped
 
     # ---- torchvision Dataset protocol -------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from cachepipe.config import CacheConfig
+from cachepipe.embedded import parse_memory
 from cachepipe.two_level import TwoLevelCache
 
 __all__ = ["DEFAULT_CACHE_DIR", "add_cache_arguments", "cache_config", "cache_from_args", "cache_sizes_from_args",
@@ -52,11 +53,14 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
     parser.add_argument("--prefix", default="cachepipe", help="first part of every L2 key")
     parser.add_argument("--l2-memory", default=None,
                         help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%%; unset: "
-                             "keep a running server's, else 25%% of RAM")
+                             "keep a running server's, else the last one given for --cache-dir, else 25%% of RAM")
     parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
                         help="embedded redis-server processes, reads spread over them by key (docs/cache.md, "
                              "sizing); unset: one per 8 cores; use the same for warmup and train")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
+    parser.add_argument("--max-file-size", default="1gb", metavar="SIZE",
+                        help="the largest source file read for one sample (e.g. 1gb, 512mb); a larger one is "
+                             "a bad sample, never read (skipped in training, listed as corrupt by warmup)")
     if source:
         parser.add_argument("--rescan", action="store_true",
                             help="rescan the source instead of reusing the saved manifest")
@@ -96,7 +100,18 @@ def cache_config(args: argparse.Namespace, source, cache_size: int = 256, cache_
     return CacheConfig(source, args.cache_dir or cache_dir or DEFAULT_CACHE_DIR, redis_from_args(args), cache_size,
                        prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
                        l2_servers=args.l2_servers, timeout=args.timeout,
-                       follow_external_links=args.follow_external_links)
+                       follow_external_links=args.follow_external_links, max_file_bytes=_file_size(args))
+
+
+def _file_size(args: argparse.Namespace) -> int:
+    """Bytes of ``--max-file-size`` (Redis' units, as ``--l2-memory``, without ``%``)."""
+    text = str(args.max_file_size)
+    try:
+        if "%" in text:
+            raise ValueError
+        return parse_memory(text)
+    except ValueError:
+        raise ValueError(f"--max-file-size {text!r}: expected a positive size such as 1gb or 512mb") from None
 
 
 def cache_sizes_from_args(args: argparse.Namespace, default: tuple[int, ...] = (256,)) -> tuple[int, ...]:

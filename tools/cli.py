@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-dataset": ("tools.make_dataset", "write a small learnable ImageNet-layout JPEG dataset"),
     "warmup": ("tools.warmup", "fill the two-level cache (L1 LMDB mirror, L2 Redis) from a source tree"),
     "stats": ("tools.stats", "show cache coverage per level"),
+    "drop": ("tools.drop", "free the L2 keys and cache dir entries of older versions of a source"),
     "server": ("tools.server", "start, stop or inspect the embedded Redis server"),
     "bench": ("tools.bench", "run a benchmark: cache, loader, l2, feed, topk, comm, overlap, omgs, train, faults"),
     "train": ("tools.train", "train an image model end to end from the cache"),

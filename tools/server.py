@@ -1,8 +1,9 @@
 """``cachepipe server {start,stop,status} --cache-dir DIR``: the embedded Redis servers of a cache dir.
 
 Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran (or it
-could not be stopped); 2 for a ``--cache-dir`` that is not a directory; 4 when it cannot
-start. ``stop`` and ``status`` never create the cache directory.
+could not be stopped); 2 for a ``--cache-dir`` that is not a directory or a bad
+``--l2-memory``; 4 when it cannot start. ``stop`` and ``status`` never create the cache
+directory.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", required=True, help="the cache directory")
     parser.add_argument("--l2-memory", default=None,
                         help="maxmemory for start, e.g. 4gb, 25%%; unset: keep a running "
-                             "server's, else 25%% of RAM")
+                             "server's, else the last one given for this cache dir, else 25%% of RAM")
     parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
                         help="servers to start (NOTE [a node's L2]); unset: one per 8 cores. stop and status "
                              "act on every server of the cache dir")
@@ -27,6 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import os
+
+    from cachepipe.embedded import parse_memory
 
     from cachepipe.embedded_group import EmbeddedGroup, default_l2_servers
     from tools.cli import UsageError
@@ -37,6 +40,12 @@ def main(args: argparse.Namespace) -> int:
         if args.l2_servers is not None and args.l2_servers < 1:
             raise UsageError(f"--l2-servers must be >= 1, got {args.l2_servers}")
         group = EmbeddedGroup(args.cache_dir, args.l2_servers or default_l2_servers())
+        try:
+            if args.l2_memory is not None:
+                parse_memory(args.l2_memory)
+        except ValueError as exc:
+            print(f"cachepipe server: error: {exc}", file=sys.stderr)
+            return 2
         try:
             started = group.start(args.l2_memory)
         except (RuntimeError, FileNotFoundError, ValueError, OSError) as exc:

@@ -32,10 +32,13 @@ def format_coverage(c: dict) -> str:
              f"L1      {l1['entries']}/{s['samples']} ({l1['percent']:.1f} %), {_mib(l1['disk_bytes'])} "
              f"on disk at {l1['path']}" + (f"; {l1['error']}" if l1.get("error") else "")]
     if not l2["sizes"]:
-        lines.append(f"L2      {l2['kind']}: nothing cached for this source")
+        lines.append(f"L2      {l2['kind']}: " + ("could not be read (below)" if l2["error"] and l2["shards"]
+                                                  else "nothing cached for this source"))
     for row in l2["sizes"]:
+        of = f" of the {s['samples'] - row['known_corrupt']} that decode; {row['known_corrupt']} known corrupt " \
+             f"(never cached; listed by warmup)" if row["known_corrupt"] else ""
         line = (f"L2      {l2['kind']} {row['size']} px: {row['present']}/{s['samples']} "
-                f"({row['percent']:.1f} %) under {row['namespace']}*")
+                f"({row['percent']:.1f} %{of}) under {row['namespace']}*")
         if row["partial"]:
             left = ", ".join(f"{count} of node {node}" for node, count in sorted(row["partial"].items()))
             line += f"; a fixed subset (warm-up left out {left}: read from L1)"
@@ -46,18 +49,23 @@ def format_coverage(c: dict) -> str:
             lines.append(f"  shard {sh['url']}: {sh['keys']} keys, {_mib(sh['used_memory'])} used of "
                          f"{limit} ({sh['policy']})")
         else:
-            lines.append(f"  shard {sh['url']}: unreachable ({sh['error']})")
+            lines.append(f"  shard {sh['url']}: {'refused' if sh.get('denied') else 'unreachable'} ({sh['error']})")
     if l2["error"]:
         lines.append(f"  {l2['error']}")
-    if c["other_fingerprints"]:
-        lines.append(f"other namespaces in the cache dir (older versions of sources): "
-                     f"{', '.join(c['other_fingerprints'])}")
+    stale = c.get("stale_fingerprints", [])
+    if stale:
+        lines.append(f"older versions of this source: {', '.join(stale)} (cachepipe drop frees their L2 keys "
+                     f"and cache dir entries)")
+    others = [fp for fp in c["other_fingerprints"] if fp not in stale]
+    if others:
+        lines.append(f"other namespaces in the cache dir (other sources): {', '.join(others)}")
     return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
     from tools.cache_flags import cache_from_args, cache_sizes_from_args, check_args
     from cachepipe.coverage import coverage
+    from cachepipe.stale import stale_fingerprints
 
     try:
         check_args(args)
@@ -72,10 +80,12 @@ def main(args: argparse.Namespace) -> int:
         return 3
     with cache:
         cov = coverage(cache, sizes)
+        cov["stale_fingerprints"] = stale_fingerprints(cache)  # NOTE [stale namespaces]
     print(json.dumps(cov, indent=1) if args.json else format_coverage(cov))
     unreachable = cov["l2"]["error"] and "not running" not in cov["l2"]["error"]
     if unreachable or any(not sh["reachable"] for sh in cov["l2"]["shards"]):
-        print(f"cachepipe stats: error: L2 unreachable: {cov['l2']['error'] or 'a shard is down'}",
-              file=sys.stderr)
+        denied = "permission denied" in cov["l2"]["error"] or any(sh.get("denied") for sh in cov["l2"]["shards"])
+        print(f"cachepipe stats: error: L2 {'refused a command' if denied else 'unreachable'}: "
+              f"{cov['l2']['error'] or 'a shard is down'}", file=sys.stderr)
         return 4
     return 0

@@ -8,7 +8,8 @@ Exit status: 0 done (corrupt files are listed; L2 may hold a fixed subset), 1 co
 files with ``--strict``, L2 writes that failed, or files that could not be read (after
 retries; the next run tries them again), 2 bad usage (flag values, URL schemes, a ``--json``
 path that cannot be written: checked before the work, NOTE [output paths checked first]), 3
-missing or invalid source, 4 unreachable Redis, 5 L2 too small with ``--require-full``
+missing or invalid source, 4 unreachable Redis or a command its ACL refuses (an embedded
+server this warm-up started is stopped again), 5 L2 too small with ``--require-full``
 (the message says how much memory it needs), 6 L1 disk or map full, or the cache dir
 cannot be written.
 """
@@ -55,6 +56,9 @@ def _coverage(r: dict, node: str) -> str:
     if r["l2_uncached"]:
         line += (f"; {r['l2_uncached']} did not fit and are read from L1 (a fixed subset: "
                  f"more L2 memory and another warmup raise it)")
+    if r.get("l2_stale_keys"):
+        line += (f"; {r['l2_stale_keys']} L2 keys of older versions of this source "
+                 f"({', '.join(r['stale_fingerprints'])}) take room: cachepipe drop frees them")
     return line
 
 
@@ -88,7 +92,9 @@ def _summary(r: dict, node: str, l2: bool) -> str:
                        ("changed", "files changed since the scan (not cached; rescan)")):
         if key == "corrupt" or r[key]:
             lines.append(f"  {title}: {len(r[key])}")
-            lines += [f"    {p!r}" if not p.isprintable() else f"    {p}" for p in r[key][:20]]
+            why = r.get("unreadable_reasons", {}) if key == "unreadable" else {}
+            lines += [(f"    {p!r}" if not p.isprintable() else f"    {p}") + (f": {why[p]}" if p in why else "")
+                      for p in r[key][:20]]
             if len(r[key]) > 20:
                 lines.append(f"    ... and {len(r[key]) - 20} more (see --json)")
     return "\n".join(lines)
@@ -120,8 +126,6 @@ def main(args: argparse.Namespace) -> int:
 
 def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
     """Warm one cache size and print its summary; returns a non-zero exit status on failure."""
-    from cachepipe.errors import L1FullError, L2UnavailableError
-    from cachepipe.warmup import L2TooSmallError, warmup
     from tools.cache_flags import cache_from_args
 
     try:
@@ -130,6 +134,16 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
         return fail(str(exc), EXIT_SOURCE)
     except OSError as exc:  # read-only or full cache dir
         return fail(f"cannot write the cache dir {args.cache_dir}: {exc}", EXIT_L1_FULL)
+    code = _warm(args, size, reports, cache)
+    if code == EXIT_REDIS and cache.started_server:  # never leave a server we started and cannot use
+        cache.embedded_group().stop()
+    return code
+
+
+def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
+    from cachepipe.errors import L1FullError, L2UnavailableError
+    from cachepipe.warmup import L2TooSmallError, warmup
+
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
     try:
         with cache:
@@ -140,7 +154,8 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
                     return fail(f"cannot start the embedded Redis: {exc}", EXIT_REDIS)
                 down = [r for r in store.shard_info() if not r["reachable"]]
                 if down:
-                    return fail(f"cannot reach L2 shard {down[0]['url']} ({down[0]['error']})"
+                    what = "L2 shard {} refused INFO" if down[0].get("denied") else "cannot reach L2 shard {}"
+                    return fail(f"{what.format(down[0]['url'])} ({down[0]['error']})"
                                 + (f" and {len(down) - 1} more" if len(down) > 1 else ""), EXIT_REDIS)
             report = warmup(cache, workers=args.workers, node_rank=args.node_rank,
                             num_nodes=args.num_nodes, l1_scope=args.l1_scope,
@@ -156,6 +171,9 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
         return fail(str(exc), EXIT_USAGE)
     reports.append(report)
     print(_summary(report, node, cache.config.redis is not False))
+    if report.get("l2_stale_keys"):
+        print(f"  free the older versions' L2 keys first: cachepipe drop {args.source} --cache-dir {args.cache_dir}"
+              + (" (with the same --redis flags)" if args.redis else "") + ", then warm up again")
     if cache.config.redis is None:
         print(f"  L2 is the embedded Redis at {', '.join(cache.embedded_group().urls)}; it keeps running for "
               f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")

@@ -42,11 +42,9 @@ def test_modes_become_rgb(rgb, mode, fmt):
         np.asarray(rgb.convert("L"), dtype=np.uint16) * 257)
     out = decode_and_resize(_encode(img, fmt), 30)
     assert out.shape == (30, 45, 3) and out.dtype == np.uint8
-    if mode in ("L", "P", "RGB", "RGBA"):
-        expect = np.asarray(Image.open(io.BytesIO(_encode(img, fmt))).convert("RGB").resize((45, 30), Image.Resampling.BILINEAR))
-        np.testing.assert_array_equal(out, expect)
-    if mode == "I;16":  # 16-bit grayscale is scaled down, not clipped to white
-        assert 0 < out.mean() < 250
+    # torchvision's pil_loader: convert("RGB") (NOTE [torchvision's pixels]); lossy formats give their own pixels
+    expect = np.asarray(Image.open(io.BytesIO(_encode(img, fmt))).convert("RGB").resize((45, 30), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(out, expect)
 
 
 def test_png_content_with_jpeg_name(rgb, tmp_path):

@@ -111,3 +111,20 @@ def eio(first: int | None = None):
         if first is None or n < first:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
     return fault
+
+
+@contextlib.contextmanager
+def coarse_fs(path: Path, size: str = "8M"):
+    """A real ext2 file system with 128-byte inodes (timestamps in whole seconds, as on
+    ext3, HFS+ or FAT) loop-mounted at ``path`` (root only)."""
+    image = path.with_suffix(".img")
+    subprocess.run(["truncate", "-s", size, str(image)], check=True)
+    subprocess.run(["mke2fs", "-q", "-t", "ext2", "-I", "128", "-F", str(image)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        image.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from cachepipe.embedded import EmbeddedRedis
+from cachepipe.errors import CacheWarning
 from cachepipe.server_identity import alive
 from tests.faults.cache_faults import NOBODY, needs_root, redis_on_socket, stopped
 
@@ -73,13 +74,35 @@ def test_socket_of_another_user_is_never_used(tmp_path, monkeypatch):
         with pytest.raises(PermissionError):
             server.client()
         assert foreign.poll() is None and sock.exists()  # not signalled, not removed
-    os.chown(sock.parent, NOBODY, NOBODY)  # the directory itself belongs to someone else
-    with pytest.raises(PermissionError, match="socket directory"):
-        server.start("16mb")
-    os.chown(sock.parent, os.geteuid(), os.getegid())
-    os.chmod(sock.parent, 0o755)  # others may enter it
-    with pytest.raises(PermissionError, match="mode 0700"):
-        server.start("16mb")
+
+
+@needs_root()
+@pytest.mark.parametrize("owner,mode", [(NOBODY, 0o700), (os.geteuid(), 0o755)])
+def test_a_socket_directory_we_did_not_make_private_is_never_used(tmp_path, monkeypatch, owner, mode):
+    """Issue 32, item 17: another user (or a loose mode) on the shared cachepipe-<uid>
+    directory gives a fresh private one instead of no embedded server."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "cache"  # socket path too long: goes to the runtime dir
+    shared = tmp_path / "run" / f"cachepipe-{os.geteuid()}"
+    shared.mkdir(mode=mode)
+    os.chmod(shared, mode)
+    os.chown(shared, owner, owner)  # made first by someone else, or left open
+    server = EmbeddedRedis(deep, stuck_after=1.0)
+    try:
+        with pytest.warns(CacheWarning, match="fresh private directory"):
+            assert server.start("16mb") is True
+        fresh = server.socket_path.parent
+        st = fresh.stat()
+        assert fresh != shared and fresh.name.startswith(f"cachepipe-{os.geteuid()}-")
+        assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)
+        assert list(shared.iterdir()) == []  # nothing of ours in theirs
+        again = EmbeddedRedis(deep)  # another process of the cache dir finds it
+        assert again.socket_path == server.socket_path and again.ping() and again.pid() == server.pid()
+    finally:
+        server.stop()
+        if server.socket_path.parent != shared:
+            shutil.rmtree(server.socket_path.parent, ignore_errors=True)
 
 
 def test_server_in_a_long_command_is_waited_for(server):

@@ -6,6 +6,8 @@ real 2-rank gloo groups, the cached torch loader in worker processes and in-proc
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -51,14 +53,19 @@ def test_an_unreadable_file_is_replaced_naming_it(train_dataset, tmp_path, cache
     victim.unlink()
     victim.mkdir()  # reading it now fails with an OSError (IsADirectoryError), as an NFS EIO does
     request = BatchRequest([4, 5, 6], epoch=2, number=1, seed="0/2/0/1")
-    with pytest.warns(RuntimeWarning, match=victim.name):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         samples, targets, skipped = folder.load_many(request)
+    lines = [str(w.message) for w in seen if victim.name in str(w.message)]
+    assert len(lines) == 1 and "Is a directory" in lines[0], lines  # one line, with what is wrong
     stand_in = replacement_index("0/2/0/1", 5, 0, len(folder))
     assert skipped == [5] and len(samples) == 3
     assert targets == [folder.targets[4], folder.targets[stand_in], folder.targets[6]]
     np.testing.assert_array_equal(samples[1], folder.load(stand_in))
-    with pytest.warns(RuntimeWarning):  # the same draw every time: a resumed run rebuilds the same batch
-        assert folder.load_many(request)[1] == targets
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # issue 32, item 17: one warning per file, not one per batch
+        assert folder.load_many(request)[1] == targets  # the same draw: a resumed run rebuilds the same batch
+    assert folder.skipped == [5, 5]  # still counted each time
     folder.close()
 
 

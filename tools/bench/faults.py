@@ -11,14 +11,19 @@ fault from here, on processes and files this benchmark made:
 - ``launcher``: SIGTERM ``cachepipe train`` itself after a few checkpoints, then ``--resume``;
 - ``other_out``: resume a stopped run into another run's ``--out`` (refused, that run
   untouched), then into its own (``tools.bench.faults_launcher``);
-- ``l1``: truncate L1's ``data.mdb`` to 16 KiB and empty L2 before the run, so reads go to L1.
+- ``l1``: truncate L1's ``data.mdb`` to 16 KiB and empty L2 before the run, so reads go to L1;
+- ``fifo``, ``huge``, ``replaced``: a FIFO, a 40 GB sparse file, a same-size same-mtime
+  replacement in a copy of the source (``tools/bench/fault_sources.py``).
 
 Per scenario: whether the fault was injected and the run finished (``survived``), epochs,
 steps and samples seen per epoch against the baseline (``samples_lost``: fewer samples
 trained on; bad samples are replaced, so 0), bad samples replaced (``skipped``), the final
 top-1 and whether it is identical to the baseline's (expected everywhere but ``corrupt``,
-whose data differ), segments left in ``/dev/shm`` and processes of the runs (ranks,
-loader workers) still alive 10 s after their job ended (``procs_left``).
+whose data differ), segments left in ``/dev/shm``, processes of the run (ranks, loader
+workers) still alive 10 s after it ended (``procs_left``: found by an environment variable
+every process of the run inherits, then killed), and for ``replaced`` whether the cache
+served the old pixels afterwards (``stale``). A run that does not end within
+``--timeout`` seconds is killed and did not survive.
 """
 from __future__ import annotations
 
@@ -34,16 +39,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.bench.faults_launcher import ProcessWatch, other_out, spawned_children, stop_launcher
+from tools.bench.fault_sources import SOURCE_FAULTS, source_fault
+from tools.bench.faults_launcher import other_out, spawned_children, stop_launcher
 from tools.bench.table import format_table, machine_description, write_json
 from trainer.launch import free_port
 
 __all__ = ["configure", "main", "spawned_children"]
 
-SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "launcher", "other_out",
+SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "launcher", "other_out", *SOURCE_FAULTS,
              "l1"]  # l1 last: it damages the shared cache
 COLUMNS = ["fault", "injected", "survived", "epochs", "steps", "samples_lost", "skipped", "top1",
-           "same_top1", "shm_left", "procs_left", "exit"]
+           "same_top1", "shm_left", "procs_left", "stale", "exit"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-class", type=int, default=64, help="training images per class (default 64)")
     parser.add_argument("--corrupt", type=int, default=5, help="files corrupted in the corrupt scenario (default 5)")
     parser.add_argument("--work-dir", default=None, help="where data, caches and runs go (default: a temporary dir)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds a run may take before it is killed (a hang does not survive)")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
 
 
@@ -93,6 +101,35 @@ class _Shard:
         redis.Redis(port=self.port).flushall()
 
 
+_MARK = "CACHEPIPE_BENCH_FAULTS_RUN"  # in the environment of every process of a run
+
+
+def _kill_marked(mark: str, grace: float = 10.0) -> list[int]:
+    """The processes whose environment carries ``_MARK=mark`` (a run's) still alive ``grace``
+    seconds after the run ended: killed (they are ours), their pids returned."""
+    token = f"{_MARK}={mark}".encode()
+
+    def marked() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and token in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    deadline = time.monotonic() + grace
+    while (left := marked()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
 def _rows(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -115,8 +152,8 @@ class _Bench:
         self.shards = [_Shard(work / f"shard{i}") for i in range(2)]
         self.urls = [s.url for s in self.shards]
         self.cache = work / "cache"
-        self.procs_left = 0
         prepare_cache(CacheConfig(self.data, self.cache, self.urls, 64))
+        self.procs_left, self.stale = 0, "-"
 
     def train_argv(self, out: Path, data: Path | None = None, cache: Path | None = None, *extra) -> list[str]:
         argv = [sys.executable, "-m", "tools", "train", "--data", str(data or self.data), "--recipe", "demo",
@@ -129,15 +166,17 @@ class _Bench:
 
     def run(self, argv, inject=None) -> tuple[int, bool]:
         """Run ``argv``; ``inject(job)`` is polled while it runs and returns True once injected.
-        Processes of the job still alive after it are added to ``procs_left`` (and killed)."""
+        A run past ``--timeout`` is killed; processes it leaves behind are counted in
+        ``self.procs_left`` and killed."""
         log = self.work / "logs" / f"run{len(list((self.work / 'logs').glob('*')))}.log"
-        watch = ProcessWatch()
+        mark = f"{os.getpid()}-{log.name}"
+        deadline = time.monotonic() + self.args.timeout
         with open(log, "w") as f:  # a file, not a pipe: a chatty run never blocks on it
-            job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, text=True)
+            job = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                   env={**os.environ, _MARK: mark})
             injected = inject is None
             try:
-                while job.poll() is None:
-                    watch.poll(job.pid)
+                while job.poll() is None and time.monotonic() < deadline:
                     if not injected:
                         injected = bool(inject(job))
                     time.sleep(0.02)
@@ -145,8 +184,8 @@ class _Bench:
                 if job.poll() is None:
                     job.kill()
                 job.wait()
-        self.procs_left += watch.leftovers()
         self.log = log.read_text()
+        self.procs_left += len(_kill_marked(mark))
         return job.returncode, injected
 
 
@@ -211,6 +250,8 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
         return (*stop_launcher(bench, out), out)
     if name == "other_out":
         return (*other_out(bench, out), out)
+    if name in SOURCE_FAULTS:
+        return (*source_fault(bench, name, out), out)
     if name == "l1":
         for mdb in bench.cache.rglob("data.mdb"):
             os.truncate(mdb, 16384)
@@ -224,8 +265,7 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
     return code, injected, out
 
 
-def _row(name: str, code: int, injected: bool, out: Path, base: list[dict], batch: int, shm: set,
-         procs_left: int) -> dict:
+def _row(name: str, code: int, injected: bool, out: Path, base: list[dict], batch: int, shm: set) -> dict:
     rows = _rows(out)
     per_epoch = lambda rs: [(r["steps"] - (rs[i - 1]["steps"] if i else 0)) * batch for i, r in enumerate(rs)]
     seen, want = per_epoch(rows), per_epoch(base)
@@ -235,7 +275,7 @@ def _row(name: str, code: int, injected: bool, out: Path, base: list[dict], batc
             "samples_per_epoch": seen, "samples_lost": sum(want) - sum(seen),
             "skipped": sum(r.get("skipped", 0) for r in rows), "top1": top1,
             "same_top1": "yes" if base and top1 == base[-1]["val_top1"] else "no",
-            "shm_left": len(_shm() - shm), "procs_left": procs_left, "exit": code}
+            "shm_left": len(_shm() - shm), "exit": code}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -250,11 +290,12 @@ def main(args: argparse.Namespace) -> int:
         for name in ["baseline"] + [s for s in args.scenarios if s != "baseline"]:
             shm = _shm()
             start = time.perf_counter()
-            bench.procs_left = 0
+            bench.procs_left, bench.stale = 0, "-"
             code, injected, out = _scenario(bench, name)
             if name == "baseline":
                 base = _rows(out)
-            row = _row(name, code, injected, out, base, 8 * 4, shm, bench.procs_left)
+            row = _row(name, code, injected, out, base, 8 * 4, shm)
+            row.update(procs_left=bench.procs_left, stale=bench.stale)
             row["seconds"] = round(time.perf_counter() - start, 1)
             if code:
                 row["error"] = bench.log.strip().splitlines()[-1][:200] if bench.log.strip() else ""

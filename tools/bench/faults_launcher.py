@@ -1,11 +1,8 @@
 """``cachepipe bench faults``: the launcher's processes, its stop signal and its run directory.
 
-- :class:`ProcessWatch` records, while a job runs, the processes it spawned (its ranks
-  and their DataLoader workers) by pid and start time; after the job it counts those
-  still alive (``procs_left``; NOTE [ranks end with their launcher] in
-  ``trainer/launch.py``) and kills them: they are this benchmark's own.
 - ``launcher``: SIGTERM to ``cachepipe train`` itself after the third checkpoint; its
-  ranks must end with it, and ``--resume`` finishes the run.
+  ranks must end with it (``procs_left`` counts those that do not; NOTE [ranks end with
+  their launcher] in ``trainer/launch.py``), and ``--resume`` finishes the run.
 - ``other_out``: a run stopped at step 10 (``--stop-after-steps``) is resumed with
   another, finished run's directory as ``--out`` (NOTE [refusing a used --out] in
   ``trainer/run_dir.py``): that must be refused and leave the other run byte for byte as
@@ -16,10 +13,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
-__all__ = ["ProcessWatch", "other_out", "spawned_children", "stop_launcher"]
+__all__ = ["other_out", "spawned_children", "stop_launcher"]
 
 
 def spawned_children(pid: int) -> list[int]:
@@ -40,46 +36,6 @@ def spawned_children(pid: int) -> list[int]:
         if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
             found.append(child)
     return found
-
-
-def _start_time(pid: int) -> int | None:
-    """``pid``'s start time (clock ticks since boot), None when it is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return None if fields[0] == b"Z" else int(fields[19])
-
-
-class ProcessWatch:
-    """The processes a job spawned, proven ours by pid and start time."""
-
-    def __init__(self) -> None:
-        self.seen: dict[int, int] = {}
-
-    def poll(self, job_pid: int) -> None:
-        """Record the job's ranks and their loader workers as they are now."""
-        try:
-            for rank in spawned_children(job_pid):
-                for pid in (rank, *spawned_children(rank)):
-                    self.seen.setdefault(pid, _start_time(pid))
-        except OSError:  # the job ended meanwhile
-            pass
-
-    def alive(self) -> list[int]:
-        return [pid for pid, start in self.seen.items() if start is not None and _start_time(pid) == start]
-
-    def leftovers(self, grace: float = 10.0) -> int:
-        """After the job: how many of its processes outlived it by ``grace`` seconds (each is
-        then killed: they are ours)."""
-        deadline = time.monotonic() + grace
-        while self.alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = self.alive()
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        return len(left)
 
 
 def stop_launcher(bench, out: Path) -> tuple[int, bool]:
