@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "overlap": ("tools.bench.overlap", "a sparse step with and without overlap vs max(compute, exchange)"),
     "omgs": ("tools.bench.omgs", "OMGS merged-layer planning vs LAGS / TopK-SGD / fusion"),
     "train": ("tools.bench.train", "training throughput: synthetic vs cached loaders"),
+    "memory": ("tools.bench.memory", "peak memory per process of the sparse DDP hook vs torch's all-reduce hook"),
     "faults": ("tools.bench.faults", "the demo trained while faults are injected vs a fault-free run"),
 }
 
