@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives.base import nonfinite_anywhere
-from comm.in_flight import InFlight
+from comm.in_flight import DEFAULT_INFLIGHT_BYTES, InFlight, make_room
 
 __all__ = ["SparseHookState", "sparse_hook", "register_sparse_hook"]
 
@@ -41,14 +41,15 @@ class SparseHookState:
         "skip_nonfinite", "skipped_buckets",
         # bucket index -> exchanger (holding that bucket's residual), and its parameters
         "exchangers", "params_of",
-        # NOTE [async DDP hook]: (exchange or None if skipped, its future) in bucket order
-        "in_flight",
+        # NOTE [async DDP hook]: (exchange or None if skipped, its future) in bucket order,
+        # holding at most max_inflight_bytes of buffers (NOTE [in-flight budget] in comm.in_flight)
+        "in_flight", "max_inflight_bytes",
         # NOTE [residual at a phase switch] in comm.engine: id(param) -> residual to add once
         "carry",
     )
 
     def __init__(self, algorithm, topology, *, density=None, selector="mstopk", error_feedback=True,
-                 value_dtype=None, skip_nonfinite=True):
+                 value_dtype=None, skip_nonfinite=True, max_inflight_bytes=DEFAULT_INFLIGHT_BYTES):
         get_algorithm(algorithm)
         self.algorithm, self.topology, self.density = algorithm, topology, density
         self.selector, self.error_feedback, self.value_dtype = selector, error_feedback, value_dtype
@@ -56,6 +57,7 @@ class SparseHookState:
         self.exchangers: dict[int, object] = {}
         self.params_of: dict[int, list] = {}
         self.in_flight: list = []
+        self.max_inflight_bytes = max_inflight_bytes
         self.carry: dict[int, torch.Tensor] = {}
         build_exchanger(algorithm, topology, density=density, selector=selector, value_dtype=value_dtype)  # validate
 
@@ -77,7 +79,7 @@ class SparseHookState:
         """Finish every bucket in flight, in order, and complete their futures (NOTE [async DDP hook])."""
         pending, self.in_flight = self.in_flight, []
         for flight, fut, flat in pending:
-            fut.set_result(torch.full_like(flat, float("nan")) if flight is None else flight.finish())
+            fut.set_result(flat.fill_(float("nan")) if flight is None else flight.finish())
 
     def take_residuals(self) -> dict:
         """This rank's residuals per parameter (tensor -> residual shaped like it), cleared
@@ -122,8 +124,8 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
         state.exchangers.clear()
         state.params_of.clear()
     state.params_of[bucket.index()] = params
-    if state.carry:
-        flat, offset = (flat if buf.is_sparse else flat.clone()), 0
+    if state.carry:  # into DDP's bucket itself, which receives the result anyway (as torch's all-reduce hook)
+        offset = 0
         for p in params:
             carried = state.carry.pop(id(p), None)
             if carried is not None:
@@ -134,8 +136,10 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
     if state.skip_nonfinite and nonfinite_anywhere(flat):
         state.skipped_buckets += 1
         state.in_flight.append((None, fut, flat))
-    else:
-        state.in_flight.append((InFlight(ex.stages(flat)), fut, flat))
+    else:  # the result goes into the bucket in place, as torch's all-reduce hook puts it there
+        need = ex.inflight_bytes(flat.numel())
+        make_room((flight for flight, _, _ in state.in_flight), need, state.max_inflight_bytes)
+        state.in_flight.append((InFlight(ex.stages(flat, out=flat), need), fut, flat))
     if bucket.is_last():
         state.finish()
     if buf.is_sparse:
@@ -146,7 +150,8 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
 
 def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float | None = None,
                          selector: str = "mstopk", error_feedback: bool = True, value_dtype=None,
-                         skip_nonfinite: bool = True) -> SparseHookState:
+                         skip_nonfinite: bool = True,
+                         max_inflight_bytes: int | None = DEFAULT_INFLIGHT_BYTES) -> SparseHookState:
     """Make ``ddp_model`` exchange its gradient buckets with ``algorithm``, asynchronously.
 
     Args:
@@ -155,6 +160,8 @@ def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float 
         topology: a :class:`comm.Topology`.
         density, selector, error_feedback, value_dtype: as in :func:`comm.build_exchanger`.
         skip_nonfinite: skip buckets with inf/NaN on any worker (NOTE [overflow steps]).
+        max_inflight_bytes: buffers the buckets in flight may hold at once (default 256 MiB;
+            None: no limit): NOTE [in-flight budget] in comm/in_flight.py.
 
     Returns:
         The hook state (keep it to checkpoint residuals with ``state_dict()``).
@@ -167,6 +174,7 @@ def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float 
         >>> register_sparse_hook(ddp, "hitopk", topo, density=0.01, selector="exact")  # doctest: +SKIP
     """
     state = SparseHookState(algorithm, topology, density=density, selector=selector, error_feedback=error_feedback,
-                            value_dtype=value_dtype, skip_nonfinite=skip_nonfinite)
+                            value_dtype=value_dtype, skip_nonfinite=skip_nonfinite,
+                            max_inflight_bytes=max_inflight_bytes)
     ddp_model.register_comm_hook(state, sparse_hook)
     return state

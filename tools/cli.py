@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "warmup": ("tools.warmup", "fill the two-level cache (L1 LMDB mirror, L2 Redis) from a source tree"),
     "stats": ("tools.stats", "show cache coverage per level"),
     "server": ("tools.server", "start, stop or inspect the embedded Redis server"),
-    "bench": ("tools.bench", "run a benchmark: cache, loader, topk, comm, overlap, omgs, train, faults"),
+    "bench": ("tools.bench", "run a benchmark: cache, loader, topk, comm, overlap, omgs, train, memory, faults"),
     "train": ("tools.train", "train an image model end to end from the cache"),
     "report": ("tools.report", "plot training curves and time breakdowns of runs"),
     "doctor": ("tools.doctor", "check redis-server, /dev/shm, DALI, CUDA, NCCL, triton; --gpu runs the GPU checks"),
