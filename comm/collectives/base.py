@@ -285,7 +285,10 @@ def nonfinite_anywhere(t: torch.Tensor, group=None) -> bool:
 
     A sparse ``t`` (``torch.sparse``) is judged by its stored values.
     """
-    values = t.coalesce().values() if t.is_sparse else t
-    flag = torch.tensor([0.0 if bool(torch.isfinite(values).all()) else 1.0], device=t.device)
+    values = (t.coalesce().values() if t.is_sparse else t).reshape(-1)
+    finite = torch.ones((), dtype=torch.bool, device=t.device)
+    for piece in values.split(2**20):  # isfinite's temporaries for 1M elements at a time, not the bucket's
+        finite &= torch.isfinite(piece).all()
+    flag = torch.tensor([0.0 if bool(finite) else 1.0], device=t.device)
     ops.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item() > 0)
