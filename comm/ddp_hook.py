@@ -18,6 +18,18 @@ through the algorithm (top-k still applies, with its residual), and the averaged
 goes back to DDP as a sparse tensor of the same sparse layout, so the optimiser sees a
 sparse gradient as without the hook. Its stored values are what the overflow check looks
 at.
+
+NOTE [hook pieces]: DDP decides the buckets: until it rebuilds them after the first
+iteration, every parameter sits in one bucket (640 MB of gradients for the 160M-parameter
+model of torch's ``test_is_last_hook``), and ``bucket_cap_mb`` may be set high. A sparse
+exchange's working memory grows with what it exchanges at once (NOTE [exchange working
+memory] in comm/collectives/base.py: six times its input at density 1), so the hook
+exchanges a bucket in pieces of at most ``bucket_bytes`` (default 25 MiB: DDP's own default
+bucket and the engine's fusion threshold), each with its own exchanger and residual, as the
+engine's ``size`` plan exchanges buckets of at most that size: the top-k is taken per piece.
+Pieces depend on the bucket's size only, so every rank cuts the same ones; with the
+in-flight budget (NOTE [in-flight budget] in comm/in_flight.py) the exchange then holds a
+bounded number of bytes whatever DDP's buckets are.
 """
 # No `from __future__ import annotations`: DDP checks the hook's return annotation object.
 import torch
@@ -25,74 +37,99 @@ import torch.distributed as dist
 
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives.base import nonfinite_anywhere
-from comm.in_flight import InFlight
+from comm.in_flight import DEFAULT_INFLIGHT_BYTES, InFlight, make_room
 
-__all__ = ["SparseHookState", "sparse_hook", "register_sparse_hook"]
+__all__ = ["SparseHookState", "sparse_hook", "register_sparse_hook", "DEFAULT_BUCKET_BYTES"]
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # NOTE [hook pieces]
 
 
 class SparseHookState:
-    """State of :func:`sparse_hook`: how to exchange, one exchanger per DDP bucket, and the
-    buckets in flight."""
+    """State of :func:`sparse_hook`: how to exchange, one exchanger per piece of a DDP bucket
+    (NOTE [hook pieces]), and the buckets in flight."""
 
     __slots__ = (
         # what to run
         "algorithm", "topology", "density", "selector", "error_feedback", "value_dtype",
         # NOTE [overflow steps] in comm.engine: skip non-finite buckets without touching residuals
         "skip_nonfinite", "skipped_buckets",
-        # bucket index -> exchanger (holding that bucket's residual), and its parameters
-        "exchangers", "params_of",
-        # NOTE [async DDP hook]: (exchange or None if skipped, its future) in bucket order
-        "in_flight",
+        # (bucket index, offset) -> exchanger of that piece of the bucket (holding its
+        # residual; NOTE [hook pieces]), and bucket index -> its parameters
+        "exchangers", "params_of", "bucket_bytes",
+        # NOTE [async DDP hook]: (the pieces' exchanges, or None if skipped; the future; the
+        # bucket) in bucket order, holding at most max_inflight_bytes of buffers (NOTE
+        # [in-flight budget] in comm.in_flight)
+        "in_flight", "max_inflight_bytes",
         # NOTE [residual at a phase switch] in comm.engine: id(param) -> residual to add once
         "carry",
     )
 
     def __init__(self, algorithm, topology, *, density=None, selector="mstopk", error_feedback=True,
-                 value_dtype=None, skip_nonfinite=True):
+                 value_dtype=None, skip_nonfinite=True, max_inflight_bytes=DEFAULT_INFLIGHT_BYTES,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES):
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
         get_algorithm(algorithm)
         self.algorithm, self.topology, self.density = algorithm, topology, density
         self.selector, self.error_feedback, self.value_dtype = selector, error_feedback, value_dtype
         self.skip_nonfinite, self.skipped_buckets = skip_nonfinite, 0
-        self.exchangers: dict[int, object] = {}
+        self.exchangers: dict[tuple[int, int], object] = {}
         self.params_of: dict[int, list] = {}
+        self.bucket_bytes = int(bucket_bytes)
         self.in_flight: list = []
+        self.max_inflight_bytes = max_inflight_bytes
         self.carry: dict[int, torch.Tensor] = {}
         build_exchanger(algorithm, topology, density=density, selector=selector, value_dtype=value_dtype)  # validate
 
-    def exchanger_for(self, index: int, numel: int):
-        """The exchanger of bucket ``index`` (a new one if its size changed).
+    def exchanger_for(self, key: tuple[int, int], numel: int):
+        """The exchanger of piece ``key`` = (bucket index, offset) (a new one if its size changed).
 
         DDP rebuilds its buckets once after the first iteration; :func:`sparse_hook` then
         hands the old buckets' residuals to the new ones per parameter (``carry``).
         """
-        ex = self.exchangers.get(index)
+        ex = self.exchangers.get(key)
         if ex is None or getattr(ex, "_numel", None) != numel:
             ex = build_exchanger(self.algorithm, self.topology, density=self.density, selector=self.selector,
                                  error_feedback=self.error_feedback, value_dtype=self.value_dtype)
             ex._numel = numel
-            self.exchangers[index] = ex
+            self.exchangers[key] = ex
         return ex
+
+    def pieces(self, numel: int, itemsize: int) -> list[tuple[int, int]]:
+        """``(offset, length)`` of the pieces a bucket of ``numel`` elements is exchanged in
+        (NOTE [hook pieces]): as few as keep each within ``bucket_bytes``, of equal length."""
+        if numel == 0:
+            return [(0, 0)]
+        length = -(-numel // -(-numel * itemsize // self.bucket_bytes))
+        return [(start, min(length, numel - start)) for start in range(0, numel, length)]
 
     def finish(self) -> None:
         """Finish every bucket in flight, in order, and complete their futures (NOTE [async DDP hook])."""
         pending, self.in_flight = self.in_flight, []
-        for flight, fut, flat in pending:
-            fut.set_result(torch.full_like(flat, float("nan")) if flight is None else flight.finish())
+        for flights, fut, flat in pending:
+            if flights is None:
+                flat.fill_(float("nan"))
+            for flight in flights or ():
+                flight.finish()  # the result is in flat already
+            fut.set_result(flat)
 
     def take_residuals(self) -> dict:
         """This rank's residuals per parameter (tensor -> residual shaped like it), cleared
         here (NOTE [residual at a phase switch] in comm.engine)."""
         out = {}
-        for index, ex in self.exchangers.items():
+        for (index, offset), ex in self.exchangers.items():
             if ex.memory.owed() is None or index not in self.params_of:
                 continue
-            params = self.params_of[index]
-            full, offset = ex.placed_residual(ex._numel), 0
-            for p in params:
-                out[p] = full[offset:offset + p.numel()].view(p.shape).clone()
-                offset += p.numel()
+            piece, start = ex.placed_residual(ex._numel), 0
+            for p in self.params_of[index]:  # the parameters this piece overlaps
+                lo, hi = max(start, offset), min(start + p.numel(), offset + ex._numel)
+                if lo < hi:
+                    if p not in out:
+                        out[p] = torch.zeros(p.numel(), dtype=piece.dtype, device=piece.device)
+                    out[p][lo - start:hi - start] += piece[lo - offset:hi - offset]
+                start += p.numel()
             ex.memory.clear()
-        return out
+        return {p: r.view(p.shape) for p, r in out.items()}
 
     def carry_in(self, residuals: dict) -> None:
         """Add ``residuals`` (parameter -> tensor, as :meth:`take_residuals` gives) to the
@@ -104,8 +141,9 @@ class SparseHookState:
         return {i: (ex._numel, ex.state_dict()) for i, ex in self.exchangers.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        for i, (numel, s) in state.items():
-            self.exchanger_for(int(i), numel).load_state_dict(s)
+        for key, (numel, s) in state.items():  # a bucket index alone: a state saved before NOTE [hook pieces]
+            self.exchanger_for((int(key[0]), int(key[1])) if isinstance(key, (tuple, list)) else (int(key), 0),
+                               numel).load_state_dict(s)
 
 
 def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -122,20 +160,25 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
         state.exchangers.clear()
         state.params_of.clear()
     state.params_of[bucket.index()] = params
-    if state.carry:
-        flat, offset = (flat if buf.is_sparse else flat.clone()), 0
+    if state.carry:  # into DDP's bucket itself, which receives the result anyway (as torch's all-reduce hook)
+        offset = 0
         for p in params:
             carried = state.carry.pop(id(p), None)
             if carried is not None:
                 flat[offset:offset + p.numel()] += carried.reshape(-1).to(device=flat.device, dtype=flat.dtype)
             offset += p.numel()
-    ex = state.exchanger_for(bucket.index(), flat.numel())
     fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     if state.skip_nonfinite and nonfinite_anywhere(flat):
         state.skipped_buckets += 1
         state.in_flight.append((None, fut, flat))
-    else:
-        state.in_flight.append((InFlight(ex.stages(flat)), fut, flat))
+    else:  # the result goes into the bucket in place, as torch's all-reduce hook puts it there
+        flights = []
+        state.in_flight.append((flights, fut, flat))
+        for offset, length in state.pieces(flat.numel(), flat.element_size()):  # NOTE [hook pieces]
+            ex = state.exchanger_for((bucket.index(), offset), length)
+            need, piece = ex.inflight_bytes(length), flat[offset:offset + length]
+            make_room((f for fs, _, _ in state.in_flight for f in fs or ()), need, state.max_inflight_bytes)
+            flights.append(InFlight(ex.stages(piece, out=piece), need))
     if bucket.is_last():
         state.finish()
     if buf.is_sparse:
@@ -146,7 +189,8 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
 
 def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float | None = None,
                          selector: str = "mstopk", error_feedback: bool = True, value_dtype=None,
-                         skip_nonfinite: bool = True) -> SparseHookState:
+                         skip_nonfinite: bool = True, max_inflight_bytes: int | None = DEFAULT_INFLIGHT_BYTES,
+                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SparseHookState:
     """Make ``ddp_model`` exchange its gradient buckets with ``algorithm``, asynchronously.
 
     Args:
@@ -155,6 +199,10 @@ def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float 
         topology: a :class:`comm.Topology`.
         density, selector, error_feedback, value_dtype: as in :func:`comm.build_exchanger`.
         skip_nonfinite: skip buckets with inf/NaN on any worker (NOTE [overflow steps]).
+        max_inflight_bytes: buffers the buckets in flight may hold at once (default 256 MiB;
+            None: no limit): NOTE [in-flight budget] in comm/in_flight.py.
+        bucket_bytes: largest piece of a DDP bucket exchanged at once (default 25 MiB): NOTE
+            [hook pieces].
 
     Returns:
         The hook state (keep it to checkpoint residuals with ``state_dict()``).
@@ -167,6 +215,7 @@ def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float 
         >>> register_sparse_hook(ddp, "hitopk", topo, density=0.01, selector="exact")  # doctest: +SKIP
     """
     state = SparseHookState(algorithm, topology, density=density, selector=selector, error_feedback=error_feedback,
-                            value_dtype=value_dtype, skip_nonfinite=skip_nonfinite)
+                            value_dtype=value_dtype, skip_nonfinite=skip_nonfinite,
+                            max_inflight_bytes=max_inflight_bytes, bucket_bytes=bucket_bytes)
     ddp_model.register_comm_hook(state, sparse_hook)
     return state

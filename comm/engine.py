@@ -66,7 +66,7 @@ import torch
 from comm.collectives import build_exchanger, get_algorithm
 from comm.collectives import base
 from comm.collectives.base import nonfinite_anywhere
-from comm.in_flight import InFlight, StepFlights
+from comm.in_flight import DEFAULT_INFLIGHT_BYTES, InFlight, StepFlights, make_room
 from comm.local_update import LocalUpdate
 from comm.plans import Bucket, make_plan
 from comm.plans.same_layout import check_same_layout
@@ -106,6 +106,8 @@ class GradientExchanger:
             step's forward and backward (NOTE [pipelined exchange]; look ahead with
             :meth:`lookahead_grads`, NOTE [lookahead] in trainer/lookahead.py); default
             False.
+        max_inflight_bytes: buffers the buckets in flight may hold at once (default 256
+            MiB; None: no limit): NOTE [in-flight budget] in comm/in_flight.py.
 
     Attributes:
         buckets: the plan (list of :class:`comm.plans.Bucket`, launch order).
@@ -136,12 +138,14 @@ class GradientExchanger:
                  hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
                  overlap: bool = True, momentum: float = 0.0, masking: bool = True,
                  weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0,
-                 dense_vectors: bool = False, pipeline: bool = False):
+                 dense_vectors: bool = False, pipeline: bool = False,
+                 max_inflight_bytes: int | None = DEFAULT_INFLIGHT_BYTES):
         get_algorithm(algorithm)
         self.params = [p for p in params if p.requires_grad]
         self._local = LocalUpdate(self.params, topology.world_size, weight_decay, clip_norm)
         self.topology, self.algorithm = topology, algorithm
         self.skip_nonfinite, self.overlap, self.pipeline = skip_nonfinite, overlap, pipeline
+        self.max_inflight_bytes = max_inflight_bytes
         self.skipped_steps = 0
         if isinstance(plan, str):
             options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes,
@@ -212,13 +216,15 @@ class GradientExchanger:
         return time.perf_counter() - start
 
     def _launch(self, b: int, check: bool) -> None:
+        need = self.exchangers[b].inflight_bytes(sum(self.params[i].numel() for i in self.buckets[b].params))
+        make_room((f for _, f in self._inflight), need, self.max_inflight_bytes)  # waits count in wait_s
         start = time.perf_counter()
-        self._start(b, check)
+        self._start(b, check, need)
         took = time.perf_counter() - start
         self.bucket_compress_s[b] += took
         self.stats["compress_s"] += took
 
-    def _start(self, b: int, check: bool) -> None:
+    def _start(self, b: int, check: bool, need: int) -> None:
         grads = [self._grad(i) for i in self.buckets[b].params]
         flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
         self._local.apply(self.buckets[b].params, flat)  # NOTE [local update]
@@ -227,8 +233,8 @@ class GradientExchanger:
             self._inflight.append((b, None))
             return
         if self.pipeline:
-            self._estimates.append(flat.clone())  # the stages may consume flat
-        self._inflight.append((b, InFlight(self.exchangers[b].stages(flat))))
+            self._estimates.append(flat.clone())  # the stages consume flat
+        self._inflight.append((b, InFlight(self.exchangers[b].stages(flat, out=flat), need)))  # flat is ours
 
     def set_density(self, density: float) -> None:
         """Send ``density`` of every sparse bucket from the next step on (density warm-up).

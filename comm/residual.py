@@ -95,9 +95,11 @@ class ResidualMemory:
         """Return ``x + residual`` in accumulation precision (fp32, or fp64 for fp64 ``x``);
         with momentum correction, ``correct(x) + residual``.
 
-        With error feedback on, the result is a new tensor (or ``x`` itself when
-        ``inplace`` and ``x`` already has the accumulation dtype) that the caller may turn
-        into the next residual; with it off, ``x`` may be returned as is (do not write).
+        With error feedback on, the result is the caller's to turn into the next residual
+        (:meth:`update`): ``x`` itself when ``inplace`` and ``x`` already has the accumulation
+        dtype, else the stored residual's own buffer (which this memory then no longer
+        holds), or a new tensor on the first call; with it off, ``x`` may be returned as is
+        (do not write).
 
         Raises:
             ValueError: if ``x`` does not match the size of the stored residual.
@@ -107,17 +109,28 @@ class ResidualMemory:
             x, inplace = self.correct(x), False  # u stays ours: never hand it out to be written
         if not self.enabled:
             return x.to(dtype, copy=bool(self.factor))
-        acc = x if inplace and x.dtype == dtype else x.to(dtype=dtype, copy=True)
-        if self.residual is not None:
-            if self.residual.numel() != acc.numel():
-                raise ValueError(f"residual holds {self.residual.numel()} elements but the input has "
-                                 f"{acc.numel()}: one ResidualMemory serves one tensor layout")
-            acc += self.residual.to(device=acc.device, dtype=dtype)
-        return acc
+        res = self.residual
+        if res is not None and res.numel() != x.numel():
+            raise ValueError(f"residual holds {res.numel()} elements but the input has "
+                             f"{x.numel()}: one ResidualMemory serves one tensor layout")
+        if inplace and x.dtype == dtype:
+            return x if res is None else x.add_(res.to(device=x.device, dtype=dtype))
+        if res is None:
+            return x.to(dtype=dtype, copy=True)
+        # the residual's own buffer accumulates: no new tensor of the input's size per step
+        # (NOTE [exchange working memory] in comm/collectives/base.py)
+        acc = res if res.device == x.device and res.dtype == dtype else res.to(device=x.device, dtype=dtype, copy=True)
+        self.residual = None  # handed out: the caller stores the next one with update()
+        return acc.add_(x)
+
+    @property
+    def masks(self) -> bool:
+        """Whether :meth:`mask` does anything (momentum correction with masking)."""
+        return bool(self.factor and self.masking)
 
     def mask(self, indices: torch.Tensor) -> None:
         """Momentum-factor masking: clear the momentum at ``indices`` (the entries sent)."""
-        if self.factor and self.masking and self.momentum is not None:
+        if self.masks and self.momentum is not None:
             self.momentum[indices] = 0
 
     def update(self, residual: torch.Tensor) -> None:

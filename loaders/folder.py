@@ -12,6 +12,7 @@ from PIL import Image
 
 from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
 from cachepipe.source import read_file
+from loaders._optional import torchvision_datasets
 from loaders.replacement import fill_batch
 
 __all__ = ["CachedImageFolder", "ON_ERROR", "OUTPUTS"]
@@ -20,8 +21,22 @@ ON_ERROR = ("raise", "skip")
 OUTPUTS = ("numpy", "pil")
 
 
-class CachedImageFolder(torch.utils.data.Dataset):
-    """A drop-in for ``torchvision.datasets.ImageFolder`` served from the cachepipe cache.
+def _base() -> type:
+    """NOTE [torchvision base class]: where torchvision imports, ``CachedImageFolder`` is a
+    ``torchvision.datasets.ImageFolder`` (so a ``VisionDataset``): torchvision's
+    ``isinstance`` checks pass, and ``wrap_dataset_for_transforms_v2`` finds its wrapper,
+    which it looks up by walking the class's bases for a registered dataset class (a bare
+    ``VisionDataset`` subclass gets "No wrapper exists"). ImageFolder's ``__init__``, which
+    scans the files itself, is not called: the attributes it sets are set here, from the
+    manifest, and ``__getitem__``/``__len__`` are this class's. Without torchvision it is a
+    torch ``Dataset`` with the same behaviour; ``loaders._optional`` decides which."""
+    datasets = torchvision_datasets()
+    return torch.utils.data.Dataset if datasets is None else datasets.ImageFolder
+
+
+class CachedImageFolder(_base()):
+    """A drop-in for ``torchvision.datasets.ImageFolder`` served from the cachepipe cache
+    (one, where torchvision is installed: NOTE [torchvision base class]).
 
     Classes, ``class_to_idx``, ``samples`` (absolute paths), ``targets`` and their order
     follow torchvision's rules (sorted class folders, files by sorted ``os.walk``, image
@@ -62,7 +77,8 @@ class CachedImageFolder(torch.utils.data.Dataset):
             it is warned about, counted in ``skipped`` and replaced by another sample, so
             the batch stays full (NOTE [replacing bad samples] in ``loaders.replacement``);
             ``__getitem__`` still raises.
-        output: ``"numpy"`` (default) or ``"pil"``: what ``transform`` and ``ds[i]`` get.
+        output: ``"numpy"`` (default: the fast path, no conversion per sample) or ``"pil"``
+            (what torchvision's ImageFolder gives): what ``transform`` and ``ds[i]`` get.
             ``load``/``load_many`` (and so ``cached_dataloader``) always give arrays.
         follow_external_links: also follow symlinks leaving ``root`` (NOTE [symlinks in
             the source] in ``cachepipe.scan``).
@@ -134,6 +150,9 @@ class CachedImageFolder(torch.utils.data.Dataset):
                                  "allow_empty choose; build it from Manifest.scan with the same rules")
         self.root = self.manifest.root
         self.transform, self.target_transform = transform, target_transform
+        datasets = torchvision_datasets()  # VisionDataset's joint transforms (NOTE [torchvision base class])
+        self.transforms = (datasets.vision.StandardTransform(transform, target_transform)
+                           if datasets is not None and (transform or target_transform) else None)
         self.loader, self.extensions, self.output = loader, extensions, output
         self.on_error = on_error
         self.classes = list(self.manifest.classes)

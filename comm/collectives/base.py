@@ -13,6 +13,23 @@ order on every rank, since collectives on one group must be issued in the same o
 for that every rank yields at the same points of an algorithm (``None`` where it has
 nothing in flight there, as a non-leader in ``hier`` or an idle rank in a ``gtopk``
 round), so the stage boundaries line up across ranks.
+
+NOTE [exchange working memory]: at density 1 (where DGC's warm-up starts) a sparse
+exchange moves more bytes than the gradient itself, so what it allocates per call decides
+whether a large model fits. The rules, per exchange of ``d`` elements (``k`` pairs):
+- the result goes into ``out`` when the caller gives it; the DDP hook and the engine pass
+  the bucket itself (consumed, as torch's all-reduce hook reduces DDP's bucket in place);
+- :meth:`comm.ResidualMemory.compensate` adds the input into the residual's own buffer,
+  which becomes the next residual: no new ``d``-element tensor per step;
+- values and indices are written straight into one send buffer of ``k`` pairs
+  (:func:`comm.collectives.pairs.pack_pairs`), the local selection is freed before the
+  gather, and the gathered rows are read in place (:func:`~comm.collectives.pairs.add_pairs_`): ``(1 + P) k`` pairs, no copy of all of them;
+- a stage drops what it no longer needs before it yields, and whoever drives the stages
+  drops each ``Work`` (and the buffers it holds) once waited on.
+At density 1 on 2 workers one exchange then peaks at 6 times its fp32 input (``gtopk``: 8,
+a merge beside its selection), down from 19-23 (``tests/comm/test_exchange_memory.py``);
+how many exchanges may hold their buffers at once is NOTE [in-flight budget]
+(comm/in_flight.py).
 """
 from __future__ import annotations
 
@@ -28,9 +45,8 @@ from comm.residual import ResidualMemory
 from comm.topology import Topology
 
 __all__ = ["Exchanger", "Stages", "WIRE_DTYPES", "drive", "all_gather_flat", "all_gather_async",
-           "reduce_scatter_flat", "nonfinite_anywhere", "index_dtype", "pack_pairs", "add_pairs_",
-           "set_density", "take_inter_node_bytes", "residual_sq",
-           "pad_to_multiple"]
+           "reduce_scatter_flat", "nonfinite_anywhere", "set_density", "take_inter_node_bytes", "residual_sq",
+           "pad_to_multiple", "wire_buffer"]
 
 Stages = Generator[object, None, torch.Tensor]  # yields Work handles, returns the result
 
@@ -84,30 +100,59 @@ class Exchanger:
         self.generator: torch.Generator | None = None
         self.inter_node_bytes = 0  # NOTE [inter-node bytes] in comm/link_bytes.py
 
-    def exchange(self, flat: torch.Tensor) -> torch.Tensor:
+    def exchange(self, flat: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Return the average over all workers of ``flat`` (same shape and dtype).
 
-        Raises:
-            ValueError: if ``flat`` is not a floating-point tensor.
-        """
-        return drive(self.stages(flat))
+        Args:
+            flat: this worker's gradient (any float tensor).
+            out: where to write the average (``flat``'s shape and dtype); may be ``flat``
+                itself, which is then consumed (NOTE [exchange working memory]). Default: a
+                new tensor.
 
-    def stages(self, flat: torch.Tensor) -> Stages:
+        Raises:
+            ValueError: if ``flat`` is not a floating-point tensor, or ``out`` does not match it.
+        """
+        return drive(self.stages(flat, out=out))
+
+    def stages(self, flat: torch.Tensor, *, out: torch.Tensor | None = None) -> Stages:
         """:meth:`exchange` as a generator of the ``Work`` handles to wait for (NOTE [exchange stages]).
 
         Raises:
-            ValueError: if ``flat`` is not a floating-point tensor.
+            ValueError: if ``flat`` is not a floating-point tensor, or ``out`` does not match it.
         """
         if not flat.is_floating_point():
             raise ValueError(f"gradient exchange needs a float tensor, got {flat.dtype}")
+        if out is not None and (out.shape != flat.shape or out.dtype != flat.dtype or not out.is_contiguous()):
+            raise ValueError(f"out must be contiguous with flat's shape {tuple(flat.shape)} and dtype {flat.dtype}")
         x = flat.detach().reshape(-1)
         if not self.sparse:  # a dense bucket sends its whole momentum (NOTE [momentum correction])
             x = self.memory.correct(x)
-        out = yield from self._stages(x)
-        return out.to(flat.dtype).view(flat.shape)
+        dst = None if out is None else out.detach().view(-1)
+        result = yield from self._stages(x, dst if dst is not None and dst.dtype == self.result_dtype(x) else None)
+        if dst is None:
+            return result.to(flat.dtype).view(flat.shape)
+        if result.data_ptr() != dst.data_ptr():
+            dst.copy_(result)
+        return out
 
-    def _stages(self, x: torch.Tensor) -> Stages:  # pragma: no cover - protocol
+    def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:  # pragma: no cover - protocol
+        """The exchange of the flat ``x``; its result goes to ``out`` when given (it may be
+        ``x`` itself: read ``x`` no more once ``out`` is written), else to a new tensor."""
         raise NotImplementedError
+
+    def result_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype :meth:`_stages` computes the average in: ``x``'s (sparse algorithms
+        accumulate in fp32, or fp64 for fp64 inputs)."""
+        if self.sparse:
+            return torch.float64 if x.dtype == torch.float64 else torch.float32
+        return x.dtype
+
+    def inflight_bytes(self, numel: int) -> int:
+        """Bytes of buffers an exchange of ``numel`` elements holds while its collectives
+        are in flight, besides its residual and its result: an estimate that is the same
+        on every rank (NOTE [in-flight budget] in comm/in_flight.py). Dense algorithms
+        work on their result in place, so they hold only a copy in a narrower wire dtype."""
+        return 0 if self.value_dtype in (None, torch.float32) else numel * self.value_dtype.itemsize
 
     def wire_dtype(self, x: torch.Tensor) -> torch.dtype:
         return self.value_dtype or x.dtype
@@ -169,14 +214,19 @@ def drive(stages: Stages) -> torch.Tensor:
         while True:
             if work is not None:
                 work.wait()
+            work = None  # the buffers it holds may be freed by the next stage
             work = stages.send(None)
     except StopIteration as stop:
         return stop.value
 
 
-def index_dtype(numel: int) -> torch.dtype:
-    """int32 indices on the wire when they fit (half the bytes of int64)."""
-    return torch.int32 if numel < 2**31 else torch.int64
+def wire_buffer(x: torch.Tensor, wire: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    """A dense algorithm's working copy of ``x`` in ``wire`` dtype, which it reduces in place
+    and returns: ``out`` itself when it has that dtype (``x`` copied in unless ``out`` is ``x``),
+    else a new tensor."""
+    if out is None or out.dtype != wire:
+        return x.to(wire, copy=True)
+    return out if out.data_ptr() == x.data_ptr() else out.copy_(x)
 
 
 def all_gather_flat(x: torch.Tensor, group, size: int, shm=None, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -212,33 +262,14 @@ def reduce_scatter_flat(x: torch.Tensor, group, size: int, shm=None) -> torch.Te
     return out
 
 
-def pack_pairs(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``values`` then ``indices`` as the bytes of one tensor: one all-gather carries both."""
-    return torch.cat([values.view(torch.uint8), indices.view(torch.uint8)])
-
-
-def add_pairs_(out: torch.Tensor, gathered: torch.Tensor, k: int, value_dtype: torch.dtype, idx_dtype: torch.dtype,
-               scale: float, row_offsets: torch.Tensor | None = None) -> torch.Tensor:
-    """Scatter-add into ``out`` the ``k`` pairs of every row of gathered :func:`pack_pairs`, divided by ``scale``.
-
-    ``row_offsets`` (one per row) is added to the indices of each row.
-    """
-    split = k * value_dtype.itemsize
-    rows = gathered.view(-1, split + k * idx_dtype.itemsize)
-    values = rows[:, :split].contiguous().view(value_dtype)
-    indices = rows[:, split:].contiguous().view(idx_dtype).long()
-    if row_offsets is not None:
-        indices += row_offsets.unsqueeze(1)
-    return out.index_add_(0, indices.view(-1), values.view(-1).to(out.dtype).div_(scale))
-
-
 def all_gather_async(x: torch.Tensor, group, size: int, *, out: torch.Tensor | None = None):
     """Start an all-gather of ``x`` over ``group`` in the background: ``(out, work)``; wait on ``work``
-    (``None`` for one member) before reading ``out``."""
+    (``None`` for one member) before reading ``out``. With one member and no ``out`` it is ``x``
+    itself (read it, do not write it)."""
+    if size == 1:
+        return (x if out is None else out.copy_(x)), None
     if out is None:
         out = torch.empty(size * x.numel(), dtype=x.dtype, device=x.device)
-    if size == 1:
-        return out.copy_(x), None
     return out, ops.all_gather_into(out, x, group=group, async_op=True)
 
 
@@ -254,7 +285,10 @@ def nonfinite_anywhere(t: torch.Tensor, group=None) -> bool:
 
     A sparse ``t`` (``torch.sparse``) is judged by its stored values.
     """
-    values = t.coalesce().values() if t.is_sparse else t
-    flag = torch.tensor([0.0 if bool(torch.isfinite(values).all()) else 1.0], device=t.device)
+    values = (t.coalesce().values() if t.is_sparse else t).reshape(-1)
+    finite = torch.ones((), dtype=torch.bool, device=t.device)
+    for piece in values.split(2**20):  # isfinite's temporaries for 1M elements at a time, not the bucket's
+        finite &= torch.isfinite(piece).all()
+    flag = torch.tensor([0.0 if bool(finite) else 1.0], device=t.device)
     ops.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     return bool(flag.item() > 0)

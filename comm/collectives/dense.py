@@ -5,7 +5,7 @@ import torch
 
 from comm import collective_ops as ops
 from comm import link_bytes
-from comm.collectives.base import Exchanger, Stages
+from comm.collectives.base import Exchanger, Stages, wire_buffer
 
 __all__ = ["DenseExchanger"]
 
@@ -15,8 +15,8 @@ class DenseExchanger(Exchanger):
 
     name = "dense"
 
-    def _stages(self, x: torch.Tensor) -> Stages:
-        buf = x.to(self.wire_dtype(x), copy=True)
+    def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:
+        buf = wire_buffer(x, self.wire_dtype(x), out)
         if link_bytes.ring_crosses(self.topology):
             self.inter_node_bytes += link_bytes.ring_allreduce(buf.numel() * buf.element_size(), self.topology.world_size)
         yield ops.all_reduce(buf, async_op=True) if self.topology.world_size > 1 else None

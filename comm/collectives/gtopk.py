@@ -21,24 +21,43 @@ import torch
 
 from comm import collective_ops as ops
 from comm import link_bytes
-from comm.collectives.base import Exchanger, Stages, index_dtype
+from comm.collectives.base import Exchanger, Stages
+from comm.collectives.pairs import index_dtype, pair_bytes
 from comm.topk.checks import k_for
 
 __all__ = ["GTopKExchanger", "merge_topk"]
 
 
-def merge_topk(idx_a, val_a, idx_b, val_b, k: int):
+def merge_topk(idx_a, val_a, idx_b, val_b, k: int, numel: int | None = None):
     """The paper's top-k operation on two sparse vectors (Definition 1).
 
-    Returns ``(kept_idx, kept_val, dropped_idx, dropped_val)`` of the summed union; the
-    kept part holds the ``k`` largest magnitudes (exact ``torch.topk``).
+    Returns ``(kept_idx, kept_val, dropped_idx, dropped_val)`` of the summed union, indices
+    ascending; the kept part holds the ``k`` largest magnitudes (exact
+    ``torch.topk``). ``numel``: the length of the dense vectors; when the two sets cover an
+    eighth of it or more, the union is summed in a dense scratch vector instead of sorted
+    (NOTE [exchange working memory] in comm/collectives/base.py): the same result, without
+    the sort's copies of every index.
     """
-    idx = torch.cat([idx_a, idx_b])
-    uniq, inverse = torch.unique(idx, return_inverse=True)
-    summed = torch.zeros(uniq.numel(), dtype=val_a.dtype, device=val_a.device)
-    summed.index_add_(0, inverse, torch.cat([val_a, val_b]))
+    if numel is not None and 8 * (idx_a.numel() + idx_b.numel()) >= numel:
+        dense = torch.zeros(numel, dtype=val_a.dtype, device=val_a.device)
+        dense.index_add_(0, idx_a, val_a)
+        dense.index_add_(0, idx_b, val_b)
+        present = torch.zeros(numel, dtype=torch.bool, device=val_a.device)
+        present[idx_a] = True
+        present[idx_b] = True
+        uniq = present.nonzero().squeeze(1)
+        del present
+        summed = dense[uniq]
+        del dense
+    else:
+        idx = torch.cat([idx_a, idx_b])
+        uniq, inverse = torch.unique(idx, return_inverse=True)
+        summed = torch.zeros(uniq.numel(), dtype=val_a.dtype, device=val_a.device)
+        summed.index_add_(0, inverse, torch.cat([val_a, val_b]))
+    if uniq.numel() <= k:  # everything is kept
+        return uniq, summed, uniq[:0], summed[:0]
     keep = torch.zeros(uniq.numel(), dtype=torch.bool, device=val_a.device)
-    keep[torch.topk(summed.abs(), min(k, uniq.numel()), sorted=False).indices] = True
+    keep[torch.topk(summed.abs(), k, sorted=False).indices] = True
     return uniq[keep], summed[keep], uniq[~keep], summed[~keep]
 
 
@@ -62,17 +81,24 @@ class GTopKExchanger(Exchanger):
     name = "gtopk"
     sparse = True
 
-    def _stages(self, x: torch.Tensor) -> Stages:
+    def inflight_bytes(self, numel: int) -> int:
+        """The local selection (values, int64 indices, what was sent of them), the pairs
+        received or sent in a round and the broadcast's: every rank's most."""
+        k = k_for(numel, self.density)
+        return 3 * pair_bytes(k, self.value_dtype, numel) + k * (4 + 8 + 4)
+
+    def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:
         t = self.topology
         rank, world = t.rank, t.world_size
         acc = self.memory.compensate(x)
         d, k = acc.numel(), k_for(acc.numel(), self.density)
         wire, idx_wire = self.wire_dtype(x), index_dtype(d)
         values, indices = self.topk(acc, k)
+        indices = indices.to(idx_wire)  # kept to the end: half the bytes (NOTE [exchange working memory])
         local_sent = values.to(wire).to(acc.dtype)
         residual = acc                                               # no copy of d elements
-        if self.memory.enabled:
-            residual[indices] = values - local_sent                 # Alg. 4 line 8 (+ rounding)
+        if self.memory.enabled:                                      # Alg. 4 line 8 (+ rounding)
+            residual[indices] = 0 if local_sent is values else values - local_sent
         notes: list[tuple[torch.Tensor, torch.Tensor]] = []          # NOTE [gtopk error feedback]
         cur_idx, cur_val = indices, local_sent
         step, active = 1, True
@@ -81,15 +107,16 @@ class GTopKExchanger(Exchanger):
                 r_val = torch.empty(k, dtype=wire, device=acc.device)
                 r_idx = torch.empty(k, dtype=idx_wire, device=acc.device)
                 yield _Both(ops.irecv(r_val, src=rank + step), ops.irecv(r_idx, src=rank + step))
-                cur_idx, cur_val, drop_idx, drop_val = merge_topk(
-                    cur_idx, cur_val, r_idx.long(), r_val.to(acc.dtype), k)
+                cur_idx, cur_val, drop_idx, drop_val = merge_topk(cur_idx, cur_val, r_idx, r_val.to(acc.dtype), k, d)
                 notes.append((drop_idx, drop_val))
+                del r_val, r_idx  # NOTE [exchange working memory]
             elif active and rank % (2 * step) == step:
                 sent = cur_val.to(wire)
                 if link_bytes.crosses(rank, rank - step, t.local_size):
                     self.inter_node_bytes += k * (wire.itemsize + idx_wire.itemsize)
                 yield _Both(ops.isend(sent, dst=rank - step), ops.isend(cur_idx.to(idx_wire), dst=rank - step))
-                notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
+                if wire != acc.dtype:  # the rounding error (exactly 0 otherwise: no note to keep)
+                    notes.append((cur_idx, cur_val - sent.to(acc.dtype)))
                 active = False
             else:
                 yield None
@@ -99,17 +126,20 @@ class GTopKExchanger(Exchanger):
         if rank == 0:
             g_val.copy_(cur_val)
             g_idx.copy_(cur_idx)
-            notes.append((cur_idx, cur_val - g_val.to(acc.dtype)))
+            if wire != acc.dtype:
+                notes.append((cur_idx, cur_val - g_val.to(acc.dtype)))
         self.inter_node_bytes += link_bytes.binomial_broadcast(k * (wire.itemsize + idx_wire.itemsize), t)
+        del cur_idx, cur_val
         if world > 1:
             yield _Both(ops.broadcast(g_val, src=0, async_op=True), ops.broadcast(g_idx, src=0, async_op=True))
-        g_idx = g_idx.long()
-        out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
+        out = acc.new_zeros(d) if out is None else out.zero_()  # x is read no more
         out.index_add_(0, g_idx, g_val.to(acc.dtype).div_(world))
+        del g_val
         g_mask = torch.zeros(d, dtype=torch.bool, device=acc.device)
         g_mask[g_idx] = True
         missed = ~g_mask[indices]
-        self.memory.mask(indices[~missed])  # what of ours was applied (NOTE [momentum correction])
+        if self.memory.masks:
+            self.memory.mask(indices[~missed])  # what of ours was applied (NOTE [momentum correction])
         if self.memory.enabled:
             residual.index_add_(0, indices[missed], local_sent[missed])  # Alg. 4 line 10
             for note_idx, note_val in notes:

@@ -13,7 +13,7 @@ import torch
 
 from comm import collective_ops as ops
 from comm import link_bytes
-from comm.collectives.base import Exchanger, Stages
+from comm.collectives.base import Exchanger, Stages, wire_buffer
 
 __all__ = ["HierExchanger"]
 
@@ -28,9 +28,9 @@ class HierExchanger(Exchanger):
     name = "hier"
     segment_bytes = 8 * 2**20
 
-    def _stages(self, x: torch.Tensor) -> Stages:
+    def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:
         t = self.topology
-        buf = x.to(self.wire_dtype(x), copy=True)
+        buf = wire_buffer(x, self.wire_dtype(x), out)
         pending = []  # (leaders' all-reduce, segment)
         for seg in buf.split(max(1, self.segment_bytes // buf.element_size())):
             self._intra(seg, "reduce")

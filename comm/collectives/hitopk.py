@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from comm import link_bytes
-from comm.collectives.base import (Exchanger, Stages, add_pairs_, all_gather_async, all_gather_flat, index_dtype,
-                                   pack_pairs, reduce_scatter_flat)
+from comm.collectives.base import Exchanger, Stages, all_gather_async, all_gather_flat, reduce_scatter_flat
+from comm.collectives.pairs import add_pairs_, index_dtype, pack_pairs, pair_bytes, remove_sent_
 from comm.topk.checks import k_for
 
 __all__ = ["HiTopKExchanger"]
@@ -36,34 +36,43 @@ class HiTopKExchanger(Exchanger):
     name = "hitopk"
     sparse = True
 
-    def _stages(self, x: torch.Tensor) -> Stages:
+    def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:
         t = self.topology
         n, m = t.local_size, t.nodes
-        acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         # step 1: chunk local_rank of the node sum (x zero-padded to a multiple of n)
-        chunk = reduce_scatter_flat(x.to(acc_dtype), t.intra_group, n, t.shm)
-        acc = self.memory.compensate(chunk, inplace=True)  # chunk is ours: no copy
+        dtype = self.result_dtype(x)
+        chunk = reduce_scatter_flat(x.to(dtype), t.intra_group, n, t.shm) if n > 1 else x
+        acc = self.memory.compensate(chunk, inplace=chunk is not x)  # a chunk of ours: no copy
         c, k = acc.numel(), k_for(acc.numel(), self.density)
+        wire, idx_dtype = self.wire_dtype(x), index_dtype(c)
         values, indices = self.topk(acc, k)  # step 2
         self.memory.mask(indices)  # node-level momentum (NOTE [momentum correction])
-        sent = values.to(self.wire_dtype(x))
+        pairs = pack_pairs(values, indices, wire, idx_dtype)
+        del values, indices  # NOTE [exchange working memory]
         # step 3: inter-node all-gather among same-local-rank workers, in the background
-        pairs = pack_pairs(sent, indices.to(index_dtype(c)))
         node_pairs, work = all_gather_async(pairs, t.inter_group, m)
         self.inter_node_bytes += link_bytes.ring_allgather(pairs.numel(), m)
         # NOTE [sparse overlap]: the CPU work that does not need the gathered pairs (the
         # residual, and zeroing the d-element output, the costliest allocation) runs while
         # the pairs cross the slow inter-node link. topk_ag does the same.
         if self.memory.enabled:  # acc becomes the residual
-            acc[indices] = values - sent.to(acc.dtype)
+            remove_sent_(acc, pairs, k, wire, idx_dtype)
             self.memory.update(acc)
-        out = torch.zeros(n * c, dtype=acc.dtype, device=acc.device)
+        # the result in place when the chunks tile it exactly (x is read no more)
+        out = out.zero_() if out is not None and out.numel() == n * c else acc.new_zeros(n * c)
         yield work
+        del pairs
         # step 4: intra-node all-gather of the gathered pairs; row i * m + j: chunk i, node j
         rows = all_gather_flat(node_pairs, t.intra_group, n, t.shm)
-        offsets = torch.arange(n, device=acc.device).repeat_interleave(m) * c
-        add_pairs_(out, rows, k, sent.dtype, index_dtype(c), t.world_size, offsets)
+        del node_pairs
+        add_pairs_(out, rows, k, wire, idx_dtype, t.world_size, [i * c for i in range(n) for _ in range(m)])
         return out[: x.numel()]
+
+    def inflight_bytes(self, numel: int) -> int:
+        """The ``k~`` pairs sent and the ``m k~`` gathered among same-local-rank workers."""
+        t = self.topology
+        c = -(-numel // t.local_size)
+        return pair_bytes(k_for(c, self.density), self.value_dtype, c) * (1 + (t.nodes if t.nodes > 1 else 0))
 
     def placed_residual(self, numel: int) -> torch.Tensor:
         """The chunk residual (NOTE [hitopk error feedback]) at its chunk's offset: the node

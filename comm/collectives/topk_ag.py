@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from comm import link_bytes
-from comm.collectives.base import Exchanger, Stages, add_pairs_, all_gather_async, index_dtype, pack_pairs
+from comm.collectives.base import Exchanger, Stages, all_gather_async
+from comm.collectives.pairs import add_pairs_, index_dtype, pack_pairs, pair_bytes, remove_sent_
 from comm.topk.checks import k_for
 
 __all__ = ["TopKAllGatherExchanger"]
@@ -28,20 +29,25 @@ class TopKAllGatherExchanger(Exchanger):
     name = "topk_ag"
     sparse = True
 
-    def _stages(self, x: torch.Tensor) -> Stages:
+    def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:
         t = self.topology
         acc = self.memory.compensate(x)
         d, k = acc.numel(), k_for(acc.numel(), self.density)
+        wire, idx_dtype = self.wire_dtype(x), index_dtype(d)
         values, indices = self.topk(acc, k)
         self.memory.mask(indices)
-        sent = values.to(self.wire_dtype(x))
-        pairs = pack_pairs(sent, indices.to(index_dtype(d)))
+        pairs = pack_pairs(values, indices, wire, idx_dtype)
+        del values, indices  # NOTE [exchange working memory]: the k pairs hold the selection now
         gathered, work = all_gather_async(pairs, None, t.world_size)
         if link_bytes.ring_crosses(t):
             self.inter_node_bytes += link_bytes.ring_allgather(pairs.numel(), t.world_size)
         if self.memory.enabled:  # acc becomes the residual: no copy of d elements
-            acc[indices] = values - sent.to(acc.dtype)
+            remove_sent_(acc, pairs, k, wire, idx_dtype)
             self.memory.update(acc)
-        out = torch.zeros(d, dtype=acc.dtype, device=acc.device)
+        out = acc.new_zeros(d) if out is None else out.zero_()  # x is read no more
         yield work
-        return add_pairs_(out, gathered, k, sent.dtype, index_dtype(d), t.world_size)
+        return add_pairs_(out, gathered, k, wire, idx_dtype, t.world_size)
+
+    def inflight_bytes(self, numel: int) -> int:
+        """The k pairs sent and the ``P k`` gathered."""
+        return pair_bytes(k_for(numel, self.density), self.value_dtype, numel) * (1 + self.topology.world_size)

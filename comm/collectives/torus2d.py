@@ -32,12 +32,15 @@ class Torus2DExchanger(Exchanger):
     name = "2dtar"
     segment_bytes = 8 * 2**20
 
-    def _stages(self, x: torch.Tensor) -> Stages:
+    def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:
         t = self.topology
         n = t.local_size
         buf = x.to(self.wire_dtype(x))
         per_segment = max(n, self.segment_bytes // buf.element_size() // n * n)
-        out = torch.empty(-(-buf.numel() // n) * n, dtype=buf.dtype, device=buf.device)
+        # in place when it fits: segment s is written only after every segment up to s + 1
+        # was reduce-scattered (read) from x (NOTE [exchange working memory])
+        if out is None or buf.numel() % n or out.dtype != buf.dtype:
+            out = torch.empty(-(-buf.numel() // n) * n, dtype=buf.dtype, device=buf.device)
         pending = []  # (inter-node all-reduce, its chunk, where the segment's result goes)
         for start in range(0, buf.numel(), per_segment):
             chunk = reduce_scatter_flat(buf[start: start + per_segment], t.intra_group, n, t.shm)
@@ -49,6 +52,10 @@ class Torus2DExchanger(Exchanger):
         for p in pending:
             yield from self._gather(*p)
         return out[: x.numel()].to(x.dtype).div_(t.world_size)
+
+    def inflight_bytes(self, numel: int) -> int:
+        """Two segments' chunks (one all-reduced in the background, the next reduce-scattered)."""
+        return 2 * min(numel * 4, self.segment_bytes) // self.topology.local_size
 
     def _gather(self, work, chunk: torch.Tensor, dst: torch.Tensor) -> Stages:
         yield work

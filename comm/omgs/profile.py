@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from comm import collective_ops as ops
-from comm.collectives.base import pack_pairs
+from comm.collectives.pairs import pack_pairs
 from comm.omgs.model import BYTES_PER_SELECTED, CostModel
 from comm.topk.checks import k_for
 from comm.topk import get_selector
@@ -173,7 +173,7 @@ def fit_gamma(sizes: Sequence[int], rho: float, selector: str = "exact", repeats
             t0 = time.perf_counter()
             acc.add_(grad)
             values, indices = sel(acc, k)
-            pack_pairs(values.to(torch.float32), indices.to(torch.int32))
+            pack_pairs(values, indices, torch.float32, torch.int32)
             if error_feedback:
                 acc[indices.long()] = 0.0
             else:

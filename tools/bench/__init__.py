@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "omgs": ("tools.bench.omgs", "OMGS merged-layer planning vs LAGS / TopK-SGD / fusion"),
     "feed": ("tools.bench.feed", "CPU per image of each serial stage of feeding a GPU (the CPU proxy)"),
     "train": ("tools.bench.train", "training throughput: synthetic vs cached loaders"),
+    "memory": ("tools.bench.memory", "peak memory per process of the sparse DDP hook vs torch's all-reduce hook"),
     "faults": ("tools.bench.faults", "the demo trained while faults are injected vs a fault-free run"),
 }
 
