@@ -33,9 +33,11 @@ from trainer.optim import (autocast_for, build_optimizer, decay_of, exchange_mom
 from trainer.progress import epoch_bar
 from trainer.run_config import RunConfig
 from trainer.run_dir import prepare_out_together
-from trainer.schedules import density_at, lr_at
+from trainer.schedules import DENSITY_WARMUP_MIN_STEPS, DENSITY_WARMUP_SHARE, density_at, lr_at, warmup_steps
 
 __all__ = ["train", "run_rank"]
+
+_SPANS = ("warmup_epochs", "warmup_steps")  # resolved in steps (NOTE [warm-ups in steps])
 
 
 class _Run:
@@ -138,6 +140,18 @@ class _Run:
             self.forward_model = self.model
         self.exchanger.carry_in(carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
+        self._resolve_warmups(index, phase)
+
+    def _resolve_warmups(self, index: int, phase) -> None:
+        """The phase's warm-ups in steps (NOTE [warm-ups in steps] in trainer/schedules.py)."""
+        spe, s = len(self.loader), self.recipe.schedule
+        self.steps_per_epoch = spe
+        self.density_warmup = warmup_steps(f"phases[{index}].density_warmup", epochs=phase.density_warmup_epochs,
+                                           steps=phase.density_warmup_steps, steps_per_epoch=spe,
+                                           run_steps=spe * phase.epochs, share=DENSITY_WARMUP_SHARE,
+                                           min_steps=DENSITY_WARMUP_MIN_STEPS)
+        self.lr_warmup_epochs = warmup_steps("schedule.warmup", epochs=s.warmup_epochs, steps=s.warmup_steps,
+                                             steps_per_epoch=spe, run_steps=spe * self.recipe.total_epochs) / spe
 
     def _sparse(self, phase) -> bool:
         """Whether ``phase`` runs a sparse exchange of this engine (DGC's techniques apply)."""
@@ -162,16 +176,17 @@ class _Run:
                  "loader": self.loader.state_dict(), "rng": rng_state()}
         self.checkpoints.save(shared, local)
 
-    def _step(self, images, labels, fraction: float, times: TimeBreakdown) -> float:
+    def _step(self, images, labels, done: int, times: TimeBreakdown) -> float:
+        schedule = {k: v for k, v in dataclasses.asdict(self.recipe.schedule).items() if k not in _SPANS}
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.epoch + fraction, lr=self.peak, total_epochs=self.recipe.total_epochs,
-                                **dataclasses.asdict(self.recipe.schedule))
+            group["lr"] = lr_at(self.epoch + done / self.steps_per_epoch, lr=self.peak,
+                                total_epochs=self.recipe.total_epochs, warmup_epochs=self.lr_warmup_epochs, **schedule)
         phase = self.recipe.phases[self.phase_index]
         density = 1.0
         if phase.comm in SPARSE_COMMS:
-            into_phase = self.epoch - self.recipe.phase_start(self.phase_index) + fraction
-            density = density_at(into_phase, density=phase.density, warmup_epochs=phase.density_warmup_epochs,
-                                 schedule=phase.density_schedule)
+            step = (self.epoch - self.recipe.phase_start(self.phase_index)) * self.steps_per_epoch + done
+            density = density_at(step, density=phase.density, warmup_steps=self.density_warmup,
+                                 schedule=phase.density_schedule, steps_per_epoch=self.steps_per_epoch)
             self.exchanger.set_density(density)
         self.accum["density_sum"] = self.accum.get("density_sum", 0.0) + density
         stash = None
@@ -274,7 +289,7 @@ class _Run:
         mark = time.perf_counter()
         for images, labels in self.loader:
             times.add("data", time.perf_counter() - mark)
-            loss = self._step(images, labels, done / steps, times)
+            loss = self._step(images, labels, done, times)
             done += 1
             self.global_step += 1
             times.iterations += 1
