@@ -36,7 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--epochs", type=int, default=None, help="epochs of every phase (default: the recipe's)")
     group.add_argument("--comm", default=None,
                        help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, "
-                            "powersgd (torch's PowerSGD DDP hook; always under DDP)")
+                            "powersgd (torch's PowerSGD DDP hook; always under DDP), auto (chosen per phase from "
+                            "the cost model after its first steps; not with --ddp)")
     group.add_argument("--density", type=float, default=None, help="top-k density of every phase, in (0, 1]")
     group.add_argument("--powersgd-rank", type=int, default=None,
                        help="matrix approximation rank of --comm powersgd, every phase (default: the recipe's, 2)")

@@ -16,8 +16,9 @@ __all__ = ["COMM_NAMES", "DDP_COMMS", "SELECTOR_NAMES", "AMP_MODES", "ModelConfi
            "PhaseConfig", "TrainConfig", "Recipe"]
 
 # Names resolved by comm (collectives, OMGS) and comm.topk; validated here so a typo in a
-# recipe fails before any process starts.
-COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd")
+# recipe fails before any process starts. ``auto`` picks one per phase (NOTE [auto exchange]
+# in comm/auto.py).
+COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd", "auto")
 # Exchanges that exist only as a DDP comm hook: the trainer wraps the model in DDP for them.
 DDP_COMMS = ("powersgd",)
 SPARSE_COMMS = ("topk_ag", "gtopk", "hitopk", "omgs")

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["WeightStash"]
+__all__ = ["WeightStash", "look_ahead"]
 
 
 class WeightStash:
@@ -59,3 +59,15 @@ class WeightStash:
                 self.optimizer.state[p] = self._state[p]
             else:
                 self.optimizer.state.pop(p, None)
+
+
+def look_ahead(run, phase) -> WeightStash | None:
+    """NOTE [lookahead]: with a pipelined exchange, step ``run`` (``trainer.loop``) to the
+    weights the step still in flight will lead to, using this rank's own gradients of it;
+    the returned stash puts weights and optimiser state back after backward (None: nothing
+    to look ahead with)."""
+    if not run.exchanger.lookahead_grads():
+        return None
+    stash = WeightStash(run.model.parameters(), run.optimizer)
+    run._update(phase, True)
+    return stash

@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Sequence
 
 __all__ = ["DECAYS", "DENSITY_WARMUP_START", "DENSITY_WARMUP_SHARE", "DENSITY_WARMUP_MIN_STEPS", "density_at",
-           "lr_at", "warmup_steps"]
+           "lr_at", "phase_warmups", "warmup_steps"]
 
 # Deep Gradient Compression's first warm-up density (25 %, then 6.25 %, 1.5625 %, 0.4 %).
 DENSITY_WARMUP_START = 0.25
@@ -115,6 +115,24 @@ def warmup_steps(field: str, *, epochs: float | None, steps: int | None, steps_p
     if epochs is not None:
         return round(epochs * steps_per_epoch)
     return min(max(round(share * run_steps), int(min_steps)), run_steps)
+
+
+def phase_warmups(recipe, index: int, steps_per_epoch: int) -> tuple[int, float]:
+    """Phase ``index``'s density warm-up in steps and the learning-rate warm-up in (fractional)
+    epochs of ``steps_per_epoch`` steps, resolved from ``recipe`` (a ``trainer.config.Recipe``)
+    by NOTE [warm-ups in steps].
+
+    Raises:
+        ValueError: naming the field, for warm-up steps longer than what they warm up.
+    """
+    phase, s = recipe.phases[index], recipe.schedule
+    density = warmup_steps(f"phases[{index}].density_warmup", epochs=phase.density_warmup_epochs,
+                           steps=phase.density_warmup_steps, steps_per_epoch=steps_per_epoch,
+                           run_steps=steps_per_epoch * phase.epochs, share=DENSITY_WARMUP_SHARE,
+                           min_steps=DENSITY_WARMUP_MIN_STEPS)
+    lr = warmup_steps("schedule.warmup", epochs=s.warmup_epochs, steps=s.warmup_steps, steps_per_epoch=steps_per_epoch,
+                      run_steps=steps_per_epoch * recipe.total_epochs)
+    return density, lr / steps_per_epoch
 
 
 def density_at(step: int, *, density: float, warmup_steps: int = 0, schedule: Sequence[float] = (),
