@@ -282,6 +282,8 @@ class _Run:
         breakdown = TimeBreakdown()
         breakdown.load_state_dict(self.accum["breakdown"])
         row["time_per_iter"] = breakdown.per_iteration()
+        if self.auto is not None:  # NOTE [auto exchange] in comm/auto.py: what was chosen, and why
+            row["auto"] = self.auto.reason
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
         counts = loader_counts(self.loader)
         delta = all_sum(torch.tensor([v - self.cache_seen.get(k, 0.0) for k, v in counts.items()],
