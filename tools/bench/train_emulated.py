@@ -28,6 +28,17 @@ it is under a twentieth, as on a real cluster where every rank has its own cores
 node-local sampling: a 96 px sample is 27 KB, and with global sampling half of every
 batch would cross the 4 Mbit/s link, so the run would measure sample reads, not the
 exchange (``--locality global`` still runs it).
+
+NOTE [emulate on real photos]: with ``--data ROOT`` the run trains at the photos' own size
+when they are smaller than 96 px (CIFAR-10's 32 px: upscaling them to 96 would make every
+step 9x the work for no new detail) and keeps what a step costs in compute: the batch
+per process grows by ``(96 / size) ** 2``, the same pixels per step as the recorded
+default (288 at 32 px). So a dense exchange still costs a few times a step's compute at
+4 Mbit/s (the communication-bound regime) and a sparse exchange's fixed CPU work stays
+small against it, and CIFAR-10's 50,000 photos take 43 steps an epoch: ``--comm
+dense,hitopk,gtopk,powersgd`` for 8 epochs is about 20 minutes on the 2-core machine
+(dense alone about 8), where batch 32 would take 3,120 dense steps (about 50 minutes for
+dense alone). Flags still override each setting; the resolved ones are printed.
 """
 from __future__ import annotations
 
@@ -118,13 +129,13 @@ def run_kinds(comms: list[str], locality: str, pipeline: str = "off") -> dict[st
 
 def _train_argv(args, comm: str, locality: str, pipeline: bool, data: Path, run_dir: Path, cache_dir: Path,
                 urls: list[str]) -> list[str]:
+    run = args.resolved
     argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", _recipe(args),
             "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
-            "--comm", comm, "--locality", locality, "--epochs", str(args.epochs or DEFAULTS["epochs"]),
-            "--size", str(args.size or DEFAULTS["size"]),
-            "--batch-size", str(args.batch_size or DEFAULTS["batch_size"]),
-            "--density", str(args.density), "--powersgd-rank", str(args.powersgd_rank),
-            "--set", f"train.cache_size={_cache_size(args)}", "--set", f"train.eval_size={args.size or DEFAULTS['size']}"]
+            "--comm", comm, "--locality", locality, "--epochs", str(run["epochs"]), "--size", str(run["size"]),
+            "--batch-size", str(run["batch_size"]), "--density", str(args.density),
+            "--powersgd-rank", str(args.powersgd_rank),
+            "--set", f"train.cache_size={run['cache_size']}", "--set", f"train.eval_size={run['size']}"]
     if args.model:
         argv += ["--model", args.model]
     if pipeline:
@@ -140,8 +151,33 @@ def _recipe(args) -> str:
     return args.recipe or DEFAULTS["recipe"]
 
 
-def _cache_size(args) -> int:
-    return args.cache_size or DEFAULTS["cache_size"]
+def _native_size(data: str) -> int:
+    """Shorter side of the first training photo of ``data`` (ImageFolder layout).
+
+    Raises:
+        ValueError: naming ``--data`` when it holds no readable photo under train/.
+    """
+    from PIL import Image
+
+    root = Path(data) / "train"
+    first = next((f for d in sorted(root.iterdir()) if d.is_dir() for f in sorted(d.iterdir()) if f.is_file()), None) \
+        if root.is_dir() else None
+    try:
+        if first is None:
+            raise OSError("none found")
+        with Image.open(first) as image:
+            return min(image.size)
+    except OSError as exc:
+        raise ValueError(f"--data {data}: no readable photo under train/<class>/ ({exc})") from None
+
+
+def settings(args) -> dict:
+    """Image size, cached size, batch per process and epochs of every run: the flags, else
+    NOTE [emulate defaults], at the photos' own size when smaller (NOTE [emulate on real photos])."""
+    size = args.size or (min(DEFAULTS["size"], _native_size(args.data)) if args.data else DEFAULTS["size"])
+    batch = args.batch_size or round(DEFAULTS["batch_size"] * (DEFAULTS["size"] / size) ** 2)
+    return {"size": size, "cache_size": args.cache_size or (size if args.data else DEFAULTS["cache_size"]),
+            "batch_size": batch, "epochs": args.epochs or DEFAULTS["epochs"]}
 
 
 def _prepare_data(args, out: Path) -> Path:
@@ -150,12 +186,13 @@ def _prepare_data(args, out: Path) -> Path:
     32 px default of before, say) is never trained on in their place."""
     if args.data:
         return Path(args.data)
-    data = out / "data" / f"{_cache_size(args)}px-{args.per_class}"
+    cache_size = args.resolved["cache_size"]
+    data = out / "data" / f"{cache_size}px-{args.per_class}"
     if not (data / "val").is_dir():
         from tools.demo_dataset import make_dataset
 
         make_dataset(data, classes=10, per_class=args.per_class, val_per_class=DEFAULTS["val_per_class"],
-                     size=_cache_size(args), seed=0)
+                     size=cache_size, seed=0)
     return data
 
 
@@ -203,6 +240,9 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, bur
     if reason:
         raise ValueError(f"--emulate needs network namespaces: {reason}")
     data = _prepare_data(args, out)
+    run = args.resolved
+    print(f"bench train: {run['size']} px from a {run['cache_size']} px cache, batch {run['batch_size']} per process, "
+          f"{run['epochs']} epochs, data {data}", file=sys.stderr)
     with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}", burst_bytes=burst) as cluster:
         servers = []
         try:
@@ -210,7 +250,7 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, bur
                 servers.append(NodeRedis(cluster, node, out / f"redis/node{node}", maxmemory="1gb"))
             urls = [s.url for s in servers]
             start = time.perf_counter()
-            _warm(cluster, emu, data, out, urls, _cache_size(args))
+            _warm(cluster, emu, data, out, urls, args.resolved["cache_size"])
             print(f"bench train: warmed {emu.nodes} node(s) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
             for name, kind in runs.items():
                 print(f"bench train: training {name} ...", file=sys.stderr)
@@ -241,6 +281,7 @@ def main(args: argparse.Namespace) -> int:
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
         check_target(runs.values(), args.target_top1)  # before minutes of training, not after
+        args.resolved = settings(args)
         burst = burst_bytes(args.burst)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -254,10 +295,10 @@ def main(args: argparse.Namespace) -> int:
     target = rows[0]["target_top1"]
     link = f"{emu.mbit:g} Mbit/s" + (f" (tbf burst {args.burst} KiB)" if args.burst else "")
     title = (f"{emu.nodes}x{emu.local_size} @ {link}, {_recipe(args)} recipe, "
-             f"{args.size or DEFAULTS['size']} px")
+             f"{args.resolved['size']} px from a {args.resolved['cache_size']} px cache, {args.resolved['epochs']} epochs")
     plot = plot_top1_vs_time({name: r["metrics"] for name, r in done.items()}, target, args.plot or out / "top1_vs_time.png",
                              title)
-    print(f"\n{machine_description()}; {title}, batch {args.batch_size or DEFAULTS['batch_size']}/process, "
+    print(f"\n{machine_description()}; {title}, batch {args.resolved['batch_size']}/process, "
           f"density {args.density} (sparse), powersgd rank {args.powersgd_rank}; one Redis per node")
     print(format_table(rows, COLUMNS))
     print(f"plot: {plot}")
