@@ -284,7 +284,9 @@ class _Run:
         row["time_per_iter"] = breakdown.per_iteration()
         if self.auto is not None:  # NOTE [auto exchange] in comm/auto.py: what was chosen, and why
             row["auto"] = self.auto.reason
+        start = time.perf_counter()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
+        row["val_seconds"] = time.perf_counter() - start
         counts = loader_counts(self.loader)
         delta = all_sum(torch.tensor([v - self.cache_seen.get(k, 0.0) for k, v in counts.items()],
                                      dtype=torch.float64), self.device).tolist()

@@ -58,10 +58,10 @@ __all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 # NOTE [emulate defaults]
 DEFAULTS = {"mbit": 4.0, "recipe": "demo", "size": 96, "cache_size": 96, "batch_size": 32, "epochs": 8,
             "per_class": 400, "val_per_class": 50, "comm": "dense,hitopk", "locality": "node"}
-COLUMNS = ["comm", "locality", "pipeline", "final_top1", "target_top1", "seconds_to_target",
+COLUMNS = ["comm", "ran", "locality", "pipeline", "final_top1", "target_top1", "seconds_to_target",
            "speedup_to_target_vs_dense", "seconds",
            "step_s", "compute_ms", "selection_ms", "exchange_ms", "waiting_ms", "data_ms", "update_ms",
-           "inter_node_bytes_per_step"]
+           "inter_node_bytes_per_step", "val_s"]
 
 
 def configure(group: argparse._ArgumentGroup) -> None:
