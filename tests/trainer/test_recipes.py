@@ -10,7 +10,7 @@ def test_shipped_recipes_parse_and_dawnbench28_is_the_papers_schedule():
     assert {"dawnbench28", "resnet50-90ep", "demo"} <= set(available())
     r = load_recipe("dawnbench28")
     assert [(p.epochs, p.size, p.batch_size, p.comm) for p in r.phases] == [
-        (13, 96, 256, "hitopk"), (11, 128, 256, "2dtar"), (3, 224, 256, "2dtar"), (1, 288, 128, "2dtar")]
+        (13, 96, 256, "auto"), (11, 128, 256, "auto"), (3, 224, 256, "auto"), (1, 288, 128, "auto")]
     assert r.phases[0].selector == "mstopk" and r.total_epochs == 28 and r.optim.name == "lars"
     assert r.phase_of(12)[0] == 0 and r.phase_of(13)[0] == 1 and r.phase_of(27)[1].size == 288
     assert load_recipe("resnet50-90ep").total_epochs == 90
@@ -24,7 +24,7 @@ def test_cifar10_recipe_trains_resnet_small_on_native_32px_photos_every_phase_sp
     r = load_recipe("cifar10")
     assert r.model.name == "resnet_small" and r.total_epochs >= 8
     assert {(p.size, r.cache_size_of(p), p.comm, p.density, p.hybrid_bytes) for p in r.phases} == {
-        (32, 32, "hitopk", 0.01, 0)}
+        (32, 32, "auto", 0.01, 0)}
     assert r.train.eval_size == 32
     assert {(p.momentum_correction, p.momentum_masking, p.density_warmup_epochs) for p in r.phases} == {(True, True, 1)}
     net = models.create("resnet_small", num_classes=10).eval()
