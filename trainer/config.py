@@ -132,7 +132,8 @@ class PhaseConfig:
     take Deep Gradient Compression's techniques, each switchable for ablation:
     ``momentum_correction`` (the residual accumulates the momentum-corrected update and
     the optimiser applies it without momentum; NOTE [momentum correction] in
-    comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries),
+    comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries; off by
+    default, NOTE [momentum masking] in comm/residual.py),
     ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation),
     ``dense_vectors`` (parameters of at most one dimension travel densely, NOTE [dense
     vectors] in comm/plans/size.py) and density
@@ -155,7 +156,7 @@ class PhaseConfig:
     powersgd_rank: int = 2
     cache_size: int = 0
     momentum_correction: bool = True
-    momentum_masking: bool = True
+    momentum_masking: bool = False
     local_clipping: bool = True
     dense_vectors: bool = True
     density_warmup_epochs: float | None = None

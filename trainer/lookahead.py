@@ -16,8 +16,9 @@ the run equals the synchronous one (tested); otherwise the prediction misses by 
 difference from the exchanged average (gradient noise, and what a sparse exchange holds
 back), as the local step of Local SGD with delayed averaging does (DaSGD, Zhou et al.
 2020), here without letting the ranks' weights drift apart. Under momentum correction
-(sparse phases) the optimiser has no momentum and the masking clears it where entries are
-sent, so the rank's gradient is the prediction of the entries sent at every step. The
+(sparse phases) the optimiser has no momentum (it lives in the exchange; masking, when
+on, clears it where entries are sent), so the rank's gradient is the prediction of the
+entries sent at every step. The
 cost: one more optimiser step and a copy of the weights and optimiser state per step, and
 the step's own inputs kept until the next step (one copy of the gradients).
 """

@@ -33,7 +33,11 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     assert rows[-1]["val_images"] == 16
     # 64 images / 4 ranks / batch 8 = 2 steps of 32 images per epoch, all read from warmed L2
     assert rows[0]["cache"] == {"l2_hits": 64, "l1_hits": 0, "source_reads": 0}
-    assert rows[-1]["comm"] == "hitopk" and rows[-1]["density"] == 0.01
+    # 4 steps in all, under the warm-up's floor: the density warms up from end to end (NOTE [warm-ups in steps])
+    from trainer.schedules import density_at
+
+    assert rows[-1]["comm"] == "hitopk" and rows[-1]["density"] == (density_at(2, density=0.01, warmup_steps=4)
+                                                                    + density_at(3, density=0.01, warmup_steps=4)) / 2
     assert not list((demo / "cache").glob("redis/redis.pid"))  # the demo stopped its Redis
     rep = _cli("report", demo / "run", tmp_path / "other_name_for_same_run", "--out", tmp_path / "rep")
     assert rep.returncode == 2 and "other_name_for_same_run does not exist" in rep.stderr

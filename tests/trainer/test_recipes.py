@@ -26,7 +26,9 @@ def test_cifar10_recipe_trains_resnet_small_on_native_32px_photos_every_phase_sp
     assert {(p.size, r.cache_size_of(p), p.comm, p.density, p.hybrid_bytes) for p in r.phases} == {
         (32, 32, "auto", 0.01, 0)}
     assert r.train.eval_size == 32
-    assert {(p.momentum_correction, p.momentum_masking, p.density_warmup_epochs) for p in r.phases} == {(True, True, 1)}
+    # momentum correction without masking, the default density warm-up (NOTE [warm-ups in steps])
+    assert {(p.momentum_correction, p.momentum_masking, p.density_warmup_epochs, p.density_warmup_steps)
+            for p in r.phases} == {(True, False, None, None)}
     net = models.create("resnet_small", num_classes=10).eval()
     stages = []
     for i in range(1, net.num_stages + 1):
@@ -146,9 +148,9 @@ def test_a_warmup_set_in_steps_replaces_the_recipes_epochs_and_the_other_way_rou
 def test_dgc_fields_can_be_set_from_the_command_line():
     r = override(load_recipe("demo"), sets=["phases.0.momentum_correction=false", "phases.0.density_warmup_epochs=1.5",
                                             "optim.clip_norm=5", "phases.0.local_clipping=false",
-                                            "phases.0.momentum_masking=false", "phases.0.dense_vectors=false"])
+                                            "phases.0.momentum_masking=true", "phases.0.dense_vectors=false"])
     p = r.phases[0]
-    assert (p.momentum_correction, p.momentum_masking, p.local_clipping, p.density_warmup_epochs) == (False, False, False, 1.5)
+    assert (p.momentum_correction, p.momentum_masking, p.local_clipping, p.density_warmup_epochs) == (False, True, False, 1.5)
     assert not p.dense_vectors and load_recipe("demo").phases[0].dense_vectors
     assert r.optim.clip_norm == 5.0
     r = override(load_recipe("demo"), sets=["phases.0.density_warmup_epochs=0", "phases.0.density_schedule=[0.25, 0.05]"])
