@@ -217,6 +217,7 @@ def main(args: argparse.Namespace) -> int:
                         ranks_per_machine=None if torchrun else args.nprocs)
         if not torchrun:
             _check_topology(args.nprocs, args.nodes, args.local_size)
+        _check_warmup_steps(recipe, args.data, nprocs)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     rank0 = os.environ.get("RANK", "0") == "0"
@@ -257,6 +258,17 @@ def resume_command(args, out: str) -> str:
         elif not word.startswith(("--stop-after-steps=", "--resume=")):
             argv.append(word)
     return shlex.join(argv + ["--resume", out])
+
+
+def _check_warmup_steps(recipe, data: str, world_size: int) -> None:
+    """Warm-ups given in steps longer than the run: refused before anything starts (NOTE
+    [warm-ups in steps]); the training images are counted only when some are given."""
+    spans = [recipe.schedule.warmup_steps] + [p.density_warmup_steps for p in recipe.phases]
+    if any(s is not None for s in spans):
+        from trainer.data.layout import count_images
+        from trainer.schedules import check_warmup_steps
+
+        check_warmup_steps(recipe, count_images(data, "train"), world_size)
 
 
 def _check_topology(nprocs: int, nodes: int | None, local_size: int | None) -> None:

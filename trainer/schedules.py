@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Sequence
 
 __all__ = ["DECAYS", "DENSITY_WARMUP_START", "DENSITY_WARMUP_SHARE", "DENSITY_WARMUP_MIN_STEPS", "density_at",
-           "lr_at", "phase_warmups", "warmup_steps"]
+           "lr_at", "check_warmup_steps", "phase_warmups", "warmup_steps"]
 
 # Deep Gradient Compression's first warm-up density (25 %, then 6.25 %, 1.5625 %, 0.4 %).
 DENSITY_WARMUP_START = 0.25
@@ -133,6 +133,18 @@ def phase_warmups(recipe, index: int, steps_per_epoch: int) -> tuple[int, float]
     lr = warmup_steps("schedule.warmup", epochs=s.warmup_epochs, steps=s.warmup_steps, steps_per_epoch=steps_per_epoch,
                       run_steps=steps_per_epoch * recipe.total_epochs)
     return density, lr / steps_per_epoch
+
+
+def check_warmup_steps(recipe, train_samples: int, world_size: int) -> None:
+    """Refuse, before a run starts, warm-up steps longer than what they warm up, with each
+    phase's steps per epoch counted as the training loaders deal them (``train_samples //
+    world_size`` per rank, full batches).
+
+    Raises:
+        ValueError: naming the field (as :func:`warmup_steps`).
+    """
+    for index, phase in enumerate(recipe.phases):
+        phase_warmups(recipe, index, max(train_samples // world_size // phase.batch_size, 1))
 
 
 def density_at(step: int, *, density: float, warmup_steps: int = 0, schedule: Sequence[float] = (),

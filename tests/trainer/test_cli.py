@@ -63,6 +63,15 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     (["--data", "{data}", "--recipe", "demo", "--pipeline-exchange", "--comm", "powersgd"],
      r"phases\[0\] exchange inside DDP's backward \(powersgd\)"),
     (["--data", "{data}", "--recipe", "demo", "--pipeline-exchange", "--ddp"], r"--ddp .* drop one of them$"),
+    (["--data", "{data}", "--recipe", "demo", "--comm", "auto", "--ddp"], r"--comm auto .* drop one of them$"),
+    # 48 training images / 4 ranks / batch 4 = 3 steps an epoch, 8 epochs = 24 (NOTE [warm-ups in steps])
+    (["--data", "{data}", "--recipe", "demo", "--nprocs", "4", "--batch-size", "4", "--set",
+      "phases.0.density_warmup_steps=25"], r"^cachepipe train: error: phases\[0\].density_warmup_steps 25 is longer "
+                                           r"than the run it warms up \(24 steps\)"),
+    (["--data", "{data}", "--recipe", "demo", "--set", "schedule.warmup_steps=-1"],
+     r"schedule.warmup_steps must be >= 0; got -1"),
+    (["--data", "{data}", "--recipe", "demo", "--set", "phases.0.density_warmup_epochs=9"],
+     r"phases\[0\]: phase density_warmup_epochs must be in \[0, 8\]"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
     res = _cli("train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out", tmp_path / "o")
