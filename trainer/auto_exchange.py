@@ -9,20 +9,21 @@ for it (the measurements touch neither the weights nor the random streams).
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
+import torch.distributed as dist
 
 from comm import collective_ops as ops
+from comm.auto import SPARSE_CANDIDATE, choose, fit_links
 
-__all__ = ["AutoExchange", "PROVISIONAL_STEPS", "first_comm"]
+__all__ = ["AutoExchange", "PROVISIONAL_STEPS", "after_step", "first_comm", "start_phase"]
 
 PROVISIONAL_STEPS = 6  # measured: steps 2..6 of the phase (the first pays one-off set-up costs)
 
 
 def first_comm(world: int) -> str:
     """The exchange an ``auto`` phase starts with: the sparse candidate, or ``dense`` alone."""
-    from comm.auto import SPARSE_CANDIDATE
-
     return SPARSE_CANDIDATE if world > 1 else "dense"
 
 
@@ -55,13 +56,11 @@ class AutoExchange:
     def decide(self, topology, *, numel: int, mean_density: float) -> str:
         """Fit the links, price every candidate for the rest of the phase and return the
         choice (collective; every rank decides the same from the slowest rank's times)."""
-        from comm.auto import choose, fit_links
-
         local = len(self.compute) > 1
         compute = statistics.median(self.compute[1:] if local else self.compute)
         select = statistics.median(self.select[1:] if local else self.select)
         worst = torch.tensor([compute, select], dtype=torch.float64)
-        ops.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        ops.all_reduce(worst, op=dist.ReduceOp.MAX)
         compute, select = worst.tolist()
         gamma = select / max(numel / topology.local_size, 1.0)  # hitopk selects over d / n per rank
         link = fit_links(topology, gamma=gamma)
@@ -93,8 +92,6 @@ def after_step(run, compute_s: float, done: int) -> None:
     """Record a provisional step of an ``auto`` phase (``done`` steps into the epoch); after
     the last one choose the exchange and switch ``run`` to it. The choice's own time (the
     link fit, the switch) is added to the epoch's training seconds."""
-    import time
-
     from trainer.phase_exchange import carried_residuals, open_exchange
     from trainer.schedules import density_at
 
