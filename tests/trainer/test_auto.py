@@ -32,9 +32,10 @@ def _auto_runs(rank, world, data, out):
 
 def test_auto_chooses_once_records_why_and_keeps_the_choice_on_resume(small_dataset, tmp_path):
     for auto, first, resumed, same in run_distributed(_auto_runs, 2, small_dataset, tmp_path, timeout=240):
-        chosen = auto[0]["comm"]
-        assert chosen in ("dense", "hier", "2dtar", "hitopk") and {r["comm"] for r in auto + resumed} == {chosen}
+        chosen = auto[0]["comm"]  # timed: each run chooses for itself, a resumed one keeps its own
+        assert chosen in ("dense", "hier", "2dtar", "hitopk") and {r["comm"] for r in auto} == {chosen}
         assert "s/step predicted against" in auto[0]["auto"] and "first 4 steps ran hitopk" in auto[0]["auto"]
+        assert [r["epoch"] for r in first] == [0] and {r["comm"] for r in resumed} == {first[0]["comm"]}
         assert resumed[0]["epoch"] == 1 and resumed[0]["auto"] == "chosen before the run resumed"
         if chosen == "hitopk":  # the measurements touched neither the weights nor the random streams
             assert [{k: r[k] for k in KEYS} for r in auto] == [{k: r[k] for k in KEYS} for r in same]
