@@ -29,16 +29,18 @@ node-local sampling: a 96 px sample is 27 KB, and with global sampling half of e
 batch would cross the 4 Mbit/s link, so the run would measure sample reads, not the
 exchange (``--locality global`` still runs it).
 
-NOTE [emulate on real photos]: with ``--data ROOT`` the run trains at the photos' own size
-when they are smaller than 96 px (CIFAR-10's 32 px: upscaling them to 96 would make every
-step 9x the work for no new detail) and keeps what a step costs in compute: the batch
-per process grows by ``(96 / size) ** 2``, the same pixels per step as the recorded
-default (288 at 32 px). So a dense exchange still costs a few times a step's compute at
-4 Mbit/s (the communication-bound regime) and a sparse exchange's fixed CPU work stays
-small against it, and CIFAR-10's 50,000 photos take 43 steps an epoch: ``--comm
-dense,hitopk,gtopk,powersgd`` for 8 epochs is about 20 minutes on the 2-core machine
-(dense alone about 8), where batch 32 would take 3,120 dense steps (about 50 minutes for
-dense alone). Flags still override each setting; the resolved ones are printed.
+NOTE [emulate on real photos]: with ``--data ROOT`` photos smaller than 96 px train at
+their own size (CIFAR-10's 32 px: upscaling them to 96 is 9x the work for no new detail),
+at the default batch of 32 per process, for at most 8 epochs and at most ``STEP_BUDGET``
+steps. Not a larger batch to keep the 96 px default's compute per step: at a fixed
+density error feedback delays an entry by about ``1 / rho`` steps whatever the batch, so
+a larger batch is staler in samples; with 4x and 9x the batch (learning rate scaled
+linearly) ``hitopk`` ended 2.6 and 2.4 points below dense on CIFAR-10 in 8 epochs, where
+batch 32 ends level (docs/BENCHMARKS.md, issue 30). The step budget: a dense exchange
+costs about a second per step at 4 Mbit/s whatever the batch, so steps set the dense
+run's wall time; CIFAR-10's 390 steps an epoch give 3 epochs, about 20 minutes of dense
+and 27 for ``--comm dense,hitopk,gtopk,powersgd,auto``. Flags override each setting; the
+resolved ones are printed.
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ from tools.bench.time_to_accuracy import build_rows, burst_bytes, check_target, 
 
 __all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 
+STEP_BUDGET = 1200  # NOTE [emulate on real photos]: training steps at most, with --data
 # NOTE [emulate defaults]
 DEFAULTS = {"mbit": 4.0, "recipe": "demo", "size": 96, "cache_size": 96, "batch_size": 32, "epochs": 8,
             "per_class": 400, "val_per_class": 50, "comm": "dense,hitopk", "locality": "node"}
@@ -171,13 +174,20 @@ def _native_size(data: str) -> int:
         raise ValueError(f"--data {data}: no readable photo under train/<class>/ ({exc})") from None
 
 
-def settings(args) -> dict:
+def settings(args, world: int) -> dict:
     """Image size, cached size, batch per process and epochs of every run: the flags, else
-    NOTE [emulate defaults], at the photos' own size when smaller (NOTE [emulate on real photos])."""
+    NOTE [emulate defaults]; with ``--data`` at the photos' own size when smaller and within
+    ``STEP_BUDGET`` steps of ``world`` processes (NOTE [emulate on real photos])."""
     size = args.size or (min(DEFAULTS["size"], _native_size(args.data)) if args.data else DEFAULTS["size"])
-    batch = args.batch_size or round(DEFAULTS["batch_size"] * (DEFAULTS["size"] / size) ** 2)
+    batch = args.batch_size or DEFAULTS["batch_size"]
+    epochs = args.epochs or DEFAULTS["epochs"]
+    if args.data and not args.epochs:
+        from trainer.data.layout import count_images
+
+        per_epoch = max(count_images(args.data, "train") // world // batch, 1)
+        epochs = min(epochs, max(1, STEP_BUDGET // per_epoch))
     return {"size": size, "cache_size": args.cache_size or (size if args.data else DEFAULTS["cache_size"]),
-            "batch_size": batch, "epochs": args.epochs or DEFAULTS["epochs"]}
+            "batch_size": batch, "epochs": epochs}
 
 
 def _prepare_data(args, out: Path) -> Path:
@@ -281,7 +291,7 @@ def main(args: argparse.Namespace) -> int:
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
         check_target(runs.values(), args.target_top1)  # before minutes of training, not after
-        args.resolved = settings(args)
+        args.resolved = settings(args, emu.nodes * emu.local_size)
         burst = burst_bytes(args.burst)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
