@@ -21,12 +21,14 @@ Gradient Compression (Lin et al., ICLR 2018, section 4) warms up over 4 epochs: 
 warm-up therefore lasts ``density_warmup_steps`` when given; else
 ``density_warmup_epochs`` times the phase's steps per epoch when given (recipes written
 in epochs keep their meaning on the data they were written for); else
-``max(DENSITY_WARMUP_SHARE * phase steps, DENSITY_WARMUP_MIN_STEPS)``, at most the whole
-phase: an eighth of the run (the one epoch in eight the recipes measured best in
+``max(DENSITY_WARMUP_SHARE * phase steps, DENSITY_WARMUP_CYCLES / density)``, at most the
+whole phase: an eighth of the run (the one epoch in eight the recipes measured best in
 docs/BENCHMARKS.md, issue 15; about 2.4 % of dense's inter-node bytes over the run at
-density 0.01) and never fewer steps than the floor, whose value is measured in
-docs/BENCHMARKS.md (issue 30). A run shorter than the floor warms up from end to end and
-spends more bytes: say how much (mean density in ``metrics.jsonl``). Given steps longer
+density 0.01), and never fewer than one and a half delivery cycles of error feedback
+(150 steps at density 0.01): on a 156-step CIFAR-10 run, warm-ups of 0.4 and 0.8 cycles
+(39 and 78 steps) ended 1.1-2 points below the one over 1.56 cycles (docs/BENCHMARKS.md,
+issue 30). A run shorter than the floor warms up from end to end and spends more bytes
+(10.5 % of dense's on that run; the mean density per epoch is in ``metrics.jsonl``). Given steps longer
 than the phase, negative values, or epochs and steps together are one-line errors
 naming the field. The learning-rate warm-up takes ``schedule.warmup_steps`` or
 ``schedule.warmup_epochs`` (Goyal et al. give it in epochs, which keep that meaning);
@@ -37,14 +39,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-__all__ = ["DECAYS", "DENSITY_WARMUP_START", "DENSITY_WARMUP_SHARE", "DENSITY_WARMUP_MIN_STEPS", "density_at",
+__all__ = ["DECAYS", "DENSITY_WARMUP_START", "DENSITY_WARMUP_SHARE", "DENSITY_WARMUP_CYCLES", "density_at",
            "lr_at", "check_warmup_steps", "phase_warmups", "warmup_steps"]
 
 # Deep Gradient Compression's first warm-up density (25 %, then 6.25 %, 1.5625 %, 0.4 %).
 DENSITY_WARMUP_START = 0.25
 # NOTE [warm-ups in steps]: the density warm-up when a phase gives neither steps nor epochs
 DENSITY_WARMUP_SHARE = 0.125
-DENSITY_WARMUP_MIN_STEPS = 300
+DENSITY_WARMUP_CYCLES = 1.5  # the floor: 1.5 / density steps
 
 
 def _poly(t: float, epoch: float, lr: float, final_lr: float, power: float, milestones, gamma) -> float:
@@ -129,7 +131,7 @@ def phase_warmups(recipe, index: int, steps_per_epoch: int) -> tuple[int, float]
     density = warmup_steps(f"phases[{index}].density_warmup", epochs=phase.density_warmup_epochs,
                            steps=phase.density_warmup_steps, steps_per_epoch=steps_per_epoch,
                            run_steps=steps_per_epoch * phase.epochs, share=DENSITY_WARMUP_SHARE,
-                           min_steps=DENSITY_WARMUP_MIN_STEPS)
+                           min_steps=math.ceil(DENSITY_WARMUP_CYCLES / phase.density))
     lr = warmup_steps("schedule.warmup", epochs=s.warmup_epochs, steps=s.warmup_steps, steps_per_epoch=steps_per_epoch,
                       run_steps=steps_per_epoch * recipe.total_epochs)
     return density, lr / steps_per_epoch

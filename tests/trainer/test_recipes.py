@@ -123,7 +123,9 @@ def test_density_warmup_schedules():
 def test_warmups_are_steps_a_share_of_the_run_with_a_floor_or_what_the_user_gave():
     """NOTE [warm-ups in steps]: given steps, else given epochs x steps per epoch, else
     max(share x run, floor) at most the run; steps longer than the run name the field."""
-    from trainer.schedules import DENSITY_WARMUP_MIN_STEPS as floor, DENSITY_WARMUP_SHARE as share, warmup_steps
+    from trainer.schedules import DENSITY_WARMUP_CYCLES, DENSITY_WARMUP_SHARE as share, phase_warmups, warmup_steps
+
+    floor = round(DENSITY_WARMUP_CYCLES / 0.01)  # 150 steps at density 0.01
 
     rule = dict(epochs=None, steps=None, share=share, min_steps=floor)
     assert warmup_steps("w", steps_per_epoch=390, run_steps=8 * 390, **rule) == max(round(share * 3120), floor)
@@ -132,6 +134,9 @@ def test_warmups_are_steps_a_share_of_the_run_with_a_floor_or_what_the_user_gave
     assert warmup_steps("w", epochs=1.5, steps=None, steps_per_epoch=10, run_steps=80, share=share,
                         min_steps=floor) == 15
     assert warmup_steps("w", epochs=None, steps=0, steps_per_epoch=10, run_steps=80, share=share, min_steps=floor) == 0
+    cifar = load_recipe("cifar10")  # density 0.01: an eighth of 8 x 390 steps; the floor, 150, on 8 x 39
+    assert phase_warmups(cifar, 0, 390) == (390, 1.0) and phase_warmups(cifar, 0, 39) == (150, 1.0)
+    assert phase_warmups(override(cifar, density=0.001), 0, 39)[0] == 312  # at most the phase
     with pytest.raises(ValueError, match=r"phases\[0\]\.density_warmup_steps 81 is longer than the run it warms up \(80 steps\)"):
         warmup_steps("phases[0].density_warmup", epochs=None, steps=81, steps_per_epoch=10, run_steps=80)
 
