@@ -34,6 +34,17 @@ Per algorithm (what "sent" means):
 - dense buckets of a corrected exchange (the ``size`` plan's hybrid choice): the local
   momentum is kept and sent whole, which equals momentum after the all-reduce.
 
+NOTE [momentum masking]: masking is Deep Gradient Compression's, and this module keeps it
+as a switch (on by default here, as published), but the trainer's phases leave it off
+(``PhaseConfig.momentum_masking``). Without it a corrected exchange is dense momentum SGD
+with each entry's updates delayed until it is sent: every ``u`` lands in ``v`` and is
+applied once. With it an entry sent every ``T`` steps gets ``sum_{t<=T} (1 - m^t) / (1 - m)``
+of momentum SGD's ``T / (1 - m)`` over that time: 91 % at ``T = 100`` but 23 % at ``T = 4``
+(``m = 0.9``), so the entries sent most often, the largest, and every entry during a density
+warm-up (25 % at its start) move at a fraction of the learning rate. On short runs, where
+the warm-up is a large part of the run, that cost 1-2 points of top-1 on CIFAR-10 and
+made a longer warm-up hurt instead of help (docs/BENCHMARKS.md, issue 30).
+
 Conservation then holds in update units: ``sum(u fed into v) + sum(old v) ==
 P * output + sum(new v)``. What a corrected exchange still owes at a phase switch is
 ``m * u + (1 - m) * v`` in gradient units (:meth:`ResidualMemory.owed`): added to the next

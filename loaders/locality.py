@@ -37,6 +37,19 @@ Without labels (``labels=None``) every sample counts as one class: plain size ba
 
 When N divides by W every sample is seen exactly once per epoch across all ranks. Ranks
 are node-major: rank r is on node ``r // local_size``.
+
+NOTE [validation on its node]: a validation loader with ``locality="node"`` reads only
+what its node's L2 holds, so no validation byte crosses the slow inter-node link (with
+global sharding every rank would read ``(nodes - 1) / nodes`` of its share from other
+nodes: a whole training epoch's time on a 4 Mbit/s link, docs/BENCHMARKS.md issue 30).
+Node ``m`` validates the samples whose home is ``m``, in dataset order, dealt to its ranks
+(local rank j takes every ``local_size``-th from j); samples no live shard holds (home
+``-1``, read from L1 or the source wherever they are) are dealt round-robin to the nodes.
+Every sample is validated exactly once and evaluation sums correct predictions over
+ranks, so top-1 equals global validation's whenever that one needs no padding (N a
+multiple of the world size; otherwise global validation counts up to W - 1 samples twice,
+as ``DistributedSampler`` does). Ranks then run different numbers of batches, which
+validation allows: it meets the other ranks only in the final sum.
 """
 from __future__ import annotations
 
@@ -134,6 +147,15 @@ class NodeLocality:
         mine = np.concatenate([mine, np.resize(pad, quota - len(mine))]).tolist()
         return mine[rank % self.local_size::self.local_size]
 
+    def validation_indices(self, *, rank: int, world_size: int) -> list[int]:
+        """This rank's share of the validation samples its node holds (NOTE [validation on its node])."""
+        nodes = world_size // self.local_size
+        node = self.home.astype(np.int64)
+        lost = np.flatnonzero(node < 0)
+        node[lost] = np.arange(len(lost)) % nodes
+        mine = np.flatnonzero(node == rank // self.local_size)
+        return mine[rank % self.local_size::self.local_size].tolist()
+
     @staticmethod
     def _surplus(part: np.ndarray, m: int, counts: np.ndarray, label: np.ndarray, late: np.ndarray,
                  share: np.ndarray, quota: int) -> list[int]:
@@ -159,10 +181,10 @@ class NodeLocality:
 
 def node_locality(folder, *, locality: str, exchange_fraction: float, local_size: int | None, rank: int,
                   world_size: int, train: bool) -> NodeLocality | None:
-    """The :class:`NodeLocality` of a training loader, or None for today's global order.
+    """The :class:`NodeLocality` of a loader, or None for the global order.
 
-    None for ``locality="global"``, validation loaders (they keep the dataset order) and
-    a single node. The placement is asked of the store once; when torch.distributed is
+    None for ``locality="global"`` and a single node. A validation loader (``train``
+    False) gets one too: it validates its node's samples (NOTE [validation on its node]). The placement is asked of the store once; when torch.distributed is
     initialised with this world size, rank 0's answer is broadcast so that every rank
     draws from the same partition even if a shard fails while they start.
 
@@ -175,7 +197,7 @@ def node_locality(folder, *, locality: str, exchange_fraction: float, local_size
     from cachepipe.placement import LocalityError
 
     check_locality(locality, exchange_fraction)
-    if locality == "global" or not train:
+    if locality == "global":
         return None
     if local_size is None:
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))

@@ -78,7 +78,8 @@ class ShardedBatchSampler:
         world_size: number of ranks (>= 1).
         drop_last: see NOTE [sharding and the last batch].
         size: crop size carried by every request (progressive resizing: ``set_size``).
-        locality: a ``NodeLocality`` for node-local order (shuffled batches only), or None
+        locality: a ``NodeLocality`` for node-local order (validation, unshuffled: this
+            rank's share of its node's samples, NOTE [validation on its node]), or None
             (default) for the global order.
 
     Raises:
@@ -101,7 +102,7 @@ class ShardedBatchSampler:
             raise ValueError(f"the locality places {len(locality.home)} samples on nodes of {locality.local_size} "
                              f"ranks; this sampler has {num_samples} samples and {world_size} ranks")
         self.drop_last = drop_last
-        self.locality = locality if shuffle else None
+        self.locality = locality  # validation (not shuffle): NOTE [validation on its node]
         self.epoch = 0
         self.size = size
         self.start = 0  # first batch of the next pass over ``self.epoch`` (resume)
@@ -126,7 +127,7 @@ class ShardedBatchSampler:
         return math.ceil(self.num_samples / self.world_size)
 
     def __len__(self) -> int:
-        n = self.per_rank()
+        n = len(self.indices()) if self.locality is not None and not self.shuffle else self.per_rank()
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def request(self, indices: list[int], number: int) -> BatchRequest:
@@ -135,6 +136,8 @@ class ShardedBatchSampler:
 
     def indices(self) -> list[int]:
         """This rank's samples of the current epoch, in order."""
+        if self.locality is not None and not self.shuffle:
+            return self.locality.validation_indices(rank=self.rank, world_size=self.world_size)
         if self.locality is not None:
             return self.locality.indices(epoch=self.epoch, seed=self.seed, rank=self.rank,
                                          world_size=self.world_size, drop_last=self.drop_last)

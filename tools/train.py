@@ -37,7 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--epochs", type=int, default=None, help="epochs of every phase (default: the recipe's)")
     group.add_argument("--comm", default=None,
                        help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, "
-                            "powersgd (torch's PowerSGD DDP hook; always under DDP)")
+                            "powersgd (torch's PowerSGD DDP hook; always under DDP), auto (chosen per phase from "
+                            "the cost model after its first steps; not with --ddp)")
     group.add_argument("--density", type=float, default=None, help="top-k density of every phase, in (0, 1]")
     group.add_argument("--powersgd-rank", type=int, default=None,
                        help="matrix approximation rank of --comm powersgd, every phase (default: the recipe's, 2)")
@@ -224,6 +225,7 @@ def main(args: argparse.Namespace) -> int:
         if not torchrun:
             _check_topology(args.nprocs, args.nodes, args.local_size)
         _check_paths(args, out)
+        _check_warmup_steps(recipe, args.data, nprocs)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     rank0 = os.environ.get("RANK", "0") == "0"
@@ -302,6 +304,17 @@ def _check_paths(args, out: str) -> None:
         except UsageError as exc:
             raise UsageError(f"{exc}; the embedded Redis keeps its socket there (a warmed read-only cache dir "
                              f"serves L1 with --redis URL or --no-l2)") from None
+
+
+def _check_warmup_steps(recipe, data: str, world_size: int) -> None:
+    """Warm-ups given in steps longer than the run: refused before anything starts (NOTE
+    [warm-ups in steps]); the training images are counted only when some are given."""
+    spans = [recipe.schedule.warmup_steps] + [p.density_warmup_steps for p in recipe.phases]
+    if any(s is not None for s in spans):
+        from trainer.data.layout import count_images
+        from trainer.schedules import check_warmup_steps
+
+        check_warmup_steps(recipe, count_images(data, "train"), world_size)
 
 
 def _check_topology(nprocs: int, nodes: int | None, local_size: int | None) -> None:

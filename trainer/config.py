@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from loaders.locality import DEFAULT_EXCHANGE_FRACTION, LOCALITIES
 
 __all__ = ["COMM_NAMES", "DDP_COMMS", "SELECTOR_NAMES", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig",
-           "PhaseConfig", "TrainConfig", "Recipe", "from_dict"]
+           "PhaseConfig", "TrainConfig", "Recipe"]
 
 # Names resolved by comm (collectives, OMGS) and comm.topk; validated here so a typo in a
-# recipe fails before any process starts.
-COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd")
+# recipe fails before any process starts. ``auto`` picks one per phase (NOTE [auto exchange]
+# in comm/auto.py).
+COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd", "auto")
 # Exchanges that exist only as a DDP comm hook: the trainer wraps the model in DDP for them.
 DDP_COMMS = ("powersgd",)
 SPARSE_COMMS = ("topk_ag", "gtopk", "hitopk", "omgs")
@@ -29,6 +30,17 @@ OPTIMIZERS = ("sgd", "lars")
 def _need(ok: bool, msg: str) -> None:
     if not ok:
         raise ValueError(msg)
+
+
+def _check_span(prefix: str, name: str, epochs: float | None, steps: int | None, most_epochs: float) -> None:
+    """A warm-up given in epochs or in steps (NOTE [warm-ups in steps] in trainer/schedules.py):
+    not both, not negative, not more epochs than ``most_epochs``. Steps are checked against
+    the run's length when it is known (``trainer.schedules.warmup_steps``)."""
+    _need(epochs is None or steps is None,
+          f"{prefix}{name}_epochs and {name}_steps exclude each other: give the warm-up in epochs or in steps")
+    _need(steps is None or steps >= 0, f"{prefix}{name}_steps must be >= 0; got {steps}")
+    _need(epochs is None or 0 <= epochs <= most_epochs,
+          f"{prefix}{name}_epochs must be in [0, {most_epochs:g}] (the epochs it can span); got {epochs}")
 
 
 @dataclass(frozen=True)
@@ -78,9 +90,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """Warm-up then decay (see ``trainer.schedules.lr_at``)."""
+    """Warm-up then decay (see ``trainer.schedules.lr_at``): the linear warm-up lasts
+    ``warmup_epochs`` or ``warmup_steps`` (one of them; none: no warm-up; NOTE [warm-ups
+    in steps] in trainer/schedules.py)."""
 
-    warmup_epochs: float = 0.0
+    warmup_epochs: float | None = None
+    warmup_steps: int | None = None
     warmup_start: float = 0.0
     decay: str = "cosine"
     final_lr: float = 0.0
@@ -93,7 +108,7 @@ class ScheduleConfig:
 
         object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
         _need(self.decay in DECAYS, f"schedule.decay {self.decay!r} is unknown; valid: {sorted(DECAYS)}")
-        _need(self.warmup_epochs >= 0, f"schedule.warmup_epochs must be >= 0; got {self.warmup_epochs}")
+        _check_span("schedule.", "warmup", self.warmup_epochs, self.warmup_steps, float("inf"))
         _need(0 <= self.warmup_start <= 1, f"schedule.warmup_start must be in [0, 1]; got {self.warmup_start}")
         _need(self.final_lr >= 0, f"schedule.final_lr must be >= 0; got {self.final_lr}")
         _need(self.power > 0, f"schedule.power must be > 0; got {self.power}")
@@ -117,12 +132,15 @@ class PhaseConfig:
     take Deep Gradient Compression's techniques, each switchable for ablation:
     ``momentum_correction`` (the residual accumulates the momentum-corrected update and
     the optimiser applies it without momentum; NOTE [momentum correction] in
-    comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries),
+    comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries; off by
+    default, NOTE [momentum masking] in comm/residual.py),
     ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation),
     ``dense_vectors`` (parameters of at most one dimension travel densely, NOTE [dense
     vectors] in comm/plans/size.py) and density
-    warm-up: ``density_warmup_epochs`` W decays the density exponentially from 25 % at
-    the phase's start to ``density`` after W epochs (per step, fractional W allowed), or
+    warm-up: the density decays exponentially per step from 25 % at the phase's start to
+    ``density`` over ``density_warmup_steps`` steps, or ``density_warmup_epochs`` epochs
+    (fractional allowed; 0: none), or, when neither is given, over a share of the phase
+    with a floor in steps (NOTE [warm-ups in steps] in trainer/schedules.py); or
     ``density_schedule`` lists the density of each epoch of the phase explicitly (then
     ``density``); see ``trainer.schedules.density_at``.
     """
@@ -138,10 +156,11 @@ class PhaseConfig:
     powersgd_rank: int = 2
     cache_size: int = 0
     momentum_correction: bool = True
-    momentum_masking: bool = True
+    momentum_masking: bool = False
     local_clipping: bool = True
     dense_vectors: bool = True
-    density_warmup_epochs: float = 0.0
+    density_warmup_epochs: float | None = None
+    density_warmup_steps: int | None = None
     density_schedule: tuple[float, ...] = ()
 
     def __post_init__(self):
@@ -149,10 +168,9 @@ class PhaseConfig:
         _need(all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 < d <= 1
                   for d in self.density_schedule),
               f"phase density_schedule must list densities in (0, 1], one per epoch; got {list(self.density_schedule)}")
-        _need(0 <= self.density_warmup_epochs <= self.epochs,
-              f"phase density_warmup_epochs must be in [0, epochs={self.epochs}]; got {self.density_warmup_epochs}")
-        _need(not (self.density_schedule and self.density_warmup_epochs),
-              "phase density_schedule and density_warmup_epochs exclude each other; set one")
+        _check_span("phase ", "density_warmup", self.density_warmup_epochs, self.density_warmup_steps, self.epochs)
+        _need(not (self.density_schedule and (self.density_warmup_epochs or self.density_warmup_steps)),
+              "phase density_schedule and density_warmup_epochs/density_warmup_steps exclude each other; set one")
         _need(len(self.density_schedule) <= self.epochs,
               f"phase density_schedule lists {len(self.density_schedule)} epochs but the phase has {self.epochs}")
         _need(self.epochs >= 1, f"phase epochs must be >= 1; got {self.epochs}")
@@ -225,7 +243,7 @@ class Recipe:
     def __post_init__(self):
         object.__setattr__(self, "phases", tuple(self.phases))
         _need(len(self.phases) >= 1, f"recipe {self.name!r} needs at least one phase")
-        _need(self.schedule.warmup_epochs <= self.total_epochs,
+        _need((self.schedule.warmup_epochs or 0) <= self.total_epochs,
               f"schedule.warmup_epochs ({self.schedule.warmup_epochs}) must not exceed the total epochs "
               f"({self.total_epochs}); lower it (--set schedule.warmup_epochs=N) or train longer")
         _need(max(self.schedule.milestones, default=0) <= self.total_epochs,
@@ -284,57 +302,3 @@ class Recipe:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-_SECTIONS = {"model": ModelConfig, "optim": OptimConfig, "schedule": ScheduleConfig, "train": TrainConfig}
-
-
-def from_dict(data: dict, name: str) -> Recipe:
-    """Build a ``Recipe`` from parsed YAML, rejecting unknown keys and wrong types.
-
-    Raises:
-        ValueError: one line naming the recipe, the section and the field to fix.
-    """
-    if not isinstance(data, dict):
-        raise ValueError(f"recipe {name}: top level must be a mapping with {sorted(_SECTIONS) + ['phases']}")
-    unknown = set(data) - set(_SECTIONS) - {"phases", "name"}
-    _need(not unknown, f"recipe {name}: unknown section(s) {sorted(unknown)}; valid: {sorted(_SECTIONS) + ['phases']}")
-    try:
-        kwargs = {key: _section(cls, data.get(key) or {}, f"recipe {name}: {key}") for key, cls in _SECTIONS.items()}
-        phases = data.get("phases")
-        _need(isinstance(phases, (list, tuple)) and phases, f"recipe {name}: 'phases' must be a non-empty list")
-        kwargs["phases"] = tuple(_section(PhaseConfig, p, f"recipe {name}: phases[{i}]") for i, p in enumerate(phases))
-        return Recipe(name=str(data.get("name", name)), **kwargs)
-    except ValueError as exc:
-        msg = str(exc)
-        raise ValueError(msg if msg.startswith("recipe ") else f"recipe {name}: {msg}") from None
-
-
-def _section(cls, values, where: str):
-    _need(isinstance(values, dict), f"{where} must be a mapping; got {type(values).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(values) - set(fields)
-    _need(not unknown, f"{where}: unknown key(s) {sorted(unknown)}; valid: {sorted(fields)}")
-    kwargs = {k: _coerce(v, fields[k], f"{where}.{k}") for k, v in values.items()}
-    try:
-        return cls(**kwargs)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-
-
-def _coerce(value, f: dataclasses.Field, where: str):
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    if kind == "bool":
-        _need(isinstance(value, bool), f"{where} must be true or false; got {value!r}")
-        return value
-    if kind == "int":
-        _need(isinstance(value, int) and not isinstance(value, bool), f"{where} must be an integer; got {value!r}")
-        return value
-    if kind == "float":
-        _need(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where} must be a number; got {value!r}")
-        return float(value)
-    if kind == "str":
-        _need(isinstance(value, str), f"{where} must be a string; got {value!r}")
-        return value
-    _need(isinstance(value, (list, tuple)), f"{where} must be a list; got {value!r}")
-    return tuple(value)

@@ -286,15 +286,17 @@ def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float,
     return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))
 
 
-def saved_residuals(phase, model: nn.Module, topology, state: dict, momentum: float = 0.0) -> dict:
+def saved_residuals(phase, model: nn.Module, topology, state: dict, momentum: float = 0.0,
+                    comm: str | None = None) -> dict:
     """The residuals a checkpoint's exchanger ``state`` holds for its own ``phase``, per
     parameter: what a run resuming into a later phase carries into it, as an uninterrupted
     run does at the phase switch (NOTE [residual at a phase switch] in comm/engine.py).
     The ``--ddp`` hook's residuals are not recovered (the caller passes nothing then).
-    ``momentum``: the phase's momentum correction factor (0 if it had none)."""
+    ``momentum``: the phase's momentum correction factor (0 if it had none); ``comm``: the
+    algorithm that ran (default ``phase.comm``; what ``auto`` chose)."""
     if not state.get("exchange"):
         return {}
-    saved = build_exchange(phase.comm, model, topology, density=phase.density, selector=phase.selector,
+    saved = build_exchange(comm or phase.comm, model, topology, density=phase.density, selector=phase.selector,
                            overlap=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"),
                            momentum=momentum, dense_vectors=phase.dense_vectors)
     try:

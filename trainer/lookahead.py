@@ -16,8 +16,9 @@ the run equals the synchronous one (tested); otherwise the prediction misses by 
 difference from the exchanged average (gradient noise, and what a sparse exchange holds
 back), as the local step of Local SGD with delayed averaging does (DaSGD, Zhou et al.
 2020), here without letting the ranks' weights drift apart. Under momentum correction
-(sparse phases) the optimiser has no momentum and the masking clears it where entries are
-sent, so the rank's gradient is the prediction of the entries sent at every step. The
+(sparse phases) the optimiser has no momentum (it lives in the exchange; masking, when
+on, clears it where entries are sent), so the rank's gradient is the prediction of the
+entries sent at every step. The
 cost: one more optimiser step and a copy of the weights and optimiser state per step, and
 the step's own inputs kept until the next step (one copy of the gradients).
 """
@@ -28,7 +29,7 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["WeightStash"]
+__all__ = ["WeightStash", "look_ahead"]
 
 
 class WeightStash:
@@ -59,3 +60,15 @@ class WeightStash:
                 self.optimizer.state[p] = self._state[p]
             else:
                 self.optimizer.state.pop(p, None)
+
+
+def look_ahead(run, phase) -> WeightStash | None:
+    """NOTE [lookahead]: with a pipelined exchange, step ``run`` (``trainer.loop``) to the
+    weights the step still in flight will lead to, using this rank's own gradients of it;
+    the returned stash puts weights and optimiser state back after backward (None: nothing
+    to look ahead with)."""
+    if not run.exchanger.lookahead_grads():
+        return None
+    stash = WeightStash(run.model.parameters(), run.optimizer)
+    run._update(phase, True)
+    return stash

@@ -20,24 +20,26 @@ from torch import nn
 from comm.topk.checks import NonFiniteInput
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
-from trainer.config import DDP_COMMS, SPARSE_COMMS
+from trainer.config import SPARSE_COMMS
 from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
 from trainer.divergence import checked_loss, diverged
 from trainer.distributed import (all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts, pick_device,
                                  world)
 from trainer.evaluate import evaluate
-from trainer.exchange import build_ddp_exchange, build_exchange, saved_residuals, topology_for
-from trainer.lookahead import WeightStash
+from trainer.auto_exchange import after_step, start_phase
+from trainer.exchange import topology_for
+from trainer.lookahead import look_ahead
 from trainer.metrics import MetricsLog, TimeBreakdown
-from trainer.omgs_probe import probing
-from trainer.optim import (autocast_for, build_optimizer, decay_of, exchange_momentum, make_scaler, peak_lr,
-                           take_momentum)
+from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
+from trainer.phase_exchange import carried_residuals, is_sparse, open_exchange
 from trainer.progress import epoch_bar
 from trainer.run_config import RunConfig
 from trainer.run_dir import prepare_out_together
-from trainer.schedules import density_at, lr_at
+from trainer.schedules import density_at, lr_at, phase_warmups
 
 __all__ = ["train", "run_rank"]
+
+_SPANS = ("warmup_epochs", "warmup_steps")  # resolved in steps (NOTE [warm-ups in steps])
 
 
 class _Run:
@@ -69,6 +71,7 @@ class _Run:
                                exchange_fraction=r.train.exchange_fraction, local_size=self.topology.local_size,
                                on_error=cfg.on_error)
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
+        self.comm, self.auto = None, None  # the exchange running now; ``comm: auto``'s chooser
         self.cache_seen: dict[str, float] = {}
         self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
@@ -99,51 +102,17 @@ class _Run:
         if index == self.phase_index:
             return
         self.phase_index = index
-        carry = {}  # NOTE [residual at a phase switch] in comm/engine.py: applied by the next phase
-        if self.exchanger is not None:
-            carry = self.exchanger.take_residuals()
-            self.exchanger.close()
-        elif self.local is not None and self.local["phase"] != index:
-            before = self.recipe.phases[self.local["phase"]]
-            correction = self.recipe.correction_of(before, self._sparse(before))
-            carry = {} if self.cfg.ddp else saved_residuals(before, self.model, self.topology, self.local["exchanger"],
-                                                            momentum=correction)
-        momentum = self.recipe.correction_of(phase, self._sparse(phase))
-        if bool(momentum) != bool(self.optimizer.param_groups[0].get("momentum_in_grad")):
-            for p, t in take_momentum(self.optimizer).items():  # NOTE [momentum correction] in comm/residual.py
-                carry[p] = carry[p] + t if p in carry else t
-        exchange_momentum(self.optimizer, bool(momentum))
+        carry = carried_residuals(self, index)  # NOTE [residual at a phase switch] in comm/engine.py
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
                                   cache_size=self.recipe.cache_size_of(phase))
         self.cache_seen = loader_counts(self.loader)
-        if (self.cfg.ddp or phase.comm in DDP_COMMS) and self.world > 1:
-            self.exchanger = build_ddp_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                                selector=phase.selector, carry=bool(carry),
-                                                powersgd_rank=phase.powersgd_rank)
-            self.forward_model = self.exchanger.module
-        else:
-            saved = self.local["exchanger"].get("layout") if self.local and self.local["phase"] == index else None
-            with probing(self.model, self.optimizer, self.criterion, self.autocast, batch_size=phase.batch_size,
-                         size=phase.size, num_classes=self.identity["num_classes"], seed=self.recipe.train.seed,
-                         device=self.device) as probe:
-                self.exchanger = build_exchange(phase.comm, self.model, self.topology, density=phase.density,
-                                                selector=phase.selector, overlap=self.scaler is None,
-                                                pipeline=self.recipe.train.pipeline_exchange,
-                                                hybrid_bytes=phase.hybrid_bytes, layout=saved,
-                                                probe=probe if phase.omgs_plan == "auto" else None,
-                                                momentum=momentum, masking=phase.momentum_masking,
-                                                weight_decay=decay_of(self.optimizer) if momentum else None,
-                                                clip_norm=self.recipe.local_clip_of(phase, self._sparse(phase)),
-                                                dense_vectors=phase.dense_vectors)
-            self.forward_model = self.model
-        self.exchanger.carry_in(carry)
+        self.steps_per_epoch = len(self.loader)  # NOTE [warm-ups in steps] in trainer/schedules.py
+        self.density_warmup, self.lr_warmup_epochs = phase_warmups(self.recipe, index, self.steps_per_epoch)
+        comm = start_phase(self, index, phase)  # the phase's comm, or auto's first (NOTE [auto exchange])
+        open_exchange(self, index, phase, comm, carry)
         self.peak = peak_lr(self.recipe.optim, phase.batch_size * self.world)
-
-    def _sparse(self, phase) -> bool:
-        """Whether ``phase`` runs a sparse exchange of this engine (DGC's techniques apply)."""
-        return phase.comm in SPARSE_COMMS and self.world > 1 and not self.cfg.ddp
 
     def _resume(self, checkpoints: Checkpoints) -> None:
         shared, local = checkpoints.load(self.identity)
@@ -161,25 +130,27 @@ class _Run:
                       scaler=self.scaler.state_dict() if self.scaler else None, epoch=self.epoch,
                       step=self.global_step, settings=self.cfg.settings())
         local = {"exchanger": self.exchanger.state_dict(), "phase": self.phase_index, "accum": self.accum,
+                 "comm": self.comm, "auto_decided": self.auto is not None and self.auto.decided is not None,
                  "loader": self.loader.state_dict(), "rng": rng_state()}
         self.checkpoints.save(shared, local)
 
-    def _step(self, images, labels, fraction: float, times: TimeBreakdown) -> float:
+    def _step(self, images, labels, done: int, times: TimeBreakdown) -> float:
+        schedule = {k: v for k, v in dataclasses.asdict(self.recipe.schedule).items() if k not in _SPANS}
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.epoch + fraction, lr=self.peak, total_epochs=self.recipe.total_epochs,
-                                **dataclasses.asdict(self.recipe.schedule))
+            group["lr"] = lr_at(self.epoch + done / self.steps_per_epoch, lr=self.peak,
+                                total_epochs=self.recipe.total_epochs, warmup_epochs=self.lr_warmup_epochs, **schedule)
         phase = self.recipe.phases[self.phase_index]
         density = 1.0
-        if phase.comm in SPARSE_COMMS:
-            into_phase = self.epoch - self.recipe.phase_start(self.phase_index) + fraction
-            density = density_at(into_phase, density=phase.density, warmup_epochs=phase.density_warmup_epochs,
-                                 schedule=phase.density_schedule)
+        if self.comm in SPARSE_COMMS:
+            step = (self.epoch - self.recipe.phase_start(self.phase_index)) * self.steps_per_epoch + done
+            density = density_at(step, density=phase.density, warmup_steps=self.density_warmup,
+                                 schedule=phase.density_schedule, steps_per_epoch=self.steps_per_epoch)
             self.exchanger.set_density(density)
         self.accum["density_sum"] = self.accum.get("density_sum", 0.0) + density
         stash = None
         if self.recipe.train.pipeline_exchange:  # timed only then: a part syncs CUDA
             with times.part("update"):
-                stash = self._look_ahead(phase)
+                stash = look_ahead(self, phase)
         with times.part("compute"):
             images, labels = images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
             if self.channels_last:
@@ -210,20 +181,10 @@ class _Run:
             self._update(phase, finite, applied)
         return float(loss.detach()) if value is None else value
 
-    def _look_ahead(self, phase) -> WeightStash | None:
-        """NOTE [lookahead] in trainer/lookahead.py: with a pipelined exchange, step to the
-        weights the step still in flight will lead to, using this rank's own gradients of
-        it; the returned stash puts weights and optimiser state back after backward."""
-        if not self.exchanger.lookahead_grads():
-            return None
-        stash = WeightStash(self.model.parameters(), self.optimizer)
-        self._update(phase, True)
-        return stash
-
     def _update(self, phase, finite: bool, applied: bool = True) -> None:
         """The optimiser step on the exchanged ``p.grad`` (none when not ``applied``), then zero them."""
         clip = self.recipe.optim.clip_norm
-        clipped_locally = self.recipe.local_clip_of(phase, self._sparse(phase))  # before the exchange
+        clipped_locally = self.recipe.local_clip_of(phase, is_sparse(self, self.comm))  # before the exchange
         if finite and applied and clip and not clipped_locally:
             nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if self.scaler is not None:
@@ -278,8 +239,9 @@ class _Run:
         mark = time.perf_counter()
         for images, labels in self.loader:
             times.add("data", time.perf_counter() - mark)
+            computed = times.totals["compute"]
             try:
-                loss = self._step(images, labels, done / steps, times)
+                loss = self._step(images, labels, done, times)
             except NonFiniteInput:  # NOTE [a diverged run stops]
                 raise ValueError(diverged("the gradients hold inf or NaN", self.epoch, self.global_step + 1)) from None
             done += 1
@@ -288,6 +250,8 @@ class _Run:
             self.accum.update(loss_sum=self.accum["loss_sum"] + loss, batches=done,
                               images=self.accum["images"] + labels.shape[0] * self.world)
             self.accum["seconds"] += time.perf_counter() - start
+            if self.auto is not None and self.auto.decided is None:
+                after_step(self, times.totals["compute"] - computed, done)
             start = time.perf_counter()
             self.accum["breakdown"] = times.state_dict()
             stop = self.cfg.stop_after_steps and self.global_step >= self.cfg.stop_after_steps
@@ -316,7 +280,7 @@ class _Run:
         broadcast_buffers(self.model)
         row = {"epoch": self.epoch, "phase": index, "size": phase.size, "batch_size": phase.batch_size,
                "cache_size": self.recipe.cache_size_of(phase),
-               "comm": phase.comm, "density": self.accum.get("density_sum", 0.0) / max(self.accum["batches"], 1),
+               "comm": self.comm, "density": self.accum.get("density_sum", 0.0) / max(self.accum["batches"], 1),
                "inter_node_bytes": int(loss[2].item()), "residual_norm": loss[3].item() ** 0.5,
                "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss[0].item() / max(loss[1].item(), 1.0),
                "images_per_s": self.accum["images"] / max(self.accum["seconds"], 1e-9),
@@ -325,7 +289,11 @@ class _Run:
         breakdown = TimeBreakdown()
         breakdown.load_state_dict(self.accum["breakdown"])
         row["time_per_iter"] = breakdown.per_iteration()
+        if self.auto is not None:  # NOTE [auto exchange] in comm/auto.py: what was chosen, and why
+            row["auto"] = self.auto.reason
+        start = time.perf_counter()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
+        row["val_seconds"] = time.perf_counter() - start
         counts = loader_counts(self.loader)
         delta = all_sum(torch.tensor([v - self.cache_seen.get(k, 0.0) for k, v in counts.items()],
                                      dtype=torch.float64), self.device).tolist()

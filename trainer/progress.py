@@ -85,8 +85,8 @@ def describe_run(recipe, *, workers: str, loader: str, why: str = "") -> str:
     sizes = " > ".join(dict.fromkeys(f"{p.size}" for p in phases)) + " px"
     comms = []
     for p in phases:
-        text = p.comm + (f" (density {p.density}, {p.selector})" if p.comm in ("topk_ag", "gtopk", "hitopk", "omgs")
-                         else "")
+        sparse = p.comm in ("topk_ag", "gtopk", "hitopk", "omgs", "auto")  # auto: if it chooses hitopk
+        text = p.comm + (f" (density {p.density}, {p.selector})" if sparse else "")
         if text not in comms:
             comms.append(text)
     line = (f"{recipe.model.name} (recipe {recipe.name}), {recipe.total_epochs} epochs at {sizes}, batch "

@@ -71,6 +71,9 @@ class RunConfig:
         if self.loader == "memory" and self.recipe.train.locality == "node":
             raise ValueError("--locality node needs the cached loaders (--loader torch or dali): the memory loader "
                              "has no L2 whose placement it could follow")
+        if self.ddp and any(p.comm == "auto" for p in self.recipe.phases):
+            raise ValueError("--comm auto chooses among the comm engine's exchanges after a phase's first steps; "
+                             "--ddp exchanges inside DDP's backward: drop one of them")
         if self.ddp and self.recipe.train.pipeline_exchange:
             raise ValueError("--ddp exchanges inside DDP's backward; --pipeline-exchange (train.pipeline_exchange) "
                              "pipelines the comm engine's exchange: drop one of them")

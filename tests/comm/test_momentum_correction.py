@@ -181,6 +181,26 @@ def test_masking_clears_the_node_selection_hitopk(sparse_runs):
             assert int((row["u_new"] == 0).sum()) == k
 
 
+def test_masking_treats_gtopk_selections_that_lost_the_global_top_k_as_not_sent(sparse_runs):
+    """gtopk (Algorithm 4 line 10, NOTE [momentum correction]): the momentum is cleared exactly at
+    the worker's local top-k entries inside the global mask; a local selection outside it keeps
+    its momentum, and its value returns to the worker's residual."""
+    k, lost = 4, 0  # ceil(0.1 * 40)
+    for run in sparse_runs:
+        for row in run["gtopk"]:
+            u = (row["u_old"] * M if row["u_old"].numel() else 0) + row["g"]
+            acc = u + row["v_old"]
+            local = torch.topk(acc.abs(), k).indices
+            inside = local[row["out"][local] != 0]
+            missed = local[row["out"][local] == 0]
+            expected_u = u.clone()
+            expected_u[inside] = 0
+            assert torch.equal(row["u_new"], expected_u)
+            assert torch.equal(row["v_chunk"][missed], acc[missed])
+            lost += missed.numel()
+    assert lost > 0  # the inputs make some local selections lose
+
+
 def test_no_masking_keeps_the_momentum():
     from comm.residual import ResidualMemory
 

@@ -2,6 +2,7 @@
 every sample once per epoch across ranks, equal steps, determinism, resume, dead shards, bad input."""
 from __future__ import annotations
 
+import contextlib
 import pickle
 from collections import Counter
 
@@ -198,9 +199,10 @@ def test_unsupported_stores_are_refused_saying_why(source, cache_dir, redis_serv
     urls = [s.url for s in redis_servers(3)]
     with pytest.raises(LocalityError, match="one Redis URL per node.* 2 nodes, but 3 URL"):
         cached_dataloader(source, redis=urls, **common)
-    # one node, or validation: nothing to place, today's order (the embedded server is fine)
+    # one node: nothing to place, today's order (the embedded server is fine); validation is placed too
     assert cached_dataloader(source, redis=False, **dict(common, local_size=4)).sampler.locality is None
-    assert cached_dataloader(source, redis=False, **dict(common, train=False)).sampler.locality is None
+    with pytest.raises(LocalityError, match="no L2"):
+        cached_dataloader(source, redis=False, **dict(common, train=False))
 
 
 def _rank_placement(rank, world, root, cache_dir, urls):
@@ -234,3 +236,67 @@ def test_dali_loader_draws_the_same_node_local_order(source, cache_dir, redis_se
         assert labels == [cache.manifest.targets[i] for i in dali.sampler.indices()]
     finally:
         dali.close()
+
+
+def test_validation_indices_are_each_sample_once_on_its_own_node():
+    """NOTE [validation on its node]: a node validates what it holds; samples no shard holds
+    are dealt round-robin to the nodes."""
+    home = np.array([0, 1, 1, -1, 0, 0, 1, -1, -1, 0, 1])
+    loc = NodeLocality(home, local_size=2)
+    shares = [loc.validation_indices(rank=r, world_size=4) for r in range(4)]
+    assert sorted(i for s in shares for i in s) == list(range(len(home)))
+    lost = [3, 7, 8]  # dealt to nodes 0, 1, 0
+    for rank, share in enumerate(shares):
+        node = rank // 2
+        assert all(home[i] == node or (i in lost and lost.index(i) % 2 == node) for i in share)
+        assert share == sorted(share)  # dataset order
+    s = ShardedBatchSampler(len(home), 2, shuffle=False, rank=1, world_size=4, locality=loc)
+    assert [i for b in s for i in b] == shares[1] and len(s) == len(list(s))
+
+
+def _validation_reads(cache, locality):
+    loaders = [cached_dataloader(cache.manifest.root, cache=cache, batch_size=4, train=False, size=16, workers=0,
+                                 distributed=(r, 4), local_size=2, locality=locality) for r in range(4)]
+    return [[i for b in loader.sampler for i in b] for loader in loaders], loaders
+
+
+def test_node_validation_reads_only_its_own_nodes_server(source, cache_dir, redis_servers):
+    servers = redis_servers(2)
+    cache = _warm_cache(source, cache_dir, [s.url for s in servers])
+    held = _held_by([s.client() for s in servers], cache, range(len(cache)))
+    shares, loaders = _validation_reads(cache, "node")
+    assert sorted(i for s in shares for i in s) == list(range(len(cache)))
+    for rank, (share, loader) in enumerate(zip(shares, loaders)):
+        assert {held[i] for i in share} <= {rank // 2}
+        labels = torch.cat([y for _, y in loader]).tolist()
+        assert labels == [cache.manifest.targets[i] for i in share]
+        assert loader.cache_hits["l2_hits"] == len(share) and loader.cache_hits["l1_hits"] == 0
+    glob, _ = _validation_reads(cache, "global")
+    assert sum(held[i] != r // 2 for r, s in enumerate(glob) for i in s) > len(cache) // 4  # what node-local avoids
+
+
+def _evaluate_both(rank, world, root, cache_dir, urls):
+    from trainer.evaluate import evaluate
+    from trainer.models import create
+
+    torch.manual_seed(0)
+    model = create("resnet_small", num_classes=4)
+    out = {}
+    for locality in ("global", "node"):
+        loader = cached_dataloader(root, batch_size=4, train=False, size=16, workers=0, cache_dir=cache_dir,
+                                   redis=urls, cache_size=24, distributed=(rank, world), local_size=1,
+                                   locality=locality)
+        out[locality] = evaluate(model, loader, torch.device("cpu"), contextlib.nullcontext)
+        loader.close()
+    return out
+
+
+def test_node_validation_gives_global_validations_result_on_real_ranks(source, tmp_path, redis_servers):
+    urls = [s.url for s in redis_servers(2)]
+    _warm_cache(source, tmp_path / "cache", urls).close()
+    results = run_distributed(_evaluate_both, 2, str(source), str(tmp_path / "cache"), urls)  # 2 nodes x 1
+    exact = ("val_top1", "val_top5", "val_images")  # counts: equal; the loss sums in another order
+    for r in results:
+        assert {k: r["node"][k] for k in exact} == {k: results[0]["global"][k] for k in exact}
+        assert r["node"]["val_loss"] == pytest.approx(results[0]["global"]["val_loss"], rel=1e-5)
+    assert results[0]["node"]["val_images"] == 24 and 0 < results[0]["node"]["val_top1"] < 100

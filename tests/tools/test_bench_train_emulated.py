@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 
 import pytest
@@ -157,7 +158,7 @@ def test_generated_data_is_kept_per_size_and_count(tmp_path):
     from tools.bench.train_emulated import _prepare_data
 
     def prepare(size, per_class):
-        return _prepare_data(argparse.Namespace(data=None, per_class=per_class, cache_size=size), tmp_path)
+        return _prepare_data(argparse.Namespace(data=None, per_class=per_class, resolved={"cache_size": size}), tmp_path)
 
     small, large, more = prepare(20, 1), prepare(40, 1), prepare(20, 2)
     assert len({small, large, more}) == 3 and prepare(20, 1) == small
@@ -165,6 +166,38 @@ def test_generated_data_is_kept_per_size_and_count(tmp_path):
     side = [min(Image.open(next((d / "train").rglob("*.JPEG"))).size) for d in (small, large)]
     assert side[0] < side[1]
     assert _prepare_data(argparse.Namespace(data=str(tmp_path / "mine")), tmp_path) == tmp_path / "mine"
+
+
+def test_real_photos_train_at_their_own_size_within_the_step_budget(tmp_path):
+    """NOTE [emulate on real photos]: 32 px photos train at 32 px, batch 32, for at most 8 epochs
+    and STEP_BUDGET steps; flags win; larger photos keep the recorded default."""
+    from PIL import Image
+
+    from tools.bench.train_emulated import STEP_BUDGET, settings
+
+    def resolved(data, **flags):
+        args = dict(data=str(data) if data else None, size=None, cache_size=None, batch_size=None, epochs=None)
+        return settings(argparse.Namespace(**{**args, **flags}), 4)
+
+    def photos(name, width, height, count=1):
+        (tmp_path / name / "train/cat").mkdir(parents=True)
+        Image.new("RGB", (width, height), (90, 60, 30)).save(tmp_path / name / "train/cat/0.jpg")
+        for i in range(1, count):  # the same photo under other names: counted, never decoded here
+            os.link(tmp_path / name / "train/cat/0.jpg", tmp_path / name / f"train/cat/{i}.jpg")
+        return tmp_path / name
+
+    small, large = photos("small", 32, 40), photos("large", 160, 128)
+    many = photos("many", 32, 32, count=4 * STEP_BUDGET // 3)  # batch 1: 3 epochs of STEP_BUDGET / 3 steps
+    (tmp_path / "empty/train").mkdir(parents=True)
+    assert resolved(small) == {"size": 32, "cache_size": 32, "batch_size": 32, "epochs": 8}
+    assert resolved(large) == {"size": 96, "cache_size": 96, "batch_size": 32, "epochs": 8}
+    assert resolved(None) == {"size": 96, "cache_size": 96, "batch_size": 32, "epochs": 8}
+    assert resolved(many, batch_size=1)["epochs"] == 3 and resolved(many, batch_size=1, epochs=5)["epochs"] == 5
+    assert resolved(many)["epochs"] == 8  # batch 32: 12 steps an epoch
+    assert resolved(small, batch_size=64, epochs=2, size=24) == {"size": 24, "cache_size": 24, "batch_size": 64,
+                                                                 "epochs": 2}
+    with pytest.raises(ValueError, match="--data .*empty: no readable photo under train/"):
+        resolved(tmp_path / "empty")
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -86,3 +86,54 @@ def test_node_redis_is_reached_across_the_link_and_counted(tmp_path):
             assert after[node]["tx"] - before[node]["tx"] >= size
             assert after[node]["rx"] - before[node]["rx"] >= size
         assert server.proc.poll() is not None  # stopped on exit
+
+
+# One rank of a 2-node job: "warm" warms its own node's L2 partition and L1 (NOTE [warm-up
+# partitions]); "node" / "global" read the validation split through its node's cache that way (no
+# process group: the rank asks the servers for the placement itself) and print the bytes its node's
+# eth0 received meanwhile (the emulated link's kernel counter, as ``link_bytes`` reads it).
+_VALIDATE = """
+import sys
+from cachepipe import TwoLevelCache
+from cachepipe.warmup import warmup
+from loaders import cached_dataloader
+root, cache_dir, rank, steps, urls = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split(","), sys.argv[5:]
+def received():
+    return int(open("/sys/class/net/eth0/statistics/rx_bytes").read())
+for step in steps:
+    if step == "warm":
+        cache = TwoLevelCache(root, cache_dir, redis=urls, cache_size=48)
+        warmup(cache, node_rank=rank, num_nodes=2, progress=False)
+        cache.close()
+        continue
+    loader = cached_dataloader(root, batch_size=4, train=False, size=32, workers=0, cache_dir=cache_dir, redis=urls,
+                               cache_size=48, distributed=(rank, 2), local_size=1, locality=step)
+    start = received()
+    assert sum(len(y) for _, y in loader) > 0 and loader.cache_hits["l2_hits"] > 0
+    print(step, received() - start)
+    loader.close()
+"""
+
+
+@netns
+def test_node_local_validation_sends_no_sample_across_the_link(tiny_dataset, tmp_path):
+    """NOTE [validation on its node], checked with the emulated links' own byte counters:
+    node-local validation leaves the link idle, global validation reads half the split from the
+    other node."""
+    root = tiny_dataset / "train"  # 24 samples of 48 x 48 px: 6.9 KB each in L2
+    received = {"node": 0, "global": 0}
+    with EmulatedCluster(nodes=2, inter_mbit=100) as cluster:
+        servers = [NodeRedis(cluster, i, tmp_path / f"redis{i}", maxmemory="64mb") for i in range(2)]
+        try:
+            for rank, steps in ((1, "warm,node"), (0, "warm,node,global"), (1, "global")):
+                done = run_on_node(cluster, rank, [sys.executable, "-c", _VALIDATE, str(root), str(tmp_path / f"c{rank}"),
+                                                   str(rank), steps, *[s.url for s in servers]], timeout=120)
+                assert done.returncode == 0, done.stderr[-2000:]
+                for line in done.stdout.split("\n"):
+                    if line.strip():
+                        locality, count = line.split()
+                        received[locality] += int(count)
+        finally:
+            for s in servers:
+                s.stop()
+    assert received["node"] < 1_000 and received["global"] > 40_000, received  # not one sample vs half of them

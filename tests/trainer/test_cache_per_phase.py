@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from cachepipe import CacheConfig, TwoLevelCache
-from trainer.config import from_dict
+from trainer.recipes import from_dict
 from trainer.progress import format_row
 from trainer.recipes import load_recipe
 from trainer.run_config import RunConfig

@@ -33,7 +33,11 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     assert rows[-1]["val_images"] == 16
     # 64 images / 4 ranks / batch 8 = 2 steps of 32 images per epoch, all read from warmed L2
     assert rows[0]["cache"] == {"l2_hits": 64, "l1_hits": 0, "source_reads": 0}
-    assert rows[-1]["comm"] == "hitopk" and rows[-1]["density"] == 0.01
+    # 4 steps in all, under the warm-up's floor: the density warms up from end to end (NOTE [warm-ups in steps])
+    from trainer.schedules import density_at
+
+    assert rows[-1]["comm"] == "hitopk" and rows[-1]["density"] == (density_at(2, density=0.01, warmup_steps=4)
+                                                                    + density_at(3, density=0.01, warmup_steps=4)) / 2
     assert not list((demo / "cache").glob("redis/redis.pid"))  # the demo stopped its Redis
     rep = _cli("report", demo / "run", tmp_path / "other_name_for_same_run", "--out", tmp_path / "rep")
     assert rep.returncode == 2 and "other_name_for_same_run does not exist" in rep.stderr
@@ -59,6 +63,15 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     (["--data", "{data}", "--recipe", "demo", "--pipeline-exchange", "--comm", "powersgd"],
      r"phases\[0\] exchange inside DDP's backward \(powersgd\)"),
     (["--data", "{data}", "--recipe", "demo", "--pipeline-exchange", "--ddp"], r"--ddp .* drop one of them$"),
+    (["--data", "{data}", "--recipe", "demo", "--comm", "auto", "--ddp"], r"--comm auto .* drop one of them$"),
+    # 48 training images / 4 ranks / batch 4 = 3 steps an epoch, 8 epochs = 24 (NOTE [warm-ups in steps])
+    (["--data", "{data}", "--recipe", "demo", "--nprocs", "4", "--batch-size", "4", "--set",
+      "phases.0.density_warmup_steps=25"], r"^cachepipe train: error: phases\[0\].density_warmup_steps 25 is longer "
+                                           r"than the run it warms up \(24 steps\)"),
+    (["--data", "{data}", "--recipe", "demo", "--set", "schedule.warmup_steps=-1"],
+     r"schedule.warmup_steps must be >= 0; got -1"),
+    (["--data", "{data}", "--recipe", "demo", "--set", "phases.0.density_warmup_epochs=9"],
+     r"phases\[0\]: phase density_warmup_epochs must be in \[0, 8\]"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
     res = _cli("train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out", tmp_path / "o")

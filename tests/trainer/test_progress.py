@@ -11,7 +11,7 @@ import pytest
 from tools.train import resume_command
 from trainer.metrics import MetricsLog
 from trainer.progress import describe_run, epoch_bar, final_line, format_row, print_row
-from trainer.recipes import load_recipe
+from trainer.recipes import load_recipe, override
 
 ROW = {"epoch": 3, "size": 56, "comm": "hitopk", "train_loss": 1.25, "images_per_s": 812.0, "val_loss": 19.5,
        "val_top1": 41.0, "val_top5": 88.5, "time_per_iter": {"data": 0.001, "compute": 0.02},
@@ -32,7 +32,9 @@ def test_table_says_train_and_validation_and_shows_validation_loss(capsys):
 def test_configuration_final_and_resume_lines():
     line = describe_run(load_recipe("dawnbench28"), workers="8 workers", loader="torch", why="because")
     assert line.startswith("resnet50 (recipe dawnbench28), 28 epochs at 96 > 128 > 224 > 288 px")
-    assert "hitopk (density 0.01, mstopk) > 2dtar" in line and line.endswith("loader torch (because)")
+    assert "comm auto (density 0.01, mstopk), loader" in line and line.endswith("loader torch (because)")
+    paper = override(load_recipe("dawnbench28"), sets=["phases.0.comm=hitopk", "phases.1.comm=2dtar"])
+    assert "hitopk (density 0.01, mstopk) > 2dtar > auto (density" in describe_run(paper, workers="8", loader="torch")
     assert final_line([ROW], 12.0, "runs/x").startswith("final top-1 41.0%, top-5 88.5%, validation loss 19.500 "
                                                         "after epoch 3 in 12 s; metrics in runs/x/metrics.jsonl")
     args = argparse.Namespace(command_line=["cachepipe", "train", "--data", "d x", "--stop-after-steps", "5",

@@ -1,6 +1,7 @@
 import pytest
 
-from trainer.config import Recipe, from_dict
+from trainer.config import Recipe
+from trainer.recipes import from_dict
 from trainer.recipes import available, load_recipe, override
 from trainer.schedules import lr_at
 
@@ -9,7 +10,7 @@ def test_shipped_recipes_parse_and_dawnbench28_is_the_papers_schedule():
     assert {"dawnbench28", "resnet50-90ep", "demo"} <= set(available())
     r = load_recipe("dawnbench28")
     assert [(p.epochs, p.size, p.batch_size, p.comm) for p in r.phases] == [
-        (13, 96, 256, "hitopk"), (11, 128, 256, "2dtar"), (3, 224, 256, "2dtar"), (1, 288, 128, "2dtar")]
+        (13, 96, 256, "auto"), (11, 128, 256, "auto"), (3, 224, 256, "auto"), (1, 288, 128, "auto")]
     assert r.phases[0].selector == "mstopk" and r.total_epochs == 28 and r.optim.name == "lars"
     assert r.phase_of(12)[0] == 0 and r.phase_of(13)[0] == 1 and r.phase_of(27)[1].size == 288
     assert load_recipe("resnet50-90ep").total_epochs == 90
@@ -23,9 +24,11 @@ def test_cifar10_recipe_trains_resnet_small_on_native_32px_photos_every_phase_sp
     r = load_recipe("cifar10")
     assert r.model.name == "resnet_small" and r.total_epochs >= 8
     assert {(p.size, r.cache_size_of(p), p.comm, p.density, p.hybrid_bytes) for p in r.phases} == {
-        (32, 32, "hitopk", 0.01, 0)}
+        (32, 32, "auto", 0.01, 0)}
     assert r.train.eval_size == 32
-    assert {(p.momentum_correction, p.momentum_masking, p.density_warmup_epochs) for p in r.phases} == {(True, True, 1)}
+    # momentum correction without masking, the default density warm-up (NOTE [warm-ups in steps])
+    assert {(p.momentum_correction, p.momentum_masking, p.density_warmup_epochs, p.density_warmup_steps)
+            for p in r.phases} == {(True, False, None, None)}
     net = models.create("resnet_small", num_classes=10).eval()
     stages = []
     for i in range(1, net.num_stages + 1):
@@ -55,7 +58,13 @@ def test_overrides_apply_to_every_phase_and_single_fields():
     ("model: {name: vgg}\nphases: [{epochs: 1}]", r"model.name 'vgg' is unknown"),
     ("phases: [{epochs: 1\n", r"not valid YAML"),
     ("optim: {clip_norm: -1}\nphases: [{epochs: 1}]", r"optim: optim.clip_norm must be >= 0"),
-    ("phases: [{epochs: 2, density_warmup_epochs: 3}]", r"phases\[0\].*density_warmup_epochs must be in \[0, epochs=2\]"),
+    ("phases: [{epochs: 2, density_warmup_epochs: 3}]", r"phases\[0\].*density_warmup_epochs must be in \[0, 2\]"),
+    ("phases: [{epochs: 2, density_warmup_steps: -1}]", r"phases\[0\].*density_warmup_steps must be >= 0"),
+    ("phases: [{epochs: 2, density_warmup_epochs: 1, density_warmup_steps: 50}]",
+     r"phases\[0\].*density_warmup_epochs and density_warmup_steps exclude each other"),
+    ("schedule: {warmup_epochs: 1, warmup_steps: 50}\nphases: [{epochs: 2}]",
+     r"schedule.warmup_epochs and warmup_steps exclude each other"),
+    ("schedule: {warmup_steps: -5}\nphases: [{epochs: 2}]", r"schedule.warmup_steps must be >= 0"),
     ("phases: [{epochs: 2, density_schedule: [0.25, 2]}]", r"phases\[0\].*density_schedule must list densities in"),
     ("phases: [{epochs: 1, density_schedule: [0.25, 0.1]}]", r"density_schedule lists 2 epochs but the phase has 1"),
     ("phases: [{epochs: 2, density_schedule: [0.2], density_warmup_epochs: 1}]", r"exclude each other"),
@@ -99,23 +108,54 @@ def test_schedules_warmup_then_decay():
 def test_density_warmup_schedules():
     from trainer.schedules import density_at
 
-    # DGC's own numbers: W = 4 epochs down to 0.25 ** 5 (about 0.1 %), sampled at whole epochs
-    assert [density_at(e, density=0.25 ** 5, warmup_epochs=4) for e in range(5)] == \
+    # DGC's own numbers: W = 4 epochs (of 10 steps) down to 0.25 ** 5 (about 0.1 %), sampled at whole epochs
+    assert [density_at(10 * e, density=0.25 ** 5, warmup_steps=40) for e in range(5)] == \
         pytest.approx([0.25, 0.0625, 0.015625, 0.00390625, 0.25 ** 5], rel=1e-12)
     # continuous per step in between, and the target after the warm-up
-    assert density_at(0.5, density=0.01, warmup_epochs=1) == pytest.approx((0.25 * 0.01) ** 0.5)
-    assert density_at(7.9, density=0.01, warmup_epochs=1) == 0.01
-    assert density_at(3.0, density=0.01) == 0.01  # no warm-up
-    assert density_at(0.0, density=0.5, warmup_epochs=2) == 0.5  # never below... nor above the target
-    assert [density_at(e + 0.5, density=0.01, schedule=[0.25, 0.05]) for e in range(3)] == [0.25, 0.05, 0.01]
+    assert density_at(5, density=0.01, warmup_steps=10) == pytest.approx((0.25 * 0.01) ** 0.5)
+    assert density_at(79, density=0.01, warmup_steps=10) == 0.01
+    assert density_at(30, density=0.01) == 0.01  # no warm-up
+    assert density_at(0, density=0.5, warmup_steps=20) == 0.5  # never below... nor above the target
+    assert [density_at(10 * e + 5, density=0.01, schedule=[0.25, 0.05], steps_per_epoch=10)
+            for e in range(3)] == [0.25, 0.05, 0.01]
+
+
+def test_warmups_are_steps_a_share_of_the_run_with_a_floor_or_what_the_user_gave():
+    """NOTE [warm-ups in steps]: given steps, else given epochs x steps per epoch, else
+    max(share x run, floor) at most the run; steps longer than the run name the field."""
+    from trainer.schedules import DENSITY_WARMUP_CYCLES, DENSITY_WARMUP_SHARE as share, phase_warmups, warmup_steps
+
+    floor = round(DENSITY_WARMUP_CYCLES / 0.01)  # 150 steps at density 0.01
+
+    rule = dict(epochs=None, steps=None, share=share, min_steps=floor)
+    assert warmup_steps("w", steps_per_epoch=390, run_steps=8 * 390, **rule) == max(round(share * 3120), floor)
+    assert warmup_steps("w", steps_per_epoch=5000, run_steps=13 * 5000, **rule) == round(share * 65000)
+    assert warmup_steps("w", steps_per_epoch=11, run_steps=floor // 2, **rule) == floor // 2  # short: the whole run
+    assert warmup_steps("w", epochs=1.5, steps=None, steps_per_epoch=10, run_steps=80, share=share,
+                        min_steps=floor) == 15
+    assert warmup_steps("w", epochs=None, steps=0, steps_per_epoch=10, run_steps=80, share=share, min_steps=floor) == 0
+    cifar = load_recipe("cifar10")  # density 0.01: an eighth of 8 x 390 steps; the floor, 150, on 8 x 39
+    assert phase_warmups(cifar, 0, 390) == (390, 1.0) and phase_warmups(cifar, 0, 39) == (150, 1.0)
+    assert phase_warmups(override(cifar, density=0.001), 0, 39)[0] == 312  # at most the phase
+    with pytest.raises(ValueError, match=r"phases\[0\]\.density_warmup_steps 81 is longer than the run it warms up \(80 steps\)"):
+        warmup_steps("phases[0].density_warmup", epochs=None, steps=81, steps_per_epoch=10, run_steps=80)
+
+
+def test_a_warmup_set_in_steps_replaces_the_recipes_epochs_and_the_other_way_round():
+    r = override(load_recipe("cifar10"), sets=["phases.0.density_warmup_steps=200", "schedule.warmup_steps=50"])
+    assert (r.phases[0].density_warmup_steps, r.phases[0].density_warmup_epochs) == (200, None)
+    assert (r.schedule.warmup_steps, r.schedule.warmup_epochs) == (50, None)
+    r = override(r, sets=["phases.0.density_warmup_epochs=0.5"])
+    assert (r.phases[0].density_warmup_steps, r.phases[0].density_warmup_epochs) == (None, 0.5)
+    assert from_dict(r.to_dict(), r.name) == r
 
 
 def test_dgc_fields_can_be_set_from_the_command_line():
     r = override(load_recipe("demo"), sets=["phases.0.momentum_correction=false", "phases.0.density_warmup_epochs=1.5",
                                             "optim.clip_norm=5", "phases.0.local_clipping=false",
-                                            "phases.0.momentum_masking=false", "phases.0.dense_vectors=false"])
+                                            "phases.0.momentum_masking=true", "phases.0.dense_vectors=false"])
     p = r.phases[0]
-    assert (p.momentum_correction, p.momentum_masking, p.local_clipping, p.density_warmup_epochs) == (False, False, False, 1.5)
+    assert (p.momentum_correction, p.momentum_masking, p.local_clipping, p.density_warmup_epochs) == (False, True, False, 1.5)
     assert not p.dense_vectors and load_recipe("demo").phases[0].dense_vectors
     assert r.optim.clip_norm == 5.0
     r = override(load_recipe("demo"), sets=["phases.0.density_warmup_epochs=0", "phases.0.density_schedule=[0.25, 0.05]"])

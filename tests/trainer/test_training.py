@@ -115,11 +115,11 @@ def _check_identical(tmp_path):
     keys = ("epoch", "train_loss", "val_top1", "val_top5", "val_loss", "steps", "density", "inter_node_bytes",
             "residual_norm")
     assert [{k: json.loads(r)[k] for k in keys} for r in rows_a] == [{k: json.loads(r)[k] for k in keys} for r in rows_b]
-    # the density of each of the 6 steps per epoch is the recipe's warm-up (1.5 epochs from 25 % to 5 %)
+    # the density of each of the 6 steps per epoch is the recipe's warm-up (1.5 epochs = 9 steps from 25 % to 5 %)
     from trainer.schedules import density_at
 
     for row in map(json.loads, rows_a):
-        steps = [density_at(row["epoch"] + i / 6, density=0.05, warmup_epochs=1.5) for i in range(6)]
+        steps = [density_at(row["epoch"] * 6 + i, density=0.05, warmup_steps=9) for i in range(6)]
         assert row["density"] == sum(steps) / 6 and row["residual_norm"] > 0
 
 

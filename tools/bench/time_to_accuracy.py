@@ -133,10 +133,12 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
             run minus 1 point.
 
     Returns:
-        Rows with ``comm``, ``locality``, ``pipeline``, ``final_top1``, ``best_top1``, ``target_top1``,
+        Rows with ``comm``, ``ran`` (the last epoch's exchange: what ``auto`` chose), ``locality``,
+        ``pipeline``, ``final_top1``, ``best_top1``, ``target_top1``,
         ``seconds_to_target`` (None if never reached), ``seconds``, ``epochs``, ``steps``,
         ``step_s``, ``inter_node_bytes_per_step``, ``job_s``, the breakdown columns
-        (``*_ms``) and ``speedup_to_target_vs_dense`` when both reached the target.
+        (``*_ms``), ``val_s`` (seconds per validation) and ``speedup_to_target_vs_dense`` when both
+        reached the target.
 
     Raises:
         ValueError: no target given and no ``dense`` run, or a run without epochs.
@@ -156,12 +158,13 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
         comm, locality, pipeline = kinds[name]
         seconds = sum(float(r["seconds"]) for r in metrics)
         steps = int(metrics[-1]["steps"])
-        rows.append({"comm": comm, "locality": locality, "pipeline": pipeline,
+        rows.append({"comm": comm, "ran": metrics[-1].get("comm", comm), "locality": locality, "pipeline": pipeline,
                      "final_top1": float(metrics[-1]["val_top1"]),
                      "best_top1": max(float(r["val_top1"]) for r in metrics), "target_top1": target_top1,
                      "seconds_to_target": time_to_target(metrics, target_top1), "seconds": seconds,
                      "epochs": len(metrics), "steps": steps, "step_s": seconds / max(steps, 1),
                      "inter_node_bytes_per_step": run["inter_node_bytes"] / max(steps, 1), "job_s": run["job_s"],
+                     "val_s": sum(float(r.get("val_seconds", 0.0)) for r in metrics) / len(metrics),
                      **breakdown(metrics)})
     base = rows[list(runs).index(dense)]["seconds_to_target"] if dense is not None else None
     for r in rows:

@@ -28,6 +28,19 @@ it is under a twentieth, as on a real cluster where every rank has its own cores
 node-local sampling: a 96 px sample is 27 KB, and with global sampling half of every
 batch would cross the 4 Mbit/s link, so the run would measure sample reads, not the
 exchange (``--locality global`` still runs it).
+
+NOTE [emulate on real photos]: with ``--data ROOT`` photos smaller than 96 px train at
+their own size (CIFAR-10's 32 px: upscaling them to 96 is 9x the work for no new detail),
+at the default batch of 32 per process, for at most 8 epochs and at most ``STEP_BUDGET``
+steps. Not a larger batch to keep the 96 px default's compute per step: at a fixed
+density error feedback delays an entry by about ``1 / rho`` steps whatever the batch, so
+a larger batch is staler in samples; with 4x and 9x the batch (learning rate scaled
+linearly) ``hitopk`` ended 2.6 and 2.4 points below dense on CIFAR-10 in 8 epochs, where
+batch 32 ends level (docs/BENCHMARKS.md, issue 30). The step budget: a dense exchange
+costs about a second per step at 4 Mbit/s whatever the batch, so steps set the dense
+run's wall time; CIFAR-10's 390 steps an epoch give 3 epochs, about 20 minutes of dense
+and 27 for ``--comm dense,hitopk,gtopk,powersgd,auto``. Flags override each setting; the
+resolved ones are printed.
 """
 from __future__ import annotations
 
@@ -44,13 +57,14 @@ from tools.bench.time_to_accuracy import build_rows, burst_bytes, check_target, 
 
 __all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 
+STEP_BUDGET = 1200  # NOTE [emulate on real photos]: training steps at most, with --data
 # NOTE [emulate defaults]
 DEFAULTS = {"mbit": 4.0, "recipe": "demo", "size": 96, "cache_size": 96, "batch_size": 32, "epochs": 8,
             "per_class": 400, "val_per_class": 50, "comm": "dense,hitopk", "locality": "node"}
-COLUMNS = ["comm", "locality", "pipeline", "final_top1", "target_top1", "seconds_to_target",
+COLUMNS = ["comm", "ran", "locality", "pipeline", "final_top1", "target_top1", "seconds_to_target",
            "speedup_to_target_vs_dense", "seconds",
            "step_s", "compute_ms", "selection_ms", "exchange_ms", "waiting_ms", "data_ms", "update_ms",
-           "inter_node_bytes_per_step"]
+           "inter_node_bytes_per_step", "val_s"]
 
 
 def configure(group: argparse._ArgumentGroup) -> None:
@@ -118,13 +132,13 @@ def run_kinds(comms: list[str], locality: str, pipeline: str = "off") -> dict[st
 
 def _train_argv(args, comm: str, locality: str, pipeline: bool, data: Path, run_dir: Path, cache_dir: Path,
                 urls: list[str]) -> list[str]:
+    run = args.resolved
     argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", _recipe(args),
             "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
-            "--comm", comm, "--locality", locality, "--epochs", str(args.epochs or DEFAULTS["epochs"]),
-            "--size", str(args.size or DEFAULTS["size"]),
-            "--batch-size", str(args.batch_size or DEFAULTS["batch_size"]),
-            "--density", str(args.density), "--powersgd-rank", str(args.powersgd_rank),
-            "--set", f"train.cache_size={_cache_size(args)}", "--set", f"train.eval_size={args.size or DEFAULTS['size']}"]
+            "--comm", comm, "--locality", locality, "--epochs", str(run["epochs"]), "--size", str(run["size"]),
+            "--batch-size", str(run["batch_size"]), "--density", str(args.density),
+            "--powersgd-rank", str(args.powersgd_rank),
+            "--set", f"train.cache_size={run['cache_size']}", "--set", f"train.eval_size={run['size']}"]
     if args.model:
         argv += ["--model", args.model]
     if pipeline:
@@ -140,8 +154,40 @@ def _recipe(args) -> str:
     return args.recipe or DEFAULTS["recipe"]
 
 
-def _cache_size(args) -> int:
-    return args.cache_size or DEFAULTS["cache_size"]
+def _native_size(data: str) -> int:
+    """Shorter side of the first training photo of ``data`` (ImageFolder layout).
+
+    Raises:
+        ValueError: naming ``--data`` when it holds no readable photo under train/.
+    """
+    from PIL import Image
+
+    root = Path(data) / "train"
+    first = next((f for d in sorted(root.iterdir()) if d.is_dir() for f in sorted(d.iterdir()) if f.is_file()), None) \
+        if root.is_dir() else None
+    try:
+        if first is None:
+            raise OSError("none found")
+        with Image.open(first) as image:
+            return min(image.size)
+    except OSError as exc:
+        raise ValueError(f"--data {data}: no readable photo under train/<class>/ ({exc})") from None
+
+
+def settings(args, world: int) -> dict:
+    """Image size, cached size, batch per process and epochs of every run: the flags, else
+    NOTE [emulate defaults]; with ``--data`` at the photos' own size when smaller and within
+    ``STEP_BUDGET`` steps of ``world`` processes (NOTE [emulate on real photos])."""
+    size = args.size or (min(DEFAULTS["size"], _native_size(args.data)) if args.data else DEFAULTS["size"])
+    batch = args.batch_size or DEFAULTS["batch_size"]
+    epochs = args.epochs or DEFAULTS["epochs"]
+    if args.data and not args.epochs:
+        from trainer.data.layout import count_images
+
+        per_epoch = max(count_images(args.data, "train") // world // batch, 1)
+        epochs = min(epochs, max(1, STEP_BUDGET // per_epoch))
+    return {"size": size, "cache_size": args.cache_size or (size if args.data else DEFAULTS["cache_size"]),
+            "batch_size": batch, "epochs": epochs}
 
 
 def _prepare_data(args, out: Path) -> Path:
@@ -150,12 +196,13 @@ def _prepare_data(args, out: Path) -> Path:
     32 px default of before, say) is never trained on in their place."""
     if args.data:
         return Path(args.data).absolute()
-    data = out / "data" / f"{_cache_size(args)}px-{args.per_class}"
+    cache_size = args.resolved["cache_size"]
+    data = out / "data" / f"{cache_size}px-{args.per_class}"
     if not (data / "val").is_dir():
         from tools.demo_dataset import make_dataset
 
         make_dataset(data, classes=10, per_class=args.per_class, val_per_class=DEFAULTS["val_per_class"],
-                     size=_cache_size(args), seed=0)
+                     size=cache_size, seed=0)
     return data
 
 
@@ -203,6 +250,9 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, bur
     if reason:
         raise ValueError(f"--emulate needs network namespaces: {reason}")
     data = _prepare_data(args, out)
+    run = args.resolved
+    print(f"bench train: {run['size']} px from a {run['cache_size']} px cache, batch {run['batch_size']} per process, "
+          f"{run['epochs']} epochs, data {data}", file=sys.stderr)
     with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}", burst_bytes=burst) as cluster:
         servers = []
         try:
@@ -210,7 +260,7 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, bur
                 servers.append(NodeRedis(cluster, node, out / f"redis/node{node}", maxmemory="1gb"))
             urls = [s.url for s in servers]
             start = time.perf_counter()
-            _warm(cluster, emu, data, out, urls, _cache_size(args))
+            _warm(cluster, emu, data, out, urls, args.resolved["cache_size"])
             print(f"bench train: warmed {emu.nodes} node(s) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
             for name, kind in runs.items():
                 print(f"bench train: training {name} ...", file=sys.stderr)
@@ -241,6 +291,7 @@ def main(args: argparse.Namespace) -> int:
             if value < 1:
                 raise ValueError(f"{flag} must be >= 1; got {value}")
         check_target(runs.values(), args.target_top1)  # before minutes of training, not after
+        args.resolved = settings(args, emu.nodes * emu.local_size)
         burst = burst_bytes(args.burst)
         out = Path(args.out).absolute()  # handed to redis-server, warm-ups and ranks: from any directory
         out.mkdir(parents=True, exist_ok=True)
@@ -254,10 +305,10 @@ def main(args: argparse.Namespace) -> int:
     target = rows[0]["target_top1"]
     link = f"{emu.mbit:g} Mbit/s" + (f" (tbf burst {args.burst} KiB)" if args.burst else "")
     title = (f"{emu.nodes}x{emu.local_size} @ {link}, {_recipe(args)} recipe, "
-             f"{args.size or DEFAULTS['size']} px")
+             f"{args.resolved['size']} px from a {args.resolved['cache_size']} px cache, {args.resolved['epochs']} epochs")
     plot = plot_top1_vs_time({name: r["metrics"] for name, r in done.items()}, target, args.plot or out / "top1_vs_time.png",
                              title)
-    print(f"\n{machine_description()}; {title}, batch {args.batch_size or DEFAULTS['batch_size']}/process, "
+    print(f"\n{machine_description()}; {title}, batch {args.resolved['batch_size']}/process, "
           f"density {args.density} (sparse), powersgd rank {args.powersgd_rank}; one Redis per node")
     print(format_table(rows, COLUMNS))
     print(f"plot: {plot}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["IMAGE_SUFFIXES", "check_data_root", "class_folders"]
+__all__ = ["IMAGE_SUFFIXES", "check_data_root", "class_folders", "count_images"]
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
 
@@ -12,6 +12,13 @@ def class_folders(root: str | Path, split: str) -> list[str]:
     """Sorted class folder names under ``root/split`` (none when it is missing)."""
     folder = Path(root) / split
     return sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+
+
+def count_images(root: str | Path, split: str) -> int:
+    """Image files under ``root/split/<class>/`` (one directory listing per class)."""
+    folder = Path(root) / split
+    return sum(1 for c in class_folders(root, split) for f in (folder / c).iterdir()
+               if f.suffix.lower() in IMAGE_SUFFIXES)
 
 
 def check_data_root(root: str | Path) -> int:

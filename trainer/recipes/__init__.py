@@ -11,11 +11,15 @@ from pathlib import Path
 
 import yaml
 
-from trainer.config import Recipe, from_dict
+from trainer.config import Recipe
+from trainer.recipes.parse import from_dict
 
-__all__ = ["RECIPE_DIR", "available", "load_recipe", "override", "recipe_from_dict"]
+__all__ = ["RECIPE_DIR", "available", "from_dict", "load_recipe", "override", "recipe_from_dict"]
 
 RECIPE_DIR = Path(__file__).resolve().parent
+# A warm-up is given in epochs or in steps (NOTE [warm-ups in steps] in trainer/schedules.py):
+# a --set of one form replaces the recipe's other form instead of clashing with it.
+_ONE_OF = ({"warmup_epochs", "warmup_steps"}, {"density_warmup_epochs", "density_warmup_steps"})
 
 
 def available() -> list[str]:
@@ -57,7 +61,8 @@ def override(recipe: Recipe, *, epochs: int | None = None, comm: str | None = No
     ``epochs``, ``comm``, ``density``, ``selector``, ``batch_size``, ``size`` and ``powersgd_rank`` apply to
     every phase (``epochs=N`` makes every phase N epochs long). Each ``sets`` entry is
     ``section.field=value`` (``optim.lr=0.2``) or ``phases.I.field=value``; the value is
-    parsed as YAML.
+    parsed as YAML. Setting a warm-up in steps drops the recipe's warm-up in epochs, and
+    the other way round.
 
     Raises:
         ValueError: for a malformed assignment, an unknown field or an impossible value.
@@ -82,6 +87,9 @@ def override(recipe: Recipe, *, epochs: int | None = None, comm: str | None = No
         if not isinstance(target, dict) or parts[-1] not in target:
             valid = sorted(target) if isinstance(target, dict) else []
             raise ValueError(f"--set {item!r}: unknown field {parts[-1]!r}; valid: {valid}")
+        for group in _ONE_OF:
+            if parts[-1] in group:
+                target.update(dict.fromkeys(group - {parts[-1]}))
         target[parts[-1]] = _parse_value(value)
     data["phases"] = [dict(p) for p in data["phases"]]
     return from_dict(_jsonable(data), recipe.name)
