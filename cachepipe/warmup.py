@@ -215,7 +215,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     """
     if workers < 1 or batch_size < 1:
         raise ValueError(f"workers and batch_size must be >= 1, got {workers=} {batch_size=}")
-    if num_nodes > 1 and cache.config.redis is None:
+    if num_nodes > 1 and cache.config.l2.is_embedded:
         raise ValueError("num_nodes > 1 needs a shared L2 (Redis URLs or a cluster): "
                          "the embedded server is private to one node, so the other nodes' "
                          "partitions would never reach it")

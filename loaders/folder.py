@@ -134,7 +134,7 @@ class CachedImageFolder(_base()):
         if isinstance(cache, CacheConfig):
             if cache.source != os.path.abspath(root):
                 raise ValueError(f"the cache config given is of {cache.source!r}, not {os.path.abspath(root)!r}")
-            cache = TwoLevelCache.from_config(cache, manifest)
+            cache = TwoLevelCache(cache, manifest=manifest)
         if cache is False:
             self.cache = None
             self.manifest = manifest

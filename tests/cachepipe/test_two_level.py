@@ -186,7 +186,7 @@ def test_usable_in_worker_processes(source, cache_dir, method):
 
 
 def test_bad_arguments(source, cache_dir):
-    with pytest.raises(ValueError, match="unknown Redis URL scheme.*redis://"):
+    with pytest.raises(ValueError, match="unknown L2 URL scheme.*registered schemes: redis://"):
         TwoLevelCache(source, cache_dir, ["http://x"])
     with pytest.raises(ValueError, match="replicas must be in 1..1"):
         TwoLevelCache(source, cache_dir, ["redis://a:1/0"], replicas=2)
