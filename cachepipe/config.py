@@ -6,10 +6,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cachepipe.l2_registry import check_replicas
-from cachepipe.l2_spec import L2Spec, resolve_l2
+from cachepipe.l2.registry import check_replicas
+from cachepipe.l2.spec import L2Spec, resolve_l2
 from cachepipe.netfs import check_cache_dir
-from cachepipe.source import DEFAULT_MAX_FILE_BYTES
+from cachepipe.source.reader import DEFAULT_MAX_FILE_BYTES
 
 __all__ = ["CacheConfig"]
 
@@ -21,7 +21,7 @@ class CacheConfig:
     Attributes:
         source: absolute ImageFolder root.
         cache_dir: absolute cache directory (manifests, L1, embedded Redis).
-        l2: where L2 lives, an :class:`~cachepipe.l2_spec.L2Spec`; given as ``None``
+        l2: where L2 lives, an :class:`~cachepipe.l2.spec.L2Spec`; given as ``None``
             (embedded servers), ``False`` (no L2), a URL or a list of URLs, it is resolved
             once here (NOTE [L2 resolved once]).
         cache_size: shorter side of cached samples in pixels.
@@ -33,7 +33,7 @@ class CacheConfig:
         follow_external_links: the scan follows links leaving the source root (NOTE
             [symlinks in the source]).
         max_file_bytes: the largest source file read for one sample; a larger one is a
-            bad sample (NOTE [bounded reads] in ``cachepipe/source.py``).
+            bad sample (NOTE [bounded reads] in ``cachepipe/source/reader.py``).
     """
 
     source: str

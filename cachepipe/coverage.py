@@ -22,13 +22,13 @@ import warnings
 import lmdb
 import numpy as np
 
-from cachepipe.corrupt_record import known_corrupt
 from cachepipe.decode import DECODER_TAG
-from cachepipe.embedded_group import EmbeddedGroup
 from cachepipe.errors import CacheWarning, L2UnavailableError
-from cachepipe.l1_guard import inspect_l1
-from cachepipe.l2_registry import open_store
-from cachepipe.l2_store import namespace
+from cachepipe.l1.corrupt_record import known_corrupt
+from cachepipe.l1.guard import inspect_l1
+from cachepipe.l2.registry import open_store
+from cachepipe.l2.store import namespace
+from cachepipe.server.embedded_group import EmbeddedGroup
 
 __all__ = ["coverage", "evicting_shards", "l2_used", "running_l2", "warm_coverage"]
 

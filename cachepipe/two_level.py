@@ -19,21 +19,21 @@ from pathlib import Path
 import numpy as np
 
 from cachepipe.config import CacheConfig
+from cachepipe.counters import STAT_KEYS
 from cachepipe.decode import decode_and_resize
-from cachepipe.embedded import EmbeddedRedis, parse_memory
-from cachepipe.embedded_group import EmbeddedGroup
 from cachepipe.errors import CorruptSampleError, SampleTooLargeError
-from cachepipe.l1_guard import open_l1
-from cachepipe.l1_mirror import L1Mirror
-from cachepipe.l2_codec import encode_sample
-from cachepipe.l2_level import L2Level
-from cachepipe.l2_registry import open_store
-from cachepipe.l2_spec import L2Spec, resolve_l2
-from cachepipe.l2_store import SampleStore, namespace
-from cachepipe.manifest import Manifest
+from cachepipe.l1.guard import open_l1
+from cachepipe.l1.mirror import L1Mirror
+from cachepipe.l1.raw_levels import RawLevels
+from cachepipe.l2.codec import encode_sample
+from cachepipe.l2.level import L2Level
+from cachepipe.l2.registry import open_store
+from cachepipe.l2.spec import L2Spec, resolve_l2
+from cachepipe.l2.store import SampleStore, namespace
 from cachepipe.private_files import private_dir
-from cachepipe.raw_levels import RawLevels
-from cachepipe.source import STAT_KEYS
+from cachepipe.server.embedded import EmbeddedRedis, parse_memory
+from cachepipe.server.embedded_group import EmbeddedGroup
+from cachepipe.source.manifest import Manifest
 
 __all__ = ["TwoLevelCache"]
 
@@ -61,14 +61,14 @@ class TwoLevelCache:
             running, else reused); a list of ``redis://``/``unix://`` URLs: client-side
             shards (rendezvous hashing of the index); ``"redis-cluster://host:port"``: a
             Redis Cluster; a URL of another registered scheme (NOTE [L2 store registry]);
-            ``False``: no L2; or an :class:`~cachepipe.l2_spec.L2Spec`.
+            ``False``: no L2; or an :class:`~cachepipe.l2.spec.L2Spec`.
         cache_size: shorter side of cached samples (see NOTE [resize policy]; default 256).
         prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:<index>``.
         replicas: copies of each L2 value on distinct shards.
         l2_memory: embedded server's maxmemory (``"4gb"``, ``"25%"``, bytes); ``None`` keeps
             a running server's setting and starts a new one at 25 % of RAM.
         l2_servers: embedded servers, reads spread over them by key (``None``: one per 8
-            cores; NOTE [a node's L2] in ``cachepipe.embedded_group``); ``l2_memory`` is their total.
+            cores; NOTE [a node's L2] in ``cachepipe.server.embedded_group``); ``l2_memory`` is their total.
         timeout: Redis socket timeout in seconds.
         use_l1: keep the L1 mirror.
         l1_map_size: LMDB map size in bytes (default: 2x the source bytes + 64 MiB).
@@ -296,7 +296,7 @@ class TwoLevelCache:
         return out
 
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
-        """Raw bytes via L1, else the source (see :class:`~cachepipe.raw_levels.RawLevels`)."""
+        """Raw bytes via L1, else the source (see :class:`~cachepipe.l1.raw_levels.RawLevels`)."""
         self._open()
         return self._raw.read(need, strict_l1=strict_l1)
 

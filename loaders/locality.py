@@ -194,7 +194,7 @@ def node_locality(folder, *, locality: str, exchange_fraction: float, local_size
         LocalityError: the cache cannot tell where samples are (no L2, the embedded server,
             a URL count other than the node count, a cluster primary on no listed node).
     """
-    from cachepipe.placement import LocalityError
+    from cachepipe.l2.placement import LocalityError
 
     check_locality(locality, exchange_fraction)
     if locality == "global":

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 
 from cachepipe.config import CacheConfig
-from cachepipe.embedded import parse_memory
-from cachepipe.l2_spec import L2Spec, resolve_l2
+from cachepipe.l2.spec import L2Spec, resolve_l2
+from cachepipe.server.embedded import parse_memory
 from cachepipe.two_level import TwoLevelCache
 
 __all__ = ["DEFAULT_CACHE_DIR", "add_cache_arguments", "cache_config", "cache_from_args", "cache_sizes_from_args",

@@ -22,7 +22,7 @@ def prepare_cache(cache) -> None:
     root) describes, for both splits.
 
     With an embedded ``cache.l2`` the embedded Redis server is started in the cache dir (it keeps
-    running for the training processes; NOTE [embedded server] in ``cachepipe.embedded``).
+    running for the training processes; NOTE [embedded server] in ``cachepipe.server.embedded``).
     """
     from cachepipe import TwoLevelCache
     from cachepipe.warmup import warmup
@@ -38,7 +38,7 @@ def prepare_cache(cache) -> None:
 
 def stop_embedded(cache_dir: str | Path) -> None:
     """Stop the embedded Redis server the demo started in ``cache_dir``."""
-    from cachepipe.embedded_group import EmbeddedGroup
+    from cachepipe.server.embedded_group import EmbeddedGroup
 
     EmbeddedGroup.found(cache_dir).stop()
 

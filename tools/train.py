@@ -265,7 +265,7 @@ def resume_command(args, out: str) -> str:
     then the line says so."""
     import shlex
 
-    from cachepipe.redis_url import redact
+    from cachepipe.l2.redis_url import redact
 
     argv, skip, masked = [], False, False
     for word in getattr(args, "command_line", None) or ["cachepipe", "train", "--data", str(args.data)]:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from cachepipe import CacheConfig, CacheWarning, TwoLevelCache
-from cachepipe.l2_spec import L2Spec
-from cachepipe.embedded_group import EmbeddedGroup, default_l2_servers
+from cachepipe.l2.spec import L2Spec
+from cachepipe.server.embedded_group import EmbeddedGroup, default_l2_servers
 
 SIZE = 40
 

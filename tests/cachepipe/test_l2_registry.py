@@ -13,8 +13,8 @@ import pytest
 
 from cachepipe import CacheConfig, TwoLevelCache
 from cachepipe.coverage import coverage
-from cachepipe.l2_registry import register_store, registered_schemes
-from cachepipe.l2_spec import L2Spec, resolve_l2
+from cachepipe.l2.registry import register_store, registered_schemes
+from cachepipe.l2.spec import L2Spec, resolve_l2
 
 SIZE = 32
 _SPACES: dict[str, dict[str, bytes]] = {}  # URL -> its keys: what a server would hold

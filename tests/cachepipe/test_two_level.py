@@ -10,7 +10,7 @@ import pytest
 
 from cachepipe import CacheWarning, CorruptSampleError, TwoLevelCache
 from cachepipe.decode import DECODER_TAG
-from cachepipe.l2_codec import encode_sample
+from cachepipe.l2.codec import encode_sample
 from tests.cachepipe.conftest import reference_pixels, truncate
 
 SIZE = 40

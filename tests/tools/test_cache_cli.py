@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from cachepipe.embedded import EmbeddedRedis
+from cachepipe.server.embedded import EmbeddedRedis
 from tools.cli import main
 
 

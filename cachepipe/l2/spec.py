@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cachepipe.embedded import parse_memory
-from cachepipe.embedded_group import default_l2_servers
-from cachepipe.l2_registry import store_kind
-from cachepipe.redis_url import canonical, redact
+from cachepipe.l2.redis_url import canonical, redact
+from cachepipe.l2.registry import store_kind
+from cachepipe.server.embedded import parse_memory
+from cachepipe.server.embedded_group import default_l2_servers
 
 __all__ = ["EMBEDDED", "NONE", "L2Spec", "resolve_l2"]
 

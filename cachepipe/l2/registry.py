@@ -4,10 +4,10 @@ NOTE [L2 store registry]
 A store is registered once under each URL scheme it serves, with the *kind* ``cachepipe
 stats`` reports for it and whether cachepipe's ``replicas`` applies to it (a Redis Cluster
 replicates by itself). A new L2 backend is one new file (a class with the
-:class:`~cachepipe.l2_store.SampleStore` methods and the constructor of :data:`StoreFactory`)
+:class:`~cachepipe.l2.store.SampleStore` methods and the constructor of :data:`StoreFactory`)
 plus one :func:`register_store` call, here for a built-in one or anywhere before the cache
 opens for another (litdata's ``register_downloader(prefix, cls)``). The implementations
-import the protocol module (``cachepipe/l2_store.py``) and this one imports them, so there
+import the protocol module (``cachepipe/l2/store.py``) and this one imports them, so there
 is no import cycle between them.
 """
 from __future__ import annotations
@@ -16,17 +16,17 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cachepipe.l2_cluster import ClusterStore
-from cachepipe.l2_shards import ShardedRedisStore
-from cachepipe.l2_store import SampleStore
-from cachepipe.redis_url import redact
+from cachepipe.l2.cluster import ClusterStore
+from cachepipe.l2.redis_url import redact
+from cachepipe.l2.shards import ShardedRedisStore
+from cachepipe.l2.store import SampleStore
 
 __all__ = ["StoreFactory", "check_replicas", "open_store", "register_store", "registered_schemes", "store_kind"]
 
 # factory(urls, *, namespace, counters, replicas, timeout) -> a store serving ``urls``
 StoreFactory = Callable[..., SampleStore]
 
-RESERVED_KINDS = ("embedded", "none")  # the L2 kinds that are no store (cachepipe.l2_spec)
+RESERVED_KINDS = ("embedded", "none")  # the L2 kinds that are no store (cachepipe.l2.spec)
 
 
 @dataclass(frozen=True)
