@@ -21,12 +21,12 @@ from cachepipe.l2.redis_url import redact
 from cachepipe.l2.shards import ShardedRedisStore
 from cachepipe.l2.store import SampleStore
 
-__all__ = ["StoreFactory", "check_replicas", "open_store", "register_store", "registered_schemes", "store_kind"]
+__all__ = ["EMBEDDED", "NONE", "StoreFactory", "check_replicas", "open_store", "register_store", "registered_schemes", "store_kind"]
 
 # factory(urls, *, namespace, counters, replicas, timeout) -> a store serving ``urls``
 StoreFactory = Callable[..., SampleStore]
 
-RESERVED_KINDS = ("embedded", "none")  # the L2 kinds that are no store (cachepipe.l2.spec)
+EMBEDDED, NONE = "embedded", "none"  # the L2 kinds that are no registered store (cachepipe.l2.spec)
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ def register_store(scheme: str, factory: StoreFactory, *, kind: str, replicas: b
     """
     if not scheme or "://" in scheme or not scheme.replace("-", "").replace("+", "").replace(".", "").isalnum():
         raise ValueError(f"an L2 store scheme is a URL scheme such as 'redis', got {scheme!r}")
-    if kind in RESERVED_KINDS or not kind:
-        raise ValueError(f"an L2 store kind must be non-empty and not one of {', '.join(RESERVED_KINDS)}; "
+    if kind in (EMBEDDED, NONE) or not kind:
+        raise ValueError(f"an L2 store kind must be non-empty and not {EMBEDDED!r} or {NONE!r}; "
                          f"got {kind!r}")
     entry = _Entry(factory, kind, replicas)
     if _STORES.get(scheme, entry) != entry:

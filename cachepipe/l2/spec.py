@@ -15,14 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cachepipe.l2.redis_url import canonical, redact
-from cachepipe.l2.registry import store_kind
+from cachepipe.l2.registry import EMBEDDED, NONE, store_kind
 from cachepipe.server.embedded import parse_memory
 from cachepipe.server.embedded_group import default_l2_servers
 
 __all__ = ["EMBEDDED", "NONE", "L2Spec", "resolve_l2"]
-
-EMBEDDED = "embedded"
-NONE = "none"
 
 
 @dataclass(frozen=True)
