@@ -9,8 +9,19 @@ from __future__ import annotations
 
 __all__ = ["STAT_KEYS"]
 
-STAT_KEYS = ("requests", "l2_hits", "l2_misses", "l2_bytes", "l2_writes", "l2_corrupt",
-             "l2_errors", "l2_skipped", "l2_fallbacks", "l2_oom", "l2_write_errors", "l2_restarts",
-             "l1_hits", "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors", "l1_errors",
-             "l1_quarantined", "source_reads",
-             "source_bytes", "source_errors", "source_changed", "corrupt")
+STAT_KEYS = (
+    "requests",                                               # samples asked for
+    "l2_hits", "l2_misses", "l2_bytes", "l2_writes",
+    "l2_corrupt",                                             # values failing their checks (rewritten)
+    "l2_errors",                                              # failed reads of a shard
+    "l2_skipped",                                             # reads not sent to a shard in backoff
+    "l2_fallbacks",                                           # served by a replica
+    "l2_oom", "l2_write_errors",                              # writes refused for maxmemory / failed
+    "l2_restarts",                                            # embedded server restarted after it died
+    "l1_hits", "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors",
+    "l1_errors",                                              # L1 bypassed: cannot be opened or read
+    "l1_quarantined",                                         # a broken L1 moved aside (NOTE [L1 guard])
+    "source_reads", "source_bytes", "source_errors",
+    "source_changed",                                         # files unlike the manifest (NOTE [changed files])
+    "corrupt",                                                # undecodable samples
+)

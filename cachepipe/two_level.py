@@ -302,18 +302,8 @@ class TwoLevelCache:
 
     # -- bookkeeping ---------------------------------------------------------------------
     def stats(self) -> dict:
-        """This process's counters.
-
-        Keys: ``requests``, ``l2_hits``, ``l2_misses``, ``l2_bytes``, ``l2_writes``,
-        ``l2_corrupt``, ``l2_errors``, ``l2_skipped`` (reads not sent to a shard in
-        backoff), ``l2_fallbacks`` (served by a replica), ``l2_oom``, ``l2_write_errors``,
-        ``l2_restarts`` (embedded server restarted after it died),
-        ``l1_hits``, ``l1_misses``, ``l1_writes``, ``l1_corrupt``, ``l1_write_errors``,
-        ``l1_errors`` (L1 bypassed: cannot be opened or read), ``l1_quarantined`` (a broken
-        L1 moved aside, NOTE [L1 guard]),
-        ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
-        ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.
-        """
+        """This process's counters: every name of ``STAT_KEYS`` (``cachepipe/counters.py``,
+        each explained there), plus ``l2_hit_rate`` and ``pid``."""
         out = {k: int(self.counters.get(k, 0)) for k in STAT_KEYS}
         looked = out["l2_hits"] + out["l2_misses"]
         out["l2_hit_rate"] = out["l2_hits"] / looked if looked else 0.0
