@@ -10,9 +10,9 @@ Example:
 """
 from cachepipe.config import CacheConfig
 from cachepipe.decode import decode_and_resize
-from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CacheWarning, CorruptSampleError, EmptyFolderError, L1FullError, L2UnavailableError
-from cachepipe.manifest import IMG_EXTENSIONS, Manifest
+from cachepipe.server.embedded import EmbeddedRedis
+from cachepipe.source.manifest import IMG_EXTENSIONS, Manifest
 from cachepipe.two_level import TwoLevelCache
 
 __all__ = [

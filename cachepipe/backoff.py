@@ -18,7 +18,7 @@ __all__ = ["ShardHealth", "retry_delays"]
 
 def retry_delays(base: float = 0.05, cap: float = 1.0):
     """Seconds to wait before retry 1, 2, ... (equal jitter, exponential, capped), for
-    reads that may succeed a moment later (NOTE [stable reads] in ``source.py``)."""
+    reads that may succeed a moment later (NOTE [stable reads] in ``source/reader.py``)."""
     backoff = EqualJitterBackoff(cap=cap, base=base)
     failures = 0
     while True:

@@ -17,8 +17,8 @@ import numpy as np
 from PIL import Image
 
 from cachepipe.decode import resized_shape
-from cachepipe.l2_codec import encoded_size
-from cachepipe.source import open_regular
+from cachepipe.l2.codec import encoded_size
+from cachepipe.source.reader import open_regular
 
 __all__ = ["estimate_sample_bytes", "l2_fitting", "l2_shortfalls", "check_l1_space"]
 

@@ -22,13 +22,13 @@ import warnings
 import lmdb
 import numpy as np
 
-from cachepipe.corrupt_record import known_corrupt
 from cachepipe.decode import DECODER_TAG
-from cachepipe.embedded_group import EmbeddedGroup
 from cachepipe.errors import CacheWarning, L2UnavailableError
-from cachepipe.l1_guard import inspect_l1
-from cachepipe.l2_registry import open_store
-from cachepipe.l2_store import namespace
+from cachepipe.l1.corrupt_record import known_corrupt
+from cachepipe.l1.guard import inspect_l1
+from cachepipe.l2.registry import open_store
+from cachepipe.l2.store import namespace
+from cachepipe.server.embedded_group import EmbeddedGroup
 
 __all__ = ["coverage", "evicting_shards", "l2_used", "running_l2", "warm_coverage"]
 
@@ -74,11 +74,9 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
                 mirror.close()
     l1["percent"] = 100.0 * l1["entries"] / n if n else 0.0
     out["l1"] = l1
-    l2 = {"kind": "none", "shards": [], "error": "", "sizes": []}
-    if cfg.redis is not False:
+    l2 = {"kind": cfg.l2.kind, "shards": [], "error": "", "sizes": []}
+    if cfg.l2.enabled:
         urls, l2["error"] = running_l2(cfg)
-        l2["kind"] = "embedded" if cfg.redis is None else ("cluster" if urls[0].startswith(
-            "redis-cluster://") else "shards")
         if urls:
             store = open_store(urls, cache.namespace, Counter(), replicas=cfg.replicas,
                                timeout=cfg.timeout)
@@ -103,8 +101,8 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
 def running_l2(cfg) -> tuple[list[str], str]:
     """The L2 URLs of a :class:`~cachepipe.CacheConfig` without starting anything, and why
     there are none: the embedded server only when it runs (its keys die with it)."""
-    if cfg.redis is not None:
-        return list(cfg.redis or []), ""
+    if not cfg.l2.is_embedded:
+        return list(cfg.l2.urls), ""
     servers = EmbeddedGroup.found(cfg.cache_dir).servers
     down = [s for s in servers if not s.ping()]
     if not down:

@@ -1,8 +1,10 @@
 """Exceptions and warnings raised by cachepipe."""
 from __future__ import annotations
 
+import warnings
+
 __all__ = ["CacheWarning", "CorruptSampleError", "EmptyFolderError", "L1FullError", "L2PermissionError",
-           "L2UnavailableError", "SampleTooLargeError"]
+           "L2UnavailableError", "SampleTooLargeError", "warn_once"]
 
 
 class CacheWarning(RuntimeWarning):
@@ -11,6 +13,14 @@ class CacheWarning(RuntimeWarning):
     The read still returned the right sample (from another level or the source); the
     event is also counted in :meth:`cachepipe.TwoLevelCache.stats`.
     """
+
+
+def warn_once(seen: set, key: str, message: str) -> None:
+    """Emit a :class:`CacheWarning` the first time ``key`` is in ``seen`` (one set per
+    store or level and process, so a dead shard warns once, not once per read)."""
+    if key not in seen:
+        seen.add(key)
+        warnings.warn(message, CacheWarning, stacklevel=3)
 
 
 class CorruptSampleError(ValueError):
@@ -69,7 +79,7 @@ class L2PermissionError(L2UnavailableError):
 
 class SampleTooLargeError(OSError):
     """A source file is larger than one sample may be (NOTE [bounded reads] in
-    ``cachepipe/source.py``); it was not read.
+    ``cachepipe/source/reader.py``); it was not read.
 
     Attributes:
         size: the file's size in bytes.

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 from cachepipe.coverage import running_l2
-from cachepipe.l2_registry import open_store
+from cachepipe.l2.registry import open_store
 
 __all__ = ["drop", "stale_fingerprints", "stale_l2_keys"]
 

@@ -19,21 +19,21 @@ from pathlib import Path
 import numpy as np
 
 from cachepipe.config import CacheConfig
+from cachepipe.counters import STAT_KEYS
 from cachepipe.decode import decode_and_resize
-from cachepipe.embedded import EmbeddedRedis, parse_memory
-from cachepipe.embedded_group import EmbeddedGroup
 from cachepipe.errors import CorruptSampleError, SampleTooLargeError
-from cachepipe.l1_guard import open_l1
-from cachepipe.l1_mirror import L1Mirror
-from cachepipe.l2_codec import encode_sample
-from cachepipe.l2_level import L2Level
-from cachepipe.l2_registry import open_store
-from cachepipe.l2_store import SampleStore, namespace
-from cachepipe.manifest import Manifest
+from cachepipe.l1.guard import open_l1
+from cachepipe.l1.mirror import L1Mirror
+from cachepipe.l1.raw_levels import RawLevels
+from cachepipe.l2.codec import encode_sample
+from cachepipe.l2.level import L2Level
+from cachepipe.l2.registry import open_store
+from cachepipe.l2.spec import L2Spec, resolve_l2
+from cachepipe.l2.store import SampleStore, namespace
 from cachepipe.private_files import private_dir
-from cachepipe.raw_levels import RawLevels
-from cachepipe.redis_url import redact_all
-from cachepipe.source import DEFAULT_MAX_FILE_BYTES, STAT_KEYS
+from cachepipe.server.embedded import EmbeddedRedis, parse_memory
+from cachepipe.server.embedded_group import EmbeddedGroup
+from cachepipe.source.manifest import Manifest
 
 __all__ = ["TwoLevelCache"]
 
@@ -51,89 +51,82 @@ class TwoLevelCache:
     wrong sample.
 
     Args:
-        source: ImageFolder root, or a :class:`~cachepipe.Manifest`.
+        config: the cache's settings (:class:`~cachepipe.CacheConfig`, resolved once, e.g.
+            from the command line); or, as a shorthand that builds it, the ImageFolder root
+            (a path or a :class:`~cachepipe.Manifest`) followed by the settings below.
         cache_dir: holds manifests, the L1 mirror ``<fingerprint>/l1`` and the embedded
-            Redis. Created if missing.
-        redis: ``None`` (default): the embedded server of ``cache_dir`` (started if not
+            Redis. Created if missing. (Shorthand only, as every setting up to
+            ``max_file_bytes``.)
+        redis: ``None`` (default): the embedded servers of ``cache_dir`` (started if not
             running, else reused); a list of ``redis://``/``unix://`` URLs: client-side
             shards (rendezvous hashing of the index); ``"redis-cluster://host:port"``: a
-            Redis Cluster; ``False``: no L2.
-        cache_size: shorter side of cached samples (see NOTE [resize policy]).
+            Redis Cluster; a URL of another registered scheme (NOTE [L2 store registry]);
+            ``False``: no L2; or an :class:`~cachepipe.l2.spec.L2Spec`.
+        cache_size: shorter side of cached samples (see NOTE [resize policy]; default 256).
         prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:<index>``.
         replicas: copies of each L2 value on distinct shards.
         l2_memory: embedded server's maxmemory (``"4gb"``, ``"25%"``, bytes); ``None`` keeps
             a running server's setting and starts a new one at 25 % of RAM.
+        l2_servers: embedded servers, reads spread over them by key (``None``: one per 8
+            cores; NOTE [a node's L2] in ``cachepipe.server.embedded_group``); ``l2_memory`` is their total.
         timeout: Redis socket timeout in seconds.
         use_l1: keep the L1 mirror.
         l1_map_size: LMDB map size in bytes (default: 2x the source bytes + 64 MiB).
-        verify: manifest reuse check, ``"dirs"`` or ``"files"`` (see NOTE [manifest reuse]).
-        rescan: always rescan the source.
         follow_external_links: follow symlinks that leave the source root (default: skip
             them with a warning; NOTE [symlinks in the source]).
-        l2_servers: embedded servers, reads spread over them by key (``None``: one per 8
-            cores; NOTE [a node's L2] in ``cachepipe.embedded_group``); ``l2_memory`` is their total.
         max_file_bytes: the largest source file read for one sample (default 1 GiB); a
             larger one is a bad sample, never read (NOTE [bounded reads]).
+        manifest: a scan of the source to serve (e.g. ``Manifest.scan`` with
+            ``extensions=``); default: the saved manifest, or a new scan.
+        verify: manifest reuse check, ``"dirs"`` or ``"files"`` (see NOTE [manifest reuse]).
+        rescan: always rescan the source.
         save_manifest: write a new scan to ``cache_dir`` (``False`` for inspection only,
             as ``cachepipe stats``: with it and without using L1/L2, nothing is written).
 
     Raises:
         FileNotFoundError: the source does not exist.
-        ValueError: bad arguments, or a source without classes/images.
+        ValueError: bad arguments, settings beside a ``CacheConfig``, a manifest of another
+            root, or a source without classes/images.
 
     Example:
-        >>> with TwoLevelCache("/data/train", "/local/cache") as cache:  # doctest: +SKIP
+        >>> config = CacheConfig("/data/train", "/local/cache", ["redis://node0:6379/0"])
+        >>> with TwoLevelCache(config) as cache:  # doctest: +SKIP
         ...     x = cache.get(0)            # (H, W, 3) uint8, min(H, W) == 256
         ...     xs = cache.get_many(range(64), errors="skip")
+        >>> with TwoLevelCache("/data/train", "/local/cache") as cache:  # doctest: +SKIP
+        ...     x = cache.get(0)            # the shorthand: embedded L2, 256 px
     """
 
-    def __init__(self, source: str | os.PathLike | Manifest, cache_dir: str | os.PathLike,
-                 redis: None | bool | str | list[str] = None, cache_size: int = 256, *,
-                 prefix: str = "cachepipe", replicas: int = 1, l2_memory: int | str | None = None,
-                 timeout: float = 1.0, use_l1: bool = True, l1_map_size: int | None = None,
-                 verify: str = "dirs", rescan: bool = False, save_manifest: bool = True,
-                 follow_external_links: bool = False, l2_servers: int | None = None,
-                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
-        root = source.root if isinstance(source, Manifest) else source
-        self.config = CacheConfig(root, cache_dir, redis, cache_size, prefix, replicas, l2_memory, timeout,
-                                  use_l1, l1_map_size, follow_external_links, l2_servers=l2_servers,
-                                  max_file_bytes=max_file_bytes)
-        if save_manifest:  # ranks race to create it: private_dir tolerates that
-            private_dir(self.config.cache_dir)  # NOTE [private cache files]
-        if isinstance(source, Manifest):
-            if save_manifest:
-                source.save(self.config.cache_dir)
-            self._manifest = source
+    def __init__(self, config: CacheConfig | str | os.PathLike | Manifest, cache_dir: str | os.PathLike | None = None,
+                 redis: L2Spec | None | bool | str | list[str] = None, cache_size: int | None = None, *,
+                 manifest: Manifest | None = None, verify: str = "dirs", rescan: bool = False,
+                 save_manifest: bool = True, **settings) -> None:
+        if isinstance(config, CacheConfig):
+            if cache_dir is not None or redis is not None or cache_size is not None or settings:
+                raise ValueError("TwoLevelCache(config): the settings are the CacheConfig's; pass no others "
+                                 "beside it (dataclasses.replace(config, ...) changes one)")
         else:
-            self._manifest = Manifest.load_or_scan(root, self.config.cache_dir, verify=verify,
-                                                   rescan=rescan, save=save_manifest,
-                                                   follow_external_links=follow_external_links)
-        self._fingerprint = self._manifest.fingerprint
-        self._reset_process_state()
-
-    @classmethod
-    def from_config(cls, config: CacheConfig, manifest: Manifest | None = None, *, verify: str = "dirs",
-                    rescan: bool = False, save_manifest: bool = True) -> TwoLevelCache:
-        """Open the cache ``config`` describes (settings resolved once, e.g. from the command
-        line, and handed down as one object).
-
-        Args:
-            config: the cache's settings; ``config.source`` is the ImageFolder root.
-            manifest: a scan of ``config.source`` to serve (e.g. ``Manifest.scan`` with
-                ``extensions=``); default: the saved manifest, or a new scan.
-            verify, rescan, save_manifest: as the constructor's.
-
-        Raises:
-            ValueError: ``manifest`` is of another root; otherwise as the constructor.
-        """
+            if isinstance(config, Manifest):
+                config, manifest = config.root, config
+            if cache_dir is None:
+                raise ValueError("TwoLevelCache(source, cache_dir, ...): cache_dir is required")
+            l2 = resolve_l2(redis, servers=settings.pop("l2_servers", None), memory=settings.pop("l2_memory", None))
+            config = CacheConfig(config, cache_dir, l2, 256 if cache_size is None else cache_size, **settings)
         if manifest is not None and manifest.root != config.source:
             raise ValueError(f"the manifest is of {manifest.root!r}, the cache config of {config.source!r}")
-        c = config
-        return cls(manifest or c.source, c.cache_dir, c.redis, c.cache_size, prefix=c.prefix, replicas=c.replicas,
-                   l2_memory=c.l2_memory, timeout=c.timeout, use_l1=c.use_l1, l1_map_size=c.l1_map_size,
-                   verify=verify, rescan=rescan, save_manifest=save_manifest,
-                   follow_external_links=c.follow_external_links, l2_servers=c.l2_servers,
-                   max_file_bytes=c.max_file_bytes)
+        self.config = config
+        if save_manifest:  # ranks race to create it: private_dir tolerates that
+            private_dir(config.cache_dir)  # NOTE [private cache files]
+        if manifest is not None:
+            if save_manifest:
+                manifest.save(config.cache_dir)
+            self._manifest = manifest
+        else:
+            self._manifest = Manifest.load_or_scan(config.source, config.cache_dir, verify=verify, rescan=rescan,
+                                                   save=save_manifest,
+                                                   follow_external_links=config.follow_external_links)
+        self._fingerprint = self._manifest.fingerprint
+        self._reset_process_state()
 
     # -- pickling and per-process state -----------------------------------------------
     def _reset_process_state(self) -> None:
@@ -168,13 +161,14 @@ class TwoLevelCache:
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
         self._raw.l1_writable = self._l1 is not None and writable
-        if cfg.redis is not False:
-            urls = list(cfg.redis) if cfg.redis else self.embedded_group(start=True).urls
+        l2 = cfg.l2
+        if l2.enabled:
+            urls = self.embedded_group(start=True).urls if l2.is_embedded else l2.urls
             self._store = open_store(urls, self.namespace, self.counters,
                                      replicas=cfg.replicas, timeout=cfg.timeout)
-            share = cfg.l2_memory if cfg.l2_servers == 1 else parse_memory(cfg.l2_memory) // cfg.l2_servers
+            share = l2.memory if l2.servers == 1 else parse_memory(l2.memory) // l2.servers
             self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
-                               (lambda i: self.embedded_server(index=i)) if cfg.redis is None else None, share)
+                               (lambda i: self.embedded_server(index=i)) if l2.is_embedded else None, share)
         self._pid = os.getpid()
 
     # -- properties --------------------------------------------------------------------
@@ -213,10 +207,12 @@ class TwoLevelCache:
         return self.embedded_group(start).servers[index]
 
     def embedded_group(self, start: bool = False) -> EmbeddedGroup:
-        """The ``l2_servers`` embedded servers of ``cache_dir`` (started when ``start``;
-        ``started_server`` then says whether this process started one)."""
-        group = EmbeddedGroup(self.config.cache_dir, self.config.l2_servers)
-        if start and group.start(self.config.l2_memory):
+        """The embedded servers of ``cache_dir`` (``config.l2.servers`` of them, or one when L2
+        is not embedded; started when ``start``: ``started_server`` then says whether this
+        process started one)."""
+        l2 = self.config.l2
+        group = EmbeddedGroup(self.config.cache_dir, l2.servers)
+        if start and group.start(l2.memory):
             self.started_server = True
         return group
 
@@ -300,24 +296,14 @@ class TwoLevelCache:
         return out
 
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
-        """Raw bytes via L1, else the source (see :class:`~cachepipe.raw_levels.RawLevels`)."""
+        """Raw bytes via L1, else the source (see :class:`~cachepipe.l1.raw_levels.RawLevels`)."""
         self._open()
         return self._raw.read(need, strict_l1=strict_l1)
 
     # -- bookkeeping ---------------------------------------------------------------------
     def stats(self) -> dict:
-        """This process's counters.
-
-        Keys: ``requests``, ``l2_hits``, ``l2_misses``, ``l2_bytes``, ``l2_writes``,
-        ``l2_corrupt``, ``l2_errors``, ``l2_skipped`` (reads not sent to a shard in
-        backoff), ``l2_fallbacks`` (served by a replica), ``l2_oom``, ``l2_write_errors``,
-        ``l2_restarts`` (embedded server restarted after it died),
-        ``l1_hits``, ``l1_misses``, ``l1_writes``, ``l1_corrupt``, ``l1_write_errors``,
-        ``l1_errors`` (L1 bypassed: cannot be opened or read), ``l1_quarantined`` (a broken
-        L1 moved aside, NOTE [L1 guard]),
-        ``source_reads``, ``source_bytes``, ``source_errors``, ``source_changed``,
-        ``corrupt`` (undecodable samples), plus ``l2_hit_rate`` and ``pid``.
-        """
+        """This process's counters: every name of ``STAT_KEYS`` (``cachepipe/counters.py``,
+        each explained there), plus ``l2_hit_rate`` and ``pid``."""
         out = {k: int(self.counters.get(k, 0)) for k in STAT_KEYS}
         looked = out["l2_hits"] + out["l2_misses"]
         out["l2_hit_rate"] = out["l2_hits"] / looked if looked else 0.0
@@ -345,5 +331,5 @@ class TwoLevelCache:
 
     def __repr__(self) -> str:
         return (f"TwoLevelCache(source={self.config.source!r}, cache_dir={self.config.cache_dir!r}, "
-                f"redis={redact_all(self.config.redis)!r}, cache_size={self.config.cache_size}, "
+                f"l2={self.config.l2!r}, cache_size={self.config.cache_size}, "
                 f"fingerprint={self._fingerprint!r})")

@@ -3,7 +3,7 @@
 NOTE [warm-up partitions]
 With ``num_nodes`` M, node R decodes into L2 the samples whose L2 shard is on node R:
 the placement node-local sampling draws by (``store.node_of``, NOTE [placement] in
-``cachepipe.placement``), so the store must name one server per node, in node order
+``cachepipe.l2.placement``), so the store must name one server per node, in node order
 (M URLs, or M ``redis-cluster://`` URLs). M nodes warm L2 in parallel without overlap,
 each writing to its own server over no network, and the fixed subset a node caches when
 L2 is too small (NOTE [fixed L2 subset]) is a subset of the samples its ranks draw with
@@ -14,7 +14,7 @@ killed run resumes where it stopped and a finished one has nothing to do.
 
 NOTE [corrupt files]
 A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NOTE
-[stable reads] in ``source.py``) of bytes that match the manifest's identity does not
+[stable reads] in ``source/reader.py``) of bytes that match the manifest's identity does not
 decode, or when the file is larger than one sample may be (NOTE [bounded reads]; it is
 not read). A file that cannot be read (after retries), or that changed since the scan,
 is reported as such and simply stays missing from the levels: the next warm-up tries it
@@ -55,11 +55,11 @@ from collections.abc import Callable
 import numpy as np
 
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
+from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
 from cachepipe.decode import decode_and_resize
 from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, L2UnavailableError, SampleTooLargeError
-from cachepipe.corrupt_record import known_corrupt, save_corrupt
-from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
-from cachepipe.l2_codec import encode_sample
+from cachepipe.l1.corrupt_record import known_corrupt, save_corrupt
+from cachepipe.l2.codec import encode_sample
 from cachepipe.stale import stale_fingerprints, stale_l2_keys
 
 __all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
@@ -86,7 +86,7 @@ def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int 
     n = len(cache) if limit is None else min(limit, len(cache))
     if num_nodes == 1:
         return list(range(n))
-    from cachepipe.placement import LocalityError
+    from cachepipe.l2.placement import LocalityError
 
     store = cache.store
     if store is None or store.nodes != num_nodes:
@@ -215,7 +215,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     """
     if workers < 1 or batch_size < 1:
         raise ValueError(f"workers and batch_size must be >= 1, got {workers=} {batch_size=}")
-    if num_nodes > 1 and cache.config.redis is None:
+    if num_nodes > 1 and cache.config.l2.is_embedded:
         raise ValueError("num_nodes > 1 needs a shared L2 (Redis URLs or a cluster): "
                          "the embedded server is private to one node, so the other nodes' "
                          "partitions would never reach it")

@@ -285,7 +285,7 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     Raises:
         ValueError: bad arguments (an unknown ``dtype``, ``device="cuda"`` without CUDA, ...),
             an empty dataset, or too few samples for one batch.
-        cachepipe.placement.LocalityError: ``locality="node"`` with a store that cannot
+        cachepipe.l2.placement.LocalityError: ``locality="node"`` with a store that cannot
             tell where samples are (the message says why).
 
     Example:

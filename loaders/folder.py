@@ -11,7 +11,7 @@ import torch.utils.data
 from PIL import Image
 
 from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
-from cachepipe.source import read_file
+from cachepipe.source.reader import read_file
 from loaders._optional import torchvision_datasets
 from loaders.replacement import fill_batch
 
@@ -81,7 +81,7 @@ class CachedImageFolder(_base()):
             (what torchvision's ImageFolder gives): what ``transform`` and ``ds[i]`` get.
             ``load``/``load_many`` (and so ``cached_dataloader``) always give arrays.
         follow_external_links: also follow symlinks leaving ``root`` (NOTE [symlinks in
-            the source] in ``cachepipe.scan``).
+            the source] in ``cachepipe.source.scan``).
 
     Raises:
         EmptyFolderError: (a ``FileNotFoundError``, as torchvision's, and a ``ValueError``)
@@ -134,7 +134,7 @@ class CachedImageFolder(_base()):
         if isinstance(cache, CacheConfig):
             if cache.source != os.path.abspath(root):
                 raise ValueError(f"the cache config given is of {cache.source!r}, not {os.path.abspath(root)!r}")
-            cache = TwoLevelCache.from_config(cache, manifest)
+            cache = TwoLevelCache(cache, manifest=manifest)
         if cache is False:
             self.cache = None
             self.manifest = manifest

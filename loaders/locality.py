@@ -194,7 +194,7 @@ def node_locality(folder, *, locality: str, exchange_fraction: float, local_size
         LocalityError: the cache cannot tell where samples are (no L2, the embedded server,
             a URL count other than the node count, a cluster primary on no listed node).
     """
-    from cachepipe.placement import LocalityError
+    from cachepipe.l2.placement import LocalityError
 
     check_locality(locality, exchange_fraction)
     if locality == "global":
@@ -207,11 +207,11 @@ def node_locality(folder, *, locality: str, exchange_fraction: float, local_size
     if nodes == 1:
         return None
     cache = getattr(folder, "cache", None)
-    redis = cache.config.redis if cache is not None else False
-    if redis is False:
+    l2 = cache.config.l2 if cache is not None else None
+    if l2 is None or not l2.enabled:
         raise LocalityError("locality='node' needs L2 on the nodes' Redis servers; this loader has no L2 "
                             "(redis=False or cache=False): pass redis=[url of node 0's server, ...]")
-    if redis is None:
+    if l2.is_embedded:
         raise LocalityError(f"locality='node' cannot place samples on {nodes} nodes with the embedded Redis "
                             "(private to one machine): pass redis=[url of node 0's server, url of node 1's, ...]")
     store = cache.store

@@ -27,7 +27,7 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 if HAS_TRITON and not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cachepipe.embedded import EmbeddedRedis
+from cachepipe.server.embedded import EmbeddedRedis
 from tests.redis_servers import RedisServer
 from tools.demo_dataset import make_dataset
 

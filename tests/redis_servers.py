@@ -8,7 +8,7 @@ from pathlib import Path
 
 import redis
 
-from cachepipe.redis_binary import find_redis_server
+from cachepipe.server.redis_binary import find_redis_server
 
 __all__ = ["RedisServer", "free_port"]
 

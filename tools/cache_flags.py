@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 
 from cachepipe.config import CacheConfig
-from cachepipe.embedded import parse_memory
+from cachepipe.l2.spec import L2Spec, resolve_l2
+from cachepipe.server.embedded import parse_memory
 from cachepipe.two_level import TwoLevelCache
 
 __all__ = ["DEFAULT_CACHE_DIR", "add_cache_arguments", "cache_config", "cache_from_args", "cache_sizes_from_args",
-           "check_args", "redis_from_args"]
+           "check_args", "l2_from_args"]
 
 DEFAULT_CACHE_DIR = "cachepipe-cache"  # train's --cache-dir when none is given
 
@@ -73,12 +74,18 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
                                  "(catches files edited in place; otherwise directories only)")
 
 
-def redis_from_args(args: argparse.Namespace):
-    """``None`` (embedded), ``False`` (no L2) or the list of URLs from the flags.
+def l2_from_args(args: argparse.Namespace) -> L2Spec:
+    """The L2 the flags name, resolved once (NOTE [L2 resolved once]): the embedded servers
+    (``--l2-servers``, ``--l2-memory``), none (``--no-l2``) or the store of the URLs.
 
     Raises:
-        ValueError: conflicting flags.
+        ValueError: conflicting flags, an unknown URL scheme (lists the registered ones), a
+            bad server count or memory size.
     """
+    return resolve_l2(_redis_setting(args), servers=args.l2_servers, memory=args.l2_memory)
+
+
+def _redis_setting(args: argparse.Namespace) -> list[str] | None | bool:
     urls = list(args.redis or [])
     if args.redis_cluster:
         hostport = args.redis_cluster.split("://", 1)[-1]
@@ -97,9 +104,8 @@ def cache_config(args: argparse.Namespace, source, cache_size: int = 256, cache_
     Raises:
         ValueError: a bad flag value (URL scheme, replicas, memory size, timeout, ...).
     """
-    return CacheConfig(source, args.cache_dir or cache_dir or DEFAULT_CACHE_DIR, redis_from_args(args), cache_size,
-                       prefix=args.prefix, replicas=args.replicas, l2_memory=args.l2_memory,
-                       l2_servers=args.l2_servers, timeout=args.timeout,
+    return CacheConfig(source, args.cache_dir or cache_dir or DEFAULT_CACHE_DIR, l2_from_args(args), cache_size,
+                       prefix=args.prefix, replicas=args.replicas, timeout=args.timeout,
                        follow_external_links=args.follow_external_links, max_file_bytes=_file_size(args))
 
 
@@ -158,6 +164,6 @@ def cache_from_args(args: argparse.Namespace, cache_size: int | None = None, *,
         if len(sizes) > 1:
             raise ValueError(f"--cache-size {args.cache_size}: this command takes one size")
         cache_size = sizes[0]
-    return TwoLevelCache.from_config(cache_config(args, args.source, cache_size),
-                                     verify="files" if args.verify_files else "dirs", rescan=args.rescan,
-                                     save_manifest=save_manifest)
+    return TwoLevelCache(cache_config(args, args.source, cache_size),
+                         verify="files" if args.verify_files else "dirs", rescan=args.rescan,
+                         save_manifest=save_manifest)

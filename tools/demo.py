@@ -21,8 +21,8 @@ def prepare_cache(cache) -> None:
     """Warm the two-level cache that ``cache`` (a ``CacheConfig`` whose source is the data
     root) describes, for both splits.
 
-    With ``cache.redis`` None the embedded Redis server is started in the cache dir (it keeps
-    running for the training processes; NOTE [embedded server] in ``cachepipe.embedded``).
+    With an embedded ``cache.l2`` the embedded Redis server is started in the cache dir (it keeps
+    running for the training processes; NOTE [embedded server] in ``cachepipe.server.embedded``).
     """
     from cachepipe import TwoLevelCache
     from cachepipe.warmup import warmup
@@ -30,7 +30,7 @@ def prepare_cache(cache) -> None:
     start = time.perf_counter()
     counts = []
     for split in ("train", "val"):
-        with TwoLevelCache.from_config(dataclasses.replace(cache, source=Path(cache.source) / split)) as level:
+        with TwoLevelCache(dataclasses.replace(cache, source=Path(cache.source) / split)) as level:
             counts.append(warmup(level, workers=1, progress=False)["samples"])
     print(f"demo: warmed L1 (LMDB) + L2 (Redis) with {counts[0]} train + {counts[1]} val samples at "
           f"{cache.cache_size} px in {time.perf_counter() - start:.1f} s ({cache.cache_dir})")
@@ -38,7 +38,7 @@ def prepare_cache(cache) -> None:
 
 def stop_embedded(cache_dir: str | Path) -> None:
     """Stop the embedded Redis server the demo started in ``cache_dir``."""
-    from cachepipe.embedded_group import EmbeddedGroup
+    from cachepipe.server.embedded_group import EmbeddedGroup
 
     EmbeddedGroup.found(cache_dir).stop()
 
@@ -78,7 +78,7 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     try:
         rows = launch_local(run_rank, nprocs, cfg, local_size=DEMO_LOCAL_SIZE, threads=1)
     finally:
-        if loader != "memory" and cache.redis is None:
+        if loader != "memory" and cache.l2.is_embedded:
             stop_embedded(cache.cache_dir)
     if args.stop_after_steps and (not rows or rows[-1]["epoch"] < recipe.total_epochs - 1):
         print(f"demo: to resume: {resume_command(args, str(out))}")

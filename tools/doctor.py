@@ -50,7 +50,7 @@ def _packages() -> dict:
 
 def _redis() -> dict:
     try:
-        from cachepipe.redis_binary import find_redis_server
+        from cachepipe.server.redis_binary import find_redis_server
 
         path = find_redis_server()
     except ImportError as e:

@@ -70,7 +70,7 @@ class NodeRedis:
 
     def __init__(self, cluster: EmulatedCluster, node: int, workdir: str | os.PathLike, *,
                  maxmemory: str = "2gb", port: int = REDIS_PORT, timeout: float = 10.0) -> None:
-        from cachepipe.redis_binary import find_redis_server, server_env
+        from cachepipe.server.redis_binary import find_redis_server, server_env
 
         self.cluster, self.node, self.port = cluster, node, port
         self.workdir = Path(workdir).absolute()  # redis-server chdirs into --dir: a relative --logfile would miss

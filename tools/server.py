@@ -29,9 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     import os
 
-    from cachepipe.embedded import parse_memory
+    from cachepipe.server.embedded import parse_memory
 
-    from cachepipe.embedded_group import EmbeddedGroup, default_l2_servers
+    from cachepipe.server.embedded_group import EmbeddedGroup, default_l2_servers
     from tools.cli import UsageError
 
     if os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):

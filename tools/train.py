@@ -265,7 +265,7 @@ def resume_command(args, out: str) -> str:
     then the line says so."""
     import shlex
 
-    from cachepipe.redis_url import redact
+    from cachepipe.l2.redis_url import redact
 
     argv, skip, masked = [], False, False
     for word in getattr(args, "command_line", None) or ["cachepipe", "train", "--data", str(args.data)]:
@@ -288,7 +288,7 @@ def _check_paths(args, out: str) -> None:
     Raises:
         UsageError: names the flag and why.
     """
-    from tools.cache_flags import DEFAULT_CACHE_DIR, redis_from_args
+    from tools.cache_flags import DEFAULT_CACHE_DIR, l2_from_args
     from tools.cli import UsageError
     from tools.writable import check_writable
 
@@ -298,7 +298,7 @@ def _check_paths(args, out: str) -> None:
     cache_dir = args.cache_dir or DEFAULT_CACHE_DIR
     if not os.path.isdir(cache_dir):
         check_writable(cache_dir, "--cache-dir", directory=True)
-    elif redis_from_args(args) is None:
+    elif l2_from_args(args).is_embedded:
         try:
             check_writable(cache_dir, "--cache-dir", directory=True)
         except UsageError as exc:

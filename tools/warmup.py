@@ -101,14 +101,14 @@ def _summary(r: dict, node: str, l2: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools.cache_flags import cache_sizes_from_args, check_args, redis_from_args
+    from tools.cache_flags import cache_sizes_from_args, check_args, l2_from_args
     from tools.writable import check_writable, write_output
 
     check_writable(args.json, "--json")  # NOTE [output paths checked first]
     try:
         check_args(args)
         sizes = cache_sizes_from_args(args)
-        if args.num_nodes > 1 and redis_from_args(args) is None:
+        if args.num_nodes > 1 and l2_from_args(args).is_embedded:
             raise ValueError("--num-nodes > 1 needs a shared L2 (--redis URL ... or --redis-cluster "
                              "URL): the embedded server is private to one node")
     except ValueError as exc:
@@ -147,7 +147,7 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
     try:
         with cache:
-            if cache.config.redis is not False:
+            if cache.config.l2.enabled:
                 try:
                     store = cache.store
                 except (RuntimeError, FileNotFoundError, OSError) as exc:
@@ -170,11 +170,11 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
     except ValueError as exc:
         return fail(str(exc), EXIT_USAGE)
     reports.append(report)
-    print(_summary(report, node, cache.config.redis is not False))
+    print(_summary(report, node, cache.config.l2.enabled))
     if report.get("l2_stale_keys"):
         print(f"  free the older versions' L2 keys first: cachepipe drop {args.source} --cache-dir {args.cache_dir}"
               + (" (with the same --redis flags)" if args.redis else "") + ", then warm up again")
-    if cache.config.redis is None:
+    if cache.config.l2.is_embedded:
         print(f"  L2 is the embedded Redis at {', '.join(cache.embedded_group().urls)}; it keeps running for "
               f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")
     if report["l2_write_errors"]:

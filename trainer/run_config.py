@@ -22,7 +22,7 @@ class RunConfig:
         cache: the cache settings, resolved once at the entry point: a
             ``cachepipe.CacheConfig`` (cache dir, L2 URLs, replicas, ..., whether the scan
             follows symlinks leaving the data root: NOTE [symlinks in the source] in
-            ``cachepipe/scan.py``). Its ``source`` and ``cache_size`` are set per split and
+            ``cachepipe/source/scan.py``). Its ``source`` and ``cache_size`` are set per split and
             phase (``trainer.data.make_loader``). Required by the ``torch`` and ``dali``
             loaders; the trainer only hands it on.
         ckpt_every: also checkpoint every this many steps (0 = only at epoch ends).

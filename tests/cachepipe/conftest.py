@@ -54,7 +54,7 @@ def redis_cluster(tmp_path):
 
     import redis
 
-    from cachepipe.redis_binary import find_redis_server
+    from cachepipe.server.redis_binary import find_redis_server
 
     procs, ports = [], _cluster_ports(3)
     for port in ports:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cachepipe.embedded import EmbeddedRedis, parse_memory
+from cachepipe.server.embedded import EmbeddedRedis, parse_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -53,7 +53,7 @@ def test_large_replies_reuse_server_memory(cache_dir):
 
 
 def test_outlives_the_process_that_started_it(cache_dir):
-    code = f"from cachepipe.embedded import EmbeddedRedis; EmbeddedRedis({str(cache_dir)!r}).start('16mb')"
+    code = f"from cachepipe.server.embedded import EmbeddedRedis; EmbeddedRedis({str(cache_dir)!r}).start('16mb')"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
     server = EmbeddedRedis(cache_dir)
     assert server.ping() and server.pid() is not None

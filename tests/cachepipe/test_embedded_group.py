@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from cachepipe import CacheConfig, CacheWarning, TwoLevelCache
-from cachepipe.embedded_group import EmbeddedGroup, default_l2_servers
+from cachepipe.l2.spec import L2Spec
+from cachepipe.server.embedded_group import EmbeddedGroup, default_l2_servers
 
 SIZE = 40
 
@@ -13,13 +14,13 @@ SIZE = 40
 def test_default_servers_follow_the_cores():
     assert [default_l2_servers(c) for c in (1, 2, 8, 16, 64, 256)] == [1, 1, 1, 2, 8, 8]
     with pytest.raises(ValueError, match="--l2-servers"):
-        CacheConfig("/tmp/src", "/tmp/cache", l2_servers=0)
+        CacheConfig("/tmp/src", "/tmp/cache", L2Spec.embedded(servers=0))
 
 
 def test_samples_spread_over_the_servers_and_a_dead_one_is_revived(source, cache_dir):
-    config = CacheConfig(source, cache_dir, None, SIZE, l2_memory="64mb", l2_servers=2)
+    config = CacheConfig(source, cache_dir, L2Spec.embedded(servers=2, memory="64mb"), SIZE)
     try:
-        with TwoLevelCache.from_config(config) as cache:
+        with TwoLevelCache(config) as cache:
             expected = cache.get_many(range(24))  # fills L2
             servers = cache.embedded_group().servers
             keys = [s.client().dbsize() for s in servers]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from cachepipe import L1FullError
-from cachepipe.l1_mirror import L1Mirror
+from cachepipe.l1.mirror import L1Mirror
 
 
 def test_put_get_and_verification(tmp_path):
@@ -38,7 +38,7 @@ def test_full_map_is_a_clear_error_and_keeps_data(tmp_path):
 
 _WRITER = """
 import os, sys
-from cachepipe.l1_mirror import L1Mirror
+from cachepipe.l1.mirror import L1Mirror
 l1 = L1Mirror(sys.argv[1], 1 << 28)
 i = 0
 while True:

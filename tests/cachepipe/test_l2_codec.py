@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cachepipe.l2_codec import HEADER, VERSION, decode_sample, encode_sample
+from cachepipe.l2.codec import HEADER, VERSION, decode_sample, encode_sample
 
 
 def test_round_trip_and_views():

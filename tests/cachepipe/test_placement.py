@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cachepipe import TwoLevelCache
-from cachepipe.placement import LocalityError, node_of_hosts
+from cachepipe.l2.placement import LocalityError, node_of_hosts
 from cachepipe.warmup import warmup
 
 

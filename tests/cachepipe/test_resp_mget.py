@@ -6,7 +6,7 @@ import os
 import pytest
 import redis
 
-from cachepipe.resp_mget import MGetConnection
+from cachepipe.l2.resp_mget import MGetConnection
 
 
 def test_values_match_redis_py_for_every_size_and_missing_keys(redis_server):

@@ -6,8 +6,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from cachepipe.hashing import rendezvous_owners, shard_seed
-from cachepipe.l2_shards import ShardedRedisStore
+from cachepipe.l2.hashing import rendezvous_owners, shard_seed
+from cachepipe.l2.shards import ShardedRedisStore
 
 N = 20_000
 

@@ -10,7 +10,7 @@ import pytest
 
 from cachepipe import CacheWarning, CorruptSampleError, TwoLevelCache
 from cachepipe.decode import DECODER_TAG
-from cachepipe.l2_codec import encode_sample
+from cachepipe.l2.codec import encode_sample
 from tests.cachepipe.conftest import reference_pixels, truncate
 
 SIZE = 40
@@ -186,7 +186,7 @@ def test_usable_in_worker_processes(source, cache_dir, method):
 
 
 def test_bad_arguments(source, cache_dir):
-    with pytest.raises(ValueError, match="unknown Redis URL scheme.*redis://"):
+    with pytest.raises(ValueError, match="unknown L2 URL scheme.*registered schemes: redis://"):
         TwoLevelCache(source, cache_dir, ["http://x"])
     with pytest.raises(ValueError, match="replicas must be in 1..1"):
         TwoLevelCache(source, cache_dir, ["redis://a:1/0"], replicas=2)

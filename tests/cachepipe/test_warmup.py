@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from cachepipe import Manifest, TwoLevelCache
-from cachepipe.l1_mirror import L1Mirror
-from cachepipe.placement import LocalityError
+from cachepipe.l1.mirror import L1Mirror
+from cachepipe.l2.placement import LocalityError
 from cachepipe.warmup import warmup
 from loaders import cached_dataloader
 from tests.cachepipe.conftest import reference_pixels, truncate

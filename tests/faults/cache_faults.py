@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cachepipe.redis_binary import find_redis_server
+from cachepipe.server.redis_binary import find_redis_server
 
 NOBODY = 65534
 

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from cachepipe import EmbeddedRedis, TwoLevelCache
-from cachepipe.redis_binary import find_redis_server
+from cachepipe.server.redis_binary import find_redis_server
 from tools.cli import main as cli
 
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from cachepipe import TwoLevelCache
-from cachepipe.l2_codec import encode_sample
+from cachepipe.l2.codec import encode_sample
 
 DOCS = (Path(__file__).resolve().parents[2] / "docs" / "cache.md").read_text()
 

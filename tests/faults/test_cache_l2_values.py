@@ -8,7 +8,7 @@ import numpy as np
 
 from cachepipe import TwoLevelCache
 from cachepipe.decode import DECODER_TAG, possible_shape
-from cachepipe.l2_codec import encode_sample
+from cachepipe.l2.codec import encode_sample
 
 
 def test_impossible_shapes_are_misses_and_are_rewritten(source, tmp_path, redis_server):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from cachepipe.embedded import EmbeddedRedis
 from cachepipe.errors import CacheWarning
-from cachepipe.server_identity import alive
+from cachepipe.server.embedded import EmbeddedRedis
+from cachepipe.server.identity import alive
 from tests.faults.cache_faults import NOBODY, needs_root, redis_on_socket, stopped
 
 

@@ -52,7 +52,7 @@ def _rescanned(cache, **kwargs) -> TwoLevelCache:
     """The same cache after a rescan of its source (a new fingerprint if a file changed)."""
     cache.close()
     cfg = cache.config
-    return TwoLevelCache(cfg.source, cfg.cache_dir, list(cfg.redis), cfg.cache_size, rescan=True, **kwargs)
+    return TwoLevelCache(cfg.source, cfg.cache_dir, cfg.l2, cfg.cache_size, rescan=True, **kwargs)
 
 
 def test_file_caught_mid_write_is_read_again_not_stored(cache):

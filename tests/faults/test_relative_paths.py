@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cachepipe.embedded import EmbeddedRedis
-from cachepipe.redis_binary import find_redis_server
+from cachepipe.server.embedded import EmbeddedRedis
+from cachepipe.server.redis_binary import find_redis_server
 from tools.bench.tcp_redis import TcpRedis
 from tools.cluster import EmulatedCluster, netns_unavailable_reason
 from tools.emulated_job import NodeRedis

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cachepipe import TwoLevelCache
-from cachepipe.placement import LocalityError
+from cachepipe.l2.placement import LocalityError
 from cachepipe.warmup import warmup
 from loaders import cached_dataloader
 from loaders.locality import NodeLocality

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from cachepipe.embedded import EmbeddedRedis
+from cachepipe.server.embedded import EmbeddedRedis
 from tools.cli import main
 
 
@@ -116,7 +116,7 @@ def test_train_warmup_and_stats_share_the_cache_flags(tiny_dataset, tmp_path, ca
     base = ["train", "--data", str(tiny_dataset), "--recipe", "demo", "--out", str(tmp_path / "o")]
     for flags, message in ((["--no-l2", "--redis", "redis://h:1"], "--no-l2 cannot be combined"),
                            (["--replicas", "2"], "replicas must be in 1..1"),
-                           (["--redis-cluster", "h:1", "--replicas", "2"], "a Redis Cluster replicates by itself")):
+                           (["--redis-cluster", "h:1", "--replicas", "2"], "a cluster L2 replicates by itself")):
         assert main([*base, *flags]) == 2  # resolved at the entry point, before anything starts
         assert message in _err_line(capsys)
 
@@ -150,7 +150,7 @@ def test_unreachable_redis(src, cache_dir, redis_server, capsys):
     assert line.startswith(f"cachepipe warmup: error: cannot reach L2 shard {url}") and "refused" in line
     assert main(["stats", str(src), "--cache-dir", str(cache_dir), "--redis", url]) == 4
     assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--redis", "ftp://x"]) == 2
-    assert "unknown Redis URL scheme" in _err_line(capsys)
+    assert "unknown L2 URL scheme" in _err_line(capsys)
 
 
 def test_l2_too_small_caches_a_fixed_subset_or_exits_5_with_require_full(src, cache_dir, redis_servers,

@@ -110,14 +110,14 @@ def main(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"cachepipe bench cache: error: {exc}", file=sys.stderr)
         return 3
-    if cache.config.redis is False:
+    if not cache.config.l2.enabled:
         print("cachepipe bench cache: error: the benchmark needs an L2 (drop --no-l2)", file=sys.stderr)
         return 2
     n = min(args.samples, len(cache))
     print(f"warming the cache for {n} of {len(cache)} samples ...", file=sys.stderr)
     warmup(cache, workers=max(workers), progress=False, limit=n, require_full=True)
     batches = [list(range(s, min(n, s + args.batch_size))) for s in range(0, n, args.batch_size)]
-    l2 = cache.config.redis or ["embedded " + u for u in cache.embedded_group().urls]
+    l2 = list(cache.config.l2.urls) or ["embedded " + u for u in cache.embedded_group().urls]
     rows = []
     ctx = multiprocessing.get_context("spawn")
     for w in workers:

@@ -69,7 +69,7 @@ class _Shard:
     """A redis-server this benchmark started (persistence off); killed and restarted by it."""
 
     def __init__(self, workdir: Path):
-        from cachepipe.redis_binary import find_redis_server
+        from cachepipe.server.redis_binary import find_redis_server
 
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()

@@ -190,10 +190,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"writing a demo dataset to {src}: 10 classes x {args.make_dataset} images of ~320 px")
         make_dataset(src, classes=10, per_class=args.make_dataset, val_per_class=0, size=320)
     root = src / "train" if (src / "train").is_dir() else src
-    from cachepipe import CacheConfig
-
-    cache = TwoLevelCache.from_config(CacheConfig(root, args.cache_dir, args.redis, args.cache_size,
-                                                  l2_servers=args.l2_servers))
+    cache = TwoLevelCache(root, args.cache_dir, args.redis, args.cache_size, l2_servers=args.l2_servers)
     _warm(cache)
     clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
                else [s.client() for s in cache.embedded_group().servers])

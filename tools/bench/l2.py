@@ -6,7 +6,7 @@ limits a server is that thread's CPU per GB served; what a node pays is the CPU 
 server threads. This benchmark starts each configuration's servers on Unix sockets (as
 the embedded default), fills them with ``--values`` samples of ``--value-kb``, and has
 ``--clients`` processes (the loader's workers) issue batch MGETs through the loader's
-reader (``cachepipe.resp_mget``) for ``--seconds``, reads spread over the servers by key
+reader (``cachepipe.l2.resp_mget``) for ``--seconds``, reads spread over the servers by key
 as the sharded store does. Per configuration it reports GB/s served and, per GB, the
 servers' CPU (``used_cpu_user + used_cpu_sys``, all threads), the busiest main thread's
 (``used_cpu_*_main_thread``: the serial stage) and the clients' CPU.
@@ -57,7 +57,7 @@ class _Server:
     def __init__(self, workdir: Path, threads: int) -> None:
         import redis
 
-        from cachepipe.redis_binary import find_redis_server, server_env
+        from cachepipe.server.redis_binary import find_redis_server, server_env
 
         workdir.mkdir(parents=True, exist_ok=True)
         self.sock = workdir / "redis.sock"
@@ -94,7 +94,7 @@ class _Server:
 
 
 def _client(urls: list[str], values: int, batch: int, seconds: float, start, out) -> None:
-    from cachepipe.resp_mget import MGetConnection
+    from cachepipe.l2.resp_mget import MGetConnection
 
     conns = [MGetConnection(u, timeout=10) for u in urls]
     rng = random.Random(os.getpid())

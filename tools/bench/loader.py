@@ -223,7 +223,7 @@ def main(args: argparse.Namespace) -> int:
 
     from cachepipe import Manifest, TwoLevelCache
     from tools.demo_dataset import make_dataset
-    from cachepipe.redis_binary import find_redis_server
+    from cachepipe.server.redis_binary import find_redis_server
     from tools.bench.table import format_table, machine_description, write_json
     from tools.bench.tcp_redis import TcpRedis, describe_server, resolve_binary
     from tools.cli import UsageError

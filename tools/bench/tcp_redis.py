@@ -36,7 +36,7 @@ def resolve_binary(name: str) -> str:
         ValueError: no such executable (names it).
     """
     if name == "bundled":
-        from cachepipe.redis_binary import find_redis_server
+        from cachepipe.server.redis_binary import find_redis_server
 
         return find_redis_server()
     import shutil
@@ -63,7 +63,7 @@ class TcpRedis:
     def __init__(self, binary: str, workdir: str | os.PathLike, timeout: float = 10.0) -> None:
         import redis
 
-        from cachepipe.redis_binary import server_env
+        from cachepipe.server.redis_binary import server_env
 
         self.port = free_port()
         self.workdir = Path(workdir).absolute()  # redis-server chdirs into --dir: a relative --logfile would miss

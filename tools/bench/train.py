@@ -139,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
         cache_dir = Path(args.cache_dir) if args.cache_dir else tmp / "cache"
         if set(args.sources) - {"synthetic"}:
             from cachepipe import TwoLevelCache
-            from cachepipe.embedded_group import EmbeddedGroup
+            from cachepipe.server.embedded_group import EmbeddedGroup
             from cachepipe.warmup import warmup
 
             with TwoLevelCache(data / "train", cache_dir, redis=args.redis, cache_size=cache_size) as cache:

@@ -33,19 +33,12 @@ from dataclasses import dataclass
 
 from cachepipe.backoff import retry_delays
 from cachepipe.errors import SampleTooLargeError
-from cachepipe.file_identity import identity, is_regular
+from cachepipe.source.file_identity import identity, is_regular
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "SourceChangedError", "SourceFile", "SourceReader", "STAT_KEYS",
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "SourceChangedError", "SourceFile", "SourceReader",
            "TRANSIENT_ERRNOS", "open_regular", "read_file", "read_stable"]
 
 DEFAULT_MAX_FILE_BYTES = 1 << 30  # NOTE [bounded reads]
-
-# Counters reported by TwoLevelCache.stats(), in display order.
-STAT_KEYS = ("requests", "l2_hits", "l2_misses", "l2_bytes", "l2_writes", "l2_corrupt",
-             "l2_errors", "l2_skipped", "l2_fallbacks", "l2_oom", "l2_write_errors", "l2_restarts",
-             "l1_hits", "l1_misses", "l1_writes", "l1_corrupt", "l1_write_errors", "l1_errors",
-             "l1_quarantined", "source_reads",
-             "source_bytes", "source_errors", "source_changed", "corrupt")
 
 
 TRANSIENT_ERRNOS = frozenset({errno.ENOENT, errno.EIO, errno.ESTALE, errno.ETIMEDOUT, errno.EAGAIN,

@@ -1,5 +1,5 @@
 """L2 store protocol and what its implementations share (the registry that picks one from
-the Redis URLs is ``cachepipe/l2_registry.py``).
+the Redis URLs is ``cachepipe/l2/registry.py``).
 
 A store maps sample indices to encoded values (see NOTE [L2 value format]) under one key
 namespace ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` (:func:`namespace`);
@@ -12,16 +12,14 @@ and report a miss. Only the explicit checks (``missing``, ``shard_info``) raise
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from cachepipe.decode import DECODER_TAG
-from cachepipe.errors import CacheWarning
 
-__all__ = ["PARTIAL_KEY", "SampleStore", "is_oom", "namespace", "warn_once"]
+__all__ = ["PARTIAL_KEY", "SampleStore", "is_oom", "namespace"]
 
 PARTIAL_KEY = "partial"  # <namespace>partial: NOTE [fixed L2 subset]
 
@@ -48,7 +46,7 @@ class SampleStore(Protocol):
 
     @property
     def nodes(self) -> int:
-        """Number of nodes the URLs stand for (NOTE [placement] in ``cachepipe.placement``)."""
+        """Number of nodes the URLs stand for (NOTE [placement] in ``cachepipe.l2.placement``)."""
 
     def node_of(self, indices: Sequence[int]) -> np.ndarray:
         """Node holding each index's value (its first live owner's), ``-1`` for none
@@ -82,9 +80,3 @@ def is_oom(error: BaseException) -> bool:
 
     return isinstance(error, OutOfMemoryError) or "maxmemory" in str(error) or str(error).startswith("OOM")
 
-
-def warn_once(seen: set, key: str, message: str) -> None:
-    """Emit a :class:`CacheWarning` the first time ``key`` is seen by this store."""
-    if key not in seen:
-        seen.add(key)
-        warnings.warn(message, CacheWarning, stacklevel=3)

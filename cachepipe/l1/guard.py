@@ -12,7 +12,7 @@ truncated file would otherwise end the process with SIGBUS. What happens then:
   process. One warning.
 - nothing works (the move fails too): L1 is bypassed in this process. Counter
   ``l1_errors``, one warning.
-A read that fails inside LMDB later bypasses L1 the same way (see ``raw_levels.py``).
+A read that fails inside LMDB later bypasses L1 the same way (see ``l1/raw_levels.py``).
 ``cachepipe stats`` uses :func:`inspect_l1`, which only ever reads. The quarantine runs
 under ``flock`` on ``<fingerprint>/l1.lock`` so that concurrent workers move the broken
 directory once. A file truncated while it is mapped cannot be caught (SIGBUS); only
@@ -31,8 +31,8 @@ from pathlib import Path
 import lmdb
 
 from cachepipe.errors import CacheWarning
-from cachepipe.l1_mirror import L1Mirror
-from cachepipe.lmdb_check import data_file_problem
+from cachepipe.l1.lmdb_check import data_file_problem
+from cachepipe.l1.mirror import L1Mirror
 
 __all__ = ["inspect_l1", "open_l1"]
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachepipe.errors import CacheWarning
-from cachepipe.file_identity import is_regular
+from cachepipe.source.file_identity import is_regular
 
 __all__ = ["Files", "Walker"]
 

@@ -24,12 +24,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cachepipe.backoff import ShardHealth
-from cachepipe.errors import L2PermissionError, L2UnavailableError
-from cachepipe.hashing import rendezvous_owners, shard_seed
-from cachepipe.l2_store import PARTIAL_KEY, is_oom, warn_once
-from cachepipe.placement import first_live_owner
-from cachepipe.redis_url import canonical, redact
-from cachepipe.resp_mget import MGetConnection
+from cachepipe.errors import L2PermissionError, L2UnavailableError, warn_once
+from cachepipe.l2.hashing import rendezvous_owners, shard_seed
+from cachepipe.l2.placement import first_live_owner
+from cachepipe.l2.redis_url import canonical, redact
+from cachepipe.l2.resp_mget import MGetConnection
+from cachepipe.l2.store import PARTIAL_KEY, is_oom
 
 __all__ = ["ShardedRedisStore", "make_client"]
 
@@ -109,7 +109,7 @@ class ShardedRedisStore:
         self.replicas = replicas
         self.seeds = [shard_seed(n) for n in names]
         self.clients = [make_client(u, timeout) for u in self.urls]
-        # NOTE [zero-copy MGET] (resp_mget.py): reads skip redis-py's copies, except over TLS
+        # NOTE [zero-copy MGET] (l2/resp_mget.py): reads skip redis-py's copies, except over TLS
         self.readers = [None if u.startswith("rediss:") else MGetConnection(u, timeout) for u in self.urls]
         self.health = [ShardHealth() for _ in self.urls]
         self._warned: set = set()

@@ -26,7 +26,7 @@ import lmdb
 
 from cachepipe.checksum import checksum64
 from cachepipe.errors import L1FullError
-from cachepipe.lmdb_check import lock_file_backed, reserve_lock_file
+from cachepipe.l1.lmdb_check import lock_file_backed, reserve_lock_file
 from cachepipe.private_files import private_dir
 
 __all__ = ["L1Mirror"]
@@ -44,7 +44,7 @@ class L1Mirror:
         path: environment directory (created).
         map_size: LMDB map size in bytes.
         readonly: open without write access and without creating anything (for
-            ``cachepipe stats``; see NOTE [L1 guard] in ``l1_guard.py``).
+            ``cachepipe stats``; see NOTE [L1 guard] in ``l1/guard.py``).
 
     Example:
         >>> l1 = L1Mirror("/cache/0123abcd/l1", map_size=2**30)  # doctest: +SKIP

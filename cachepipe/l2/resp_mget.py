@@ -30,7 +30,7 @@ import numpy as np
 import redis
 from redis.connection import parse_url
 
-from cachepipe.redis_url import redact
+from cachepipe.l2.redis_url import redact
 
 __all__ = ["MGetConnection"]
 

@@ -1,7 +1,7 @@
 """L2 above the raw levels: decoded samples by index, checked on read, written back on a miss.
 
 The upper half of the two-level cache (:class:`~cachepipe.TwoLevelCache`); the lower half
-is :class:`~cachepipe.raw_levels.RawLevels`. Like it, a failure here (corrupt value, dead
+is :class:`~cachepipe.l1.raw_levels.RawLevels`. Like it, a failure here (corrupt value, dead
 embedded server) is counted, warned about once and read past, never a wrong sample.
 """
 from __future__ import annotations
@@ -12,9 +12,10 @@ from collections.abc import Callable
 import numpy as np
 
 from cachepipe.decode import possible_shape
-from cachepipe.embedded import EmbeddedRedis
-from cachepipe.l2_codec import decode_sample
-from cachepipe.l2_store import SampleStore, warn_once
+from cachepipe.errors import warn_once
+from cachepipe.l2.codec import decode_sample
+from cachepipe.l2.store import SampleStore
+from cachepipe.server.embedded import EmbeddedRedis
 
 __all__ = ["L2Level"]
 

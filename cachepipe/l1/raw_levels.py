@@ -1,6 +1,6 @@
 """L1 in front of the source: raw file bytes by sample index, read-through.
 
-The lower half of the two-level cache: the decoded L2 (:class:`~cachepipe.l2_level.L2Level`)
+The lower half of the two-level cache: the decoded L2 (:class:`~cachepipe.l2.level.L2Level`)
 sits above it in :class:`~cachepipe.TwoLevelCache`, and the warm-up uses it directly.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ from collections import Counter
 
 import lmdb
 
-from cachepipe.errors import CacheWarning, L1FullError
-from cachepipe.l1_mirror import L1Mirror
-from cachepipe.l2_store import warn_once
-from cachepipe.manifest import Manifest
-from cachepipe.source import DEFAULT_MAX_FILE_BYTES, SourceReader
+from cachepipe.errors import CacheWarning, L1FullError, warn_once
+from cachepipe.l1.base import RawStore
+from cachepipe.source.base import SampleSource
+from cachepipe.source.manifest import Manifest
+from cachepipe.source.reader import DEFAULT_MAX_FILE_BYTES, SourceReader
 
 __all__ = ["RawLevels"]
 
@@ -25,18 +25,21 @@ class RawLevels:
 
     Args:
         manifest: the source's manifest.
-        l1: the mirror, or ``None`` for source only.
+        l1: the L1 store (the LMDB mirror), or ``None`` for source only.
         counters: where hits, misses and failures are counted (shared with the cache).
         threads: source reader threads.
         max_file_bytes: the largest file read for one sample (NOTE [bounded reads]).
+        source: how files are read (default: a :class:`SourceReader` of ``threads`` and
+            ``max_file_bytes``; another :class:`SampleSource`, e.g. of an object store).
     """
 
-    def __init__(self, manifest: Manifest, l1: L1Mirror | None, counters: Counter,
-                 threads: int = 8, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+    def __init__(self, manifest: Manifest, l1: RawStore | None, counters: Counter,
+                 threads: int = 8, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
+                 source: SampleSource | None = None) -> None:
         self.manifest = manifest
         self.l1 = l1
         self.counters = counters
-        self.reader = SourceReader(threads, max_file_bytes)
+        self.reader: SampleSource = source or SourceReader(threads, max_file_bytes)
         self.l1_writable = True
         self.changed: set[int] = set()  # of the last read: bytes that do not match the manifest
         self._warned: set = set()

@@ -14,7 +14,7 @@ listing) or ``rescan=True`` to catch that.
 
 NOTE [changed files]
 Policy: the fingerprint is a hash of every (relpath, label) and file identity (size,
-mtime, inode, ctime: NOTE [file identity] in ``file_identity.py``), and both levels are
+mtime, inode, ctime: NOTE [file identity] in ``source/file_identity.py``), and both levels are
 keyed by it (L1 directory, L2 key prefix). Any changed, added, removed or replaced file
 therefore gives a new fingerprint and a fresh cache namespace; stale pixels are never
 served. This costs a re-warm after a change, which is the right trade for a training set
@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cachepipe.errors import EmptyFolderError
-from cachepipe.file_identity import identity, settle
 from cachepipe.private_files import private_dir, write_private
-from cachepipe.scan import Walker
+from cachepipe.source.file_identity import identity, settle
+from cachepipe.source.scan import Walker
 
 __all__ = ["IMG_EXTENSIONS", "Manifest"]
 

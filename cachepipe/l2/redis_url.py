@@ -15,7 +15,7 @@ import os
 import re
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["canonical", "redact", "redact_all"]
+__all__ = ["canonical", "redact"]
 
 _DEFAULT_PORT = 6379
 
@@ -53,7 +53,3 @@ def redact(url: str) -> str:
     url = re.sub(r"(://[^:@/]*:)[^/]*@", r"\1***@", url)  # user:password@ and :password@
     return re.sub(r"(?i)([?&]password=)[^&]*", r"\1***", url)
 
-
-def redact_all(redis):
-    """A ``redis`` setting (``None``, ``False`` or URLs) fit to print."""
-    return redis if redis in (None, False) else tuple(redact(u) for u in redis)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cachepipe.embedded import EmbeddedRedis, parse_memory
+from cachepipe.server.embedded import EmbeddedRedis, parse_memory
 
 __all__ = ["CORES_PER_SERVER", "MAX_SERVERS", "EmbeddedGroup", "default_l2_servers"]
 

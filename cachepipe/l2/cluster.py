@@ -13,11 +13,11 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from cachepipe.backoff import ShardHealth
-from cachepipe.errors import L2UnavailableError
-from cachepipe.l2_shards import make_client
-from cachepipe.l2_store import PARTIAL_KEY, is_oom, warn_once
-from cachepipe.placement import LocalityError, node_of_hosts
-from cachepipe.redis_url import redact
+from cachepipe.errors import L2UnavailableError, warn_once
+from cachepipe.l2.placement import LocalityError, node_of_hosts
+from cachepipe.l2.redis_url import redact
+from cachepipe.l2.shards import make_client
+from cachepipe.l2.store import PARTIAL_KEY, is_oom
 
 __all__ = ["ClusterStore"]
 
@@ -40,7 +40,7 @@ class ClusterStore:
 
     Args:
         urls: one or more ``redis-cluster://host:port`` seed nodes.
-        namespace, counters, replicas, timeout: as :class:`~cachepipe.l2_shards.ShardedRedisStore`
+        namespace, counters, replicas, timeout: as :class:`~cachepipe.l2.shards.ShardedRedisStore`
             (``replicas`` must be 1).
     """
 

@@ -2,7 +2,7 @@
 
 NOTE [server identity]
 A pid alone proves nothing: pids are reused, and a pid file can be copied from another
-cache dir. When :class:`~cachepipe.embedded.EmbeddedRedis` starts a server it records
+cache dir. When :class:`~cachepipe.server.embedded.EmbeddedRedis` starts a server it records
 ``server.id``: the pid, the process start time (field 22 of ``/proc/<pid>/stat``, in clock
 ticks since boot, unique per pid at any moment) and the socket path. A process is *ours*
 only when it still has that pid and start time, runs as this user and holds a listening

@@ -32,9 +32,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cachepipe.private_files import private_dir, write_private
-from cachepipe.redis_binary import find_redis_server, server_env
-from cachepipe.server_identity import ServerIdentity, wait_gone
-from cachepipe.server_socket import check_socket, prepare_dir, socket_path
+from cachepipe.server.identity import ServerIdentity, wait_gone
+from cachepipe.server.redis_binary import find_redis_server, server_env
+from cachepipe.server.socket_path import check_socket, prepare_dir, socket_path
 
 __all__ = ["EmbeddedRedis", "parse_memory"]
 
@@ -85,7 +85,7 @@ class EmbeddedRedis:
         stuck_after: seconds a server proven ours may go without answering before
             :meth:`start` or :meth:`stop` kills it (NOTE [server identity]).
         index: which of the cache dir's servers (NOTE [a node's L2] in
-            ``cachepipe.embedded_group``): 0 lives in ``redis/``, ``i`` in ``redis-i/``.
+            ``cachepipe.server.embedded_group``): 0 lives in ``redis/``, ``i`` in ``redis-i/``.
 
     Example:
         >>> server = EmbeddedRedis("/tmp/cache")  # doctest: +SKIP

@@ -1,0 +1,125 @@
+"""Where a cache's L2 lives, resolved once at the entry point into an :class:`L2Spec`.
+
+NOTE [L2 resolved once]
+A user names L2 as ``None`` (the embedded server of the cache dir), ``False`` (no L2), a
+URL or a list of URLs (the store registered for their scheme, NOTE [L2 store registry]).
+The entry point (:class:`~cachepipe.CacheConfig`, built by ``TwoLevelCache(...)``, the
+loaders and ``tools/cache_flags.py``) resolves that once with :func:`resolve_l2` into an
+:class:`L2Spec` of one kind: ``"embedded"`` (with its server count and memory), ``"none"``,
+or a registered store's kind (``"shards"``, ``"cluster"``, ...) with its URLs. Everything
+downstream reads ``spec.kind`` and ``spec.urls`` and never re-derives them from a string.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cachepipe.l2.redis_url import canonical, redact
+from cachepipe.l2.registry import EMBEDDED, NONE, store_kind
+from cachepipe.server.embedded import parse_memory
+from cachepipe.server.embedded_group import default_l2_servers
+
+__all__ = ["EMBEDDED", "NONE", "L2Spec", "resolve_l2"]
+
+
+@dataclass(frozen=True)
+class L2Spec:
+    """One cache's L2, resolved (NOTE [L2 resolved once]); build it with the class methods
+    or :func:`resolve_l2`.
+
+    Attributes:
+        kind: ``"embedded"``, ``"none"`` or the registered kind of ``urls``' store.
+        urls: the store's URLs (store kinds only).
+        servers: embedded ``redis-server`` processes (NOTE [a node's L2]); 1 otherwise.
+        memory: the embedded servers' total maxmemory in bytes (``None``: keep a running
+            server's, else 25 % of RAM); ``None`` otherwise.
+
+    Raises:
+        ValueError: fields that do not fit the kind (the message never shows a password).
+    """
+
+    kind: str
+    urls: tuple[str, ...] = ()
+    servers: int = 1
+    memory: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "urls", tuple(self.urls))
+        if self.kind in (EMBEDDED, NONE):
+            if self.urls:
+                raise ValueError(f"an L2 of kind {self.kind!r} has no URLs")
+        else:
+            if store_kind(self.urls) != self.kind:
+                raise ValueError(f"L2 URLs {[redact(u) for u in self.urls]} are of kind "
+                                 f"{store_kind(self.urls)!r}, not {self.kind!r}")
+            for url in self.urls:
+                canonical(url)  # validates port and db
+        if not isinstance(self.servers, int) or self.servers < 1:
+            raise ValueError(f"l2_servers (--l2-servers) must be a positive int, got {self.servers!r}")
+        if self.kind != EMBEDDED and (self.servers != 1 or self.memory is not None):
+            raise ValueError(f"servers and memory apply to the embedded L2, not to one of kind {self.kind!r}")
+
+    @classmethod
+    def embedded(cls, servers: int | None = None, memory: int | str | None = None) -> L2Spec:
+        """The embedded servers of the cache dir (``servers`` default: one per 8 cores;
+        ``memory``: ``"4gb"``, ``"25%"``, bytes or ``None``)."""
+        servers = default_l2_servers() if servers is None else servers
+        return cls(EMBEDDED, servers=servers, memory=None if memory is None else parse_memory(memory))
+
+    @classmethod
+    def none(cls) -> L2Spec:
+        """No L2 (L1 and the source only)."""
+        return cls(NONE)
+
+    @classmethod
+    def of_urls(cls, urls: Sequence[str]) -> L2Spec:
+        """The store registered for the scheme of ``urls`` (all of one kind)."""
+        return cls(store_kind(urls), tuple(urls))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is an L2 at all."""
+        return self.kind != NONE
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.kind == EMBEDDED
+
+    def __repr__(self) -> str:
+        if self.kind == EMBEDDED:
+            return f"L2Spec(kind='embedded', servers={self.servers}, memory={self.memory})"
+        if self.kind == NONE:
+            return "L2Spec(kind='none')"
+        return f"L2Spec(kind={self.kind!r}, urls={tuple(redact(u) for u in self.urls)!r})"
+
+
+def resolve_l2(redis: L2Spec | None | bool | str | Sequence[str] = None, *, servers: int | None = None,
+               memory: int | str | None = None) -> L2Spec:
+    """The :class:`L2Spec` a user's ``redis=`` setting names (NOTE [L2 resolved once]).
+
+    Args:
+        redis: an :class:`L2Spec` (returned as is); ``None``: the embedded servers; ``False``:
+            no L2; a URL or a list of URLs: the store registered for their scheme.
+        servers: embedded servers (``None``: one per 8 cores); checked whatever the kind.
+        memory: embedded servers' total maxmemory; checked whatever the kind.
+
+    Raises:
+        ValueError: a wrong type, an unknown scheme (lists the registered ones), mixed kinds,
+            a bad port or db, bad ``servers`` or ``memory``; ``servers``/``memory`` with an
+            :class:`L2Spec` (they belong in it).
+    """
+    if isinstance(redis, L2Spec):
+        if servers is not None or memory is not None:
+            raise ValueError("an L2Spec carries its own servers and memory; do not pass them beside it")
+        return redis
+    embedded = L2Spec.embedded(servers, memory)  # validates both, whatever the kind
+    if redis is None:
+        return embedded
+    if redis is False:
+        return L2Spec.none()
+    if isinstance(redis, str):
+        redis = [redis]
+    if not isinstance(redis, (list, tuple)) or not all(isinstance(u, str) for u in redis):
+        raise ValueError(f"redis must be None (embedded), False (no L2), a URL or a list of URLs; "
+                         f"got a {type(redis).__name__}")
+    return L2Spec.of_urls(redis)
