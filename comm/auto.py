@@ -11,8 +11,9 @@ of the phase, which run the sparse candidate), the top-k cost ``gamma`` (the sam
 selection time per selected-over element), and the links' ``alpha``/``beta`` from timed
 all-gathers (:func:`fit_links`: node leaders over the inter-node link, one stream, as
 the model's NOTE [shared inter-node link] expects; a node's workers inside it). The
-candidates: ``dense``, ``hier``, ``2dtar`` and ``hitopk`` (the sparse exchange that kept
-the most accuracy per byte in docs/BENCHMARKS.md; gtopk and topk_ag by name only). Sparse
+candidates are the registered algorithms that say ``auto=True`` (:mod:`comm.registry`):
+``dense``, ``hier``, ``2dtar`` and one sparse one, ``hitopk`` (the sparse exchange that
+kept the most accuracy per byte in docs/BENCHMARKS.md; gtopk and topk_ag by name only). Sparse
 is chosen only when it is predicted at least ``SPARSE_MARGIN`` faster than the best dense
 one: error feedback delays 99 % of each step's entries, and a sparse run that is only
 slightly faster per step can lose that by needing more steps to the same accuracy.
@@ -29,14 +30,31 @@ import torch.distributed as dist
 from comm import collective_ops as ops
 from comm.collectives.base import all_gather_flat
 from comm.cost_model import LinkParams, predict
+from comm.registry import ALGORITHMS
 
-__all__ = ["DENSE_CANDIDATES", "SPARSE_CANDIDATE", "SPARSE_MARGIN", "Choice", "choose", "fit_links"]
+__all__ = ["SPARSE_MARGIN", "Choice", "choose", "dense_candidates", "fit_links", "sparse_candidate"]
 
-DENSE_CANDIDATES = ("dense", "hier", "2dtar")
-SPARSE_CANDIDATE = "hitopk"
 SPARSE_MARGIN = 0.10  # NOTE [auto exchange]
 # the link fit's stream of messages (:func:`fit_links`): bytes per member, seconds, at most messages
 STREAM_BYTES, STREAM_S, STREAM_MAX = 32 << 10, 0.4, 64
+
+
+def dense_candidates() -> tuple[str, ...]:
+    """The dense algorithms ``auto`` prices, in registration order (ties go to the first)."""
+    return tuple(n for n, a in ALGORITHMS.items() if a.auto and not a.sparse)
+
+
+def sparse_candidate() -> str:
+    """The sparse algorithm ``auto`` prices, and runs during a phase's first steps: the
+    first registered sparse one with ``auto=True``.
+
+    Raises:
+        ValueError: if no sparse algorithm is an ``auto`` candidate.
+    """
+    found = [n for n, a in ALGORITHMS.items() if a.auto and a.sparse]
+    if not found:
+        raise ValueError("--comm auto needs a sparse algorithm registered with auto=True; none is")
+    return found[0]
 
 
 @dataclass(frozen=True)
@@ -58,16 +76,17 @@ def choose(*, numel: int, nodes: int, local_size: int, link: LinkParams, compute
         ...        mean_density=0.02).name
         'hitopk'
         >>> choose(numel=78_042, nodes=2, local_size=2, link=LinkParams.from_bandwidth(inter_mbit=100_000),
-        ...        compute_s=0.16, steps=2000, mean_density=0.02).name in DENSE_CANDIDATES
+        ...        compute_s=0.16, steps=2000, mean_density=0.02).name in dense_candidates()
         True
     """
-    names = DENSE_CANDIDATES + (SPARSE_CANDIDATE,)
-    step_s = {n: compute_s + predict(n, numel, mean_density if n == SPARSE_CANDIDATE else None, nodes, local_size,
+    candidate = sparse_candidate()
+    names = dense_candidates() + (candidate,)
+    step_s = {n: compute_s + predict(n, numel, mean_density if n == candidate else None, nodes, local_size,
                                      link) for n in names}
-    dense = min(DENSE_CANDIDATES, key=step_s.get)
-    sparse = step_s[SPARSE_CANDIDATE]
+    dense = min(dense_candidates(), key=step_s.get)
+    sparse = step_s[candidate]
     pays = sparse <= (1 - SPARSE_MARGIN) * step_s[dense]
-    name = SPARSE_CANDIDATE if pays else dense
+    name = candidate if pays else dense
     others = ", ".join(f"{n} {step_s[n]:.3f}" for n in names if n != name)
     verdict = "" if pays else f"sparse would not pay (needs {SPARSE_MARGIN:.0%} less time than {dense}): "
     reason = (f"{verdict}{step_s[name]:.3f} s/step predicted against {others}; compute {compute_s * 1e3:.0f} ms/step "

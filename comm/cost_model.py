@@ -2,8 +2,10 @@
 
 Each algorithm's time is linear in five parameters (:class:`LinkParams`): the latency
 ``alpha`` and per-byte time ``beta`` of the intra- and inter-node links, and ``gamma``,
-the top-k selection time per input element. ``coefficients`` returns the multipliers
-of each parameter (from the papers' formulas), ``predict`` their dot product with
+the top-k selection time per input element. Each algorithm declares its formula (the
+papers') in its own module (``Algorithm.cost``, NOTE [one registry of names] in
+comm/algorithm.py), with :func:`add_link` and :func:`log2`; ``coefficients`` returns the
+multipliers of each parameter it gives, ``predict`` their dot product with
 given parameters, and ``fit`` least-squares parameters from measured exchanges, so a
 user can predict where sparse beats dense on their cluster.
 
@@ -25,7 +27,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["LinkParams", "PARAMS", "ALLGATHER_FORMS", "coefficients", "predict", "fit", "fit_allgather"]
+__all__ = ["add_link", "log2", "LinkParams", "PARAMS", "ALLGATHER_FORMS", "coefficients", "predict", "fit",
+           "fit_allgather"]
 
 PARAMS = ("alpha_intra", "beta_intra", "alpha_inter", "beta_inter", "gamma")
 ALLGATHER_FORMS = ("ring", "rd")  # NOTE [all-gather latency]
@@ -56,7 +59,8 @@ class LinkParams:
         return cls(beta_inter=8 / (inter_mbit * 1e6), beta_intra=8 / (intra_gbit * 1e9), **kw)
 
 
-def _log2(x: int) -> int:
+def log2(x: int) -> int:
+    """``ceil(log2(x))`` rounds of a tree over ``x`` members (0 for one)."""
     return math.ceil(math.log2(x)) if x > 1 else 0
 
 
@@ -74,65 +78,28 @@ def coefficients(algorithm: str, numel: int, density: float | None, nodes: int, 
     """
     if allgather not in ALLGATHER_FORMS:
         raise ValueError(f"unknown all-gather form {allgather!r}; valid: {list(ALLGATHER_FORMS)}")
-    if algorithm not in _FORMULAS:
-        raise ValueError(f"no cost model for {algorithm!r}; valid: {sorted(_FORMULAS)}")
-    if algorithm in _SPARSE and (density is None or not 0 < density <= 1):
+    from comm.registry import ALGORITHMS, get_algorithm  # the algorithms' modules use add_link and log2
+
+    spec = get_algorithm(algorithm)
+    if spec.cost is None:
+        raise ValueError(f"no cost model for {algorithm!r}; valid: {[n for n, a in ALGORITHMS.items() if a.cost]}")
+    if spec.sparse and (density is None or not 0 < density <= 1):
         raise ValueError(f"{algorithm} needs a density in (0, 1], got {density!r}")
     c = dict.fromkeys(PARAMS, 0.0)
     m, n, d = nodes, local_size, numel
     share = n if shared_inter_link else 1
-    _FORMULAS[algorithm](c, m=m, n=n, d=d, b=value_bytes, bi=index_bytes, rho=density, share=share,
+    spec.cost(c, m=m, n=n, d=d, b=value_bytes, bi=index_bytes, rho=density, share=share,
                          allgather=allgather)
     return c
 
 
-def _ring(c, level: str, steps: int, nbytes: float) -> None:
+def add_link(c: dict, level: str, steps: int, nbytes: float) -> None:
+    """Add ``steps`` messages and ``nbytes`` bytes on the ``intra`` or ``inter`` link to ``c``
+    (what a cost formula does per phase of its collective)."""
     c[f"alpha_{level}"] += steps
     c[f"beta_{level}"] += nbytes
 
 
-def _dense(c, m, n, d, b, share, **_):
-    p = m * n  # one flat ring; each node's link carries one ring edge
-    _ring(c, "inter" if m > 1 else "intra", 2 * (p - 1), 2 * (p - 1) / p * d * b)
-
-
-def _hier(c, m, n, d, b, **_):
-    _ring(c, "intra", 2 * _log2(n), 2 * _log2(n) * d * b)        # tree reduce + broadcast
-    _ring(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d * b)      # ring among leaders
-
-
-def _torus2d(c, m, n, d, b, share, **_):
-    _ring(c, "intra", 2 * (n - 1), 2 * (n - 1) / n * d * b)      # reduce-scatter + all-gather
-    _ring(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d / n * b * share)
-
-
-def _topk_ag(c, m, n, d, b, bi, rho, allgather, **_):
-    p, k = m * n, math.ceil(rho * d)
-    c["gamma"] += d
-    steps = p - 1 if allgather == "ring" else _log2(p)  # NOTE [all-gather latency]
-    _ring(c, "inter" if m > 1 else "intra", steps, (p - 1) * k * (b + bi))
-
-
-def _gtopk(c, m, n, d, b, bi, rho, **_):
-    p, k = m * n, math.ceil(rho * d)
-    c["gamma"] += d
-    intra = min(_log2(n), _log2(p))
-    inter = _log2(p) - intra
-    for level, rounds in (("intra", intra), ("inter", inter)):  # tree of merges, then broadcast
-        _ring(c, level, 2 * rounds, 2 * rounds * k * (b + bi))
-
-
-def _hitopk(c, m, n, d, b, bi, rho, share, **_):
-    kt = math.ceil(rho * d / n)
-    _ring(c, "intra", n - 1, (n - 1) / n * d * 4)                 # Eq. (7), fp32 reduce-scatter
-    c["gamma"] += d / n                                           # Eq. (8)
-    _ring(c, "inter", _log2(m), (m - 1) * kt * (b + bi) * share)  # Eq. (9)
-    _ring(c, "intra", _log2(n), (n - 1) * m * kt * (b + bi))      # Eq. (10)
-
-
-_FORMULAS = {"dense": _dense, "hier": _hier, "2dtar": _torus2d, "topk_ag": _topk_ag, "gtopk": _gtopk,
-             "hitopk": _hitopk}
-_SPARSE = {"topk_ag", "gtopk", "hitopk"}
 
 
 def predict(algorithm: str, numel: int, density: float | None, nodes: int, local_size: int,

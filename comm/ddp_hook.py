@@ -35,7 +35,7 @@ bounded number of bytes whatever DDP's buckets are.
 import torch
 import torch.distributed as dist
 
-from comm.collectives import build_exchanger, get_algorithm
+from comm.collectives import build_exchanger
 from comm.collectives.base import nonfinite_anywhere
 from comm.in_flight import DEFAULT_INFLIGHT_BYTES, InFlight, make_room
 
@@ -50,36 +50,38 @@ class SparseHookState:
 
     __slots__ = (
         # what to run
-        "algorithm", "topology", "density", "selector", "error_feedback", "value_dtype",
+        "algorithm", "topology", "density", "selector", "error_feedback", "value_dtype", "options",
         # NOTE [overflow steps] in comm.engine: skip non-finite buckets without touching residuals
         "skip_nonfinite", "skipped_buckets",
         # (bucket index, offset) -> exchanger of that piece of the bucket (holding its
-        # residual; NOTE [hook pieces]), and bucket index -> its parameters
-        "exchangers", "params_of", "bucket_bytes",
+        # residual; NOTE [hook pieces]) and its length, and bucket index -> its parameters
+        "exchangers", "numels", "params_of", "bucket_bytes",
         # NOTE [async DDP hook]: (the pieces' exchanges, or None if skipped; the future; the
         # bucket) in bucket order, holding at most max_inflight_bytes of buffers (NOTE
         # [in-flight budget] in comm.in_flight)
         "in_flight", "max_inflight_bytes",
-        # NOTE [residual at a phase switch] in comm.engine: id(param) -> residual to add once
+        # NOTE [residual at a phase switch] in comm.engine_residuals: id(param) -> residual to add once
         "carry",
     )
 
     def __init__(self, algorithm, topology, *, density=None, selector="mstopk", error_feedback=True,
                  value_dtype=None, skip_nonfinite=True, max_inflight_bytes=DEFAULT_INFLIGHT_BYTES,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES):
+                 bucket_bytes=DEFAULT_BUCKET_BYTES, options=None):
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
-        get_algorithm(algorithm)
         self.algorithm, self.topology, self.density = algorithm, topology, density
         self.selector, self.error_feedback, self.value_dtype = selector, error_feedback, value_dtype
+        self.options = options
         self.skip_nonfinite, self.skipped_buckets = skip_nonfinite, 0
         self.exchangers: dict[tuple[int, int], object] = {}
+        self.numels: dict[tuple[int, int], int] = {}
         self.params_of: dict[int, list] = {}
         self.bucket_bytes = int(bucket_bytes)
         self.in_flight: list = []
         self.max_inflight_bytes = max_inflight_bytes
         self.carry: dict[int, torch.Tensor] = {}
-        build_exchanger(algorithm, topology, density=density, selector=selector, value_dtype=value_dtype)  # validate
+        build_exchanger(algorithm, topology, density=density, selector=selector, value_dtype=value_dtype,
+                        options=options)  # validate
 
     def exchanger_for(self, key: tuple[int, int], numel: int):
         """The exchanger of piece ``key`` = (bucket index, offset) (a new one if its size changed).
@@ -88,11 +90,11 @@ class SparseHookState:
         hands the old buckets' residuals to the new ones per parameter (``carry``).
         """
         ex = self.exchangers.get(key)
-        if ex is None or getattr(ex, "_numel", None) != numel:
+        if ex is None or self.numels[key] != numel:
             ex = build_exchanger(self.algorithm, self.topology, density=self.density, selector=self.selector,
-                                 error_feedback=self.error_feedback, value_dtype=self.value_dtype)
-            ex._numel = numel
-            self.exchangers[key] = ex
+                                 error_feedback=self.error_feedback, value_dtype=self.value_dtype,
+                                 options=self.options)
+            self.exchangers[key], self.numels[key] = ex, numel
         return ex
 
     def pieces(self, numel: int, itemsize: int) -> list[tuple[int, int]]:
@@ -115,14 +117,15 @@ class SparseHookState:
 
     def take_residuals(self) -> dict:
         """This rank's residuals per parameter (tensor -> residual shaped like it), cleared
-        here (NOTE [residual at a phase switch] in comm.engine)."""
+        here (NOTE [residual at a phase switch] in comm.engine_residuals)."""
         out = {}
         for (index, offset), ex in self.exchangers.items():
             if ex.memory.owed() is None or index not in self.params_of:
                 continue
-            piece, start = ex.placed_residual(ex._numel), 0
+            numel = self.numels[(index, offset)]
+            piece, start = ex.placed_residual(numel), 0
             for p in self.params_of[index]:  # the parameters this piece overlaps
-                lo, hi = max(start, offset), min(start + p.numel(), offset + ex._numel)
+                lo, hi = max(start, offset), min(start + p.numel(), offset + numel)
                 if lo < hi:
                     if p not in out:
                         out[p] = torch.zeros(p.numel(), dtype=piece.dtype, device=piece.device)
@@ -138,7 +141,7 @@ class SparseHookState:
             self.carry[id(p)] = r
 
     def state_dict(self) -> dict:
-        return {i: (ex._numel, ex.state_dict()) for i, ex in self.exchangers.items()}
+        return {i: (self.numels[i], ex.state_dict()) for i, ex in self.exchangers.items()}
 
     def load_state_dict(self, state: dict) -> None:
         for key, (numel, s) in state.items():  # a bucket index alone: a state saved before NOTE [hook pieces]
@@ -158,6 +161,7 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
         # to the new buckets through the carry, as at a phase switch
         state.carry_in(state.take_residuals())
         state.exchangers.clear()
+        state.numels.clear()
         state.params_of.clear()
     state.params_of[bucket.index()] = params
     if state.carry:  # into DDP's bucket itself, which receives the result anyway (as torch's all-reduce hook)
@@ -190,12 +194,13 @@ def sparse_hook(state: SparseHookState, bucket: dist.GradBucket) -> torch.future
 def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float | None = None,
                          selector: str = "mstopk", error_feedback: bool = True, value_dtype=None,
                          skip_nonfinite: bool = True, max_inflight_bytes: int | None = DEFAULT_INFLIGHT_BYTES,
-                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> SparseHookState:
+                         bucket_bytes: int = DEFAULT_BUCKET_BYTES, options=None) -> SparseHookState:
     """Make ``ddp_model`` exchange its gradient buckets with ``algorithm``, asynchronously.
 
     Args:
         ddp_model: a ``torch.nn.parallel.DistributedDataParallel`` module.
-        algorithm: name in ``comm.ALGORITHMS``.
+        algorithm: a registered algorithm with a per-bucket exchanger
+            (``comm.registry.names(per_bucket=True)``).
         topology: a :class:`comm.Topology`.
         density, selector, error_feedback, value_dtype: as in :func:`comm.build_exchanger`.
         skip_nonfinite: skip buckets with inf/NaN on any worker (NOTE [overflow steps]).
@@ -203,6 +208,7 @@ def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float 
             None: no limit): NOTE [in-flight budget] in comm/in_flight.py.
         bucket_bytes: largest piece of a DDP bucket exchanged at once (default 25 MiB): NOTE
             [hook pieces].
+        options: ``algorithm``'s options object (default: its defaults).
 
     Returns:
         The hook state (keep it to checkpoint residuals with ``state_dict()``).
@@ -216,6 +222,6 @@ def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float 
     """
     state = SparseHookState(algorithm, topology, density=density, selector=selector, error_feedback=error_feedback,
                             value_dtype=value_dtype, skip_nonfinite=skip_nonfinite,
-                            max_inflight_bytes=max_inflight_bytes, bucket_bytes=bucket_bytes)
+                            max_inflight_bytes=max_inflight_bytes, bucket_bytes=bucket_bytes, options=options)
     ddp_model.register_comm_hook(state, sparse_hook)
     return state

@@ -3,7 +3,7 @@ residual memory) per bucket, and a scheduler that starts each bucket's exchange 
 backward has produced its last gradient.
 
 Parts, as GRACE separates them: the *plan* (:mod:`comm.plans`) says which parameters
-travel together; per bucket an *algorithm* from ``comm.ALGORITHMS`` (the communicator)
+travel together; per bucket an *algorithm* from :mod:`comm.registry` (the communicator)
 holds the *selector* (``comm.topk``, the compressor) and the *residual memory*
 (:class:`comm.ResidualMemory`); the *scheduler* here runs the algorithms' stages (NOTE
 [exchange stages] in comm/collectives/base.py).
@@ -23,15 +23,6 @@ residuals and poison every later step. With ``skip_nonfinite`` the engine agrees
 (once per step without overlap, once per bucket with it); a non-finite bucket is not
 exchanged, its residual is untouched, its gradients become NaN (so GradScaler skips the
 step on every worker alike) and ``synchronize()`` returns False.
-
-NOTE [residual at a phase switch]: when training moves from one exchange to another
-(``dawnbench28``: hitopk, then 2dtar), what the sparse exchange still owes is not
-dropped: :meth:`GradientExchanger.take_residuals` hands every rank's residual back per
-parameter and :meth:`GradientExchanger.carry_in` adds it to the next gradients the new
-exchanger sends, so it is applied (averaged like a gradient) by the first exchange of the
-new phase. Per rank, ``sum(gradients) + sum(residual taken) ==`` what the next exchanges
-receive, and over all ranks nothing is lost. With momentum correction what is handed back
-is ``m * u + (1 - m) * v`` (NOTE [momentum correction] in comm/residual.py).
 
 NOTE [local update] (comm/local_update.py): clipping, weight decay and a carried
 residual act on each worker's bucket before it is exchanged.
@@ -59,38 +50,38 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
-from comm.collectives import build_exchanger, get_algorithm
+from comm.collectives import build_exchanger
 from comm.collectives import base
 from comm.collectives.base import nonfinite_anywhere
+from comm.engine_residuals import EngineResiduals
 from comm.in_flight import DEFAULT_INFLIGHT_BYTES, InFlight, StepFlights, make_room
 from comm.local_update import LocalUpdate
-from comm.plans import Bucket, make_plan
+from comm.plans import Bucket, Plan, SizePlan
 from comm.plans.same_layout import check_same_layout
+from comm.registry import exchanger_class
 from comm.select_timer import SelectTimer
+from comm.timings import ExchangeTimings
 
 __all__ = ["GradientExchanger"]
 
 
-class GradientExchanger:
+class GradientExchanger(EngineResiduals):
     """Average every ``p.grad`` over all workers by buckets, overlapped with backward.
 
     Args:
         params: the model parameters (those with ``requires_grad`` are kept), forward order.
-        algorithm: name in ``comm.ALGORITHMS`` for the buckets (a plan may pick others,
-            as ``size``'s hybrid choice does).
+        algorithm: a registered algorithm with a per-bucket exchanger
+            (``comm.registry.names(per_bucket=True)``) for the buckets (a plan may pick
+            others, as ``size``'s hybrid choice does).
         topology: a :class:`comm.Topology`.
         density, selector, error_feedback, value_dtype: as in :func:`comm.build_exchanger`.
-        plan: a planner name from ``comm.plans.PLANNERS`` (``size``, ``layer``, ``omgs``) or
-            a list of :class:`comm.plans.Bucket` (default ``size``).
-        bucket_bytes, hybrid_threshold_bytes: options of the ``size`` plan: fusion threshold
-            theta (default 25 MiB) and the hybrid choice eta (default 1 MiB; 0 disables).
-        dense_vectors: option of the ``size`` plan: parameters of at most one dimension
-            go densely (NOTE [dense vectors] in comm/plans/size.py).
-        merged: option of the ``omgs`` plan (:func:`comm.omgs.find_merged_layers`).
+        plan: a plan object of ``comm.plans`` (:class:`~comm.plans.SizePlan`, the default
+            with its fusion threshold and hybrid choice, :class:`~comm.plans.LayerPlan`,
+            :class:`~comm.plans.OMGSPlan`) or a list of :class:`comm.plans.Bucket`.
         skip_nonfinite: see NOTE [overflow steps] (default True).
         overlap: start each bucket's exchange from a post-accumulate-grad hook as soon as
             its gradients are ready (default True); False exchanges everything in
@@ -108,6 +99,7 @@ class GradientExchanger:
             False.
         max_inflight_bytes: buffers the buckets in flight may hold at once (default 256
             MiB; None: no limit): NOTE [in-flight budget] in comm/in_flight.py.
+        options: ``algorithm``'s options object for its buckets (default: its defaults).
 
     Attributes:
         buckets: the plan (list of :class:`comm.plans.Bucket`, launch order).
@@ -117,11 +109,7 @@ class GradientExchanger:
             ``wait_s`` (blocked on collectives in :meth:`synchronize`) and ``sync_s`` (all
             of :meth:`synchronize`).
         bucket_compress_s: ``compress_s`` per bucket.
-        last_timings: the last step's ``select`` and ``select_overlapped`` (selection
-            inside :meth:`synchronize` and during backward), ``wait`` (the time in
-            :meth:`synchronize`), ``launched_in_backward`` (buckets) and, with
-            ``pipeline``, ``drained_in_backward`` (seconds spent finishing the previous
-            step's exchange inside this backward).
+        last_timings: the last step's :class:`comm.ExchangeTimings`.
 
     Raises:
         ValueError: unknown algorithm or plan, bad plan options, bad density, momentum
@@ -133,40 +121,32 @@ class GradientExchanger:
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], algorithm: str, topology, *,
-                 density: float | None = None, selector: str = "mstopk", error_feedback: bool = True,
-                 plan: str | list[Bucket] = "size", bucket_bytes: int = 25 * 2**20,
-                 hybrid_threshold_bytes: int = 2**20, merged=None, value_dtype=None, skip_nonfinite: bool = True,
-                 overlap: bool = True, momentum: float = 0.0, masking: bool = True,
-                 weight_decay: Mapping[torch.Tensor, float] | None = None, clip_norm: float = 0.0,
-                 dense_vectors: bool = False, pipeline: bool = False,
-                 max_inflight_bytes: int | None = DEFAULT_INFLIGHT_BYTES):
-        get_algorithm(algorithm)
+                 plan: Plan | Sequence[Bucket] = SizePlan(), density: float | None = None, selector: str = "mstopk",
+                 error_feedback: bool = True, value_dtype=None, skip_nonfinite: bool = True, overlap: bool = True,
+                 momentum: float = 0.0, masking: bool = True, weight_decay: Mapping[torch.Tensor, float] | None = None,
+                 clip_norm: float = 0.0, pipeline: bool = False,
+                 max_inflight_bytes: int | None = DEFAULT_INFLIGHT_BYTES, options=None):
         self.params = [p for p in params if p.requires_grad]
         self._local = LocalUpdate(self.params, topology.world_size, weight_decay, clip_norm)
         self.topology, self.algorithm = topology, algorithm
         self.skip_nonfinite, self.overlap, self.pipeline = skip_nonfinite, overlap, pipeline
         self.max_inflight_bytes = max_inflight_bytes
         self.skipped_steps = 0
-        if isinstance(plan, str):
-            options = {"size": {"bucket_bytes": bucket_bytes, "hybrid_threshold_bytes": hybrid_threshold_bytes,
-                                "dense_vectors": dense_vectors},
-                       "omgs": {"merged": merged}}.get(plan, {})
-            plan = make_plan(plan, self.params, algorithm, **options)
-        self.buckets = list(plan)
+        exchanger_class(algorithm)
+        self.buckets = plan.buckets(self.params, algorithm) if hasattr(plan, "buckets") else list(plan)
         seen = sorted(i for b in self.buckets for i in b.params)
         if seen != list(range(len(self.params))):
             raise ValueError("a bucket plan must hold every parameter exactly once")
         check_same_layout([sum(self.params[i].numel() for i in b.params) for b in self.buckets], topology)
         self.stats = dict.fromkeys(("select_s", "compress_s", "wait_s", "sync_s"), 0.0)
         self.bucket_compress_s = [0.0] * len(self.buckets)
-        self.last_timings = {"select": 0.0, "select_overlapped": 0.0, "wait": 0.0, "launched_in_backward": 0,
-                             "drained_in_backward": 0.0}
+        self.last_timings = ExchangeTimings()
         self._select = SelectTimer()
         self.exchangers = []
         for b in self.buckets:
             ex = build_exchanger(b.algorithm, topology, density=density, selector=selector,
                                  error_feedback=error_feedback, value_dtype=value_dtype, momentum=momentum,
-                                 masking=masking)
+                                 masking=masking, options=options if b.algorithm == algorithm else None)
             if ex.sparse:
                 ex.select = self._select.wrap(ex.select)
             self.exchangers.append(ex)
@@ -287,8 +267,9 @@ class GradientExchanger:
         select = self._select.take()
         self.stats["select_s"] += overlapped + select
         self.stats["sync_s"] += wait
-        self.last_timings = {"select": select, "select_overlapped": overlapped, "wait": wait,
-                             "launched_in_backward": in_backward, "drained_in_backward": self._drained_in_backward}
+        self.last_timings = ExchangeTimings(select=select, select_overlapped=overlapped, wait=wait,
+                                            drained_in_backward=self._drained_in_backward,
+                                            launched_in_backward=in_backward)
         self._drained_in_backward = 0.0
         return applied
 
@@ -358,82 +339,3 @@ class GradientExchanger:
         self._handles = []
 
     close = remove
-
-    def take_inter_node_bytes(self) -> int:
-        """Bytes this rank sent to other nodes since the last call (NOTE [inter-node
-        bytes] in comm/link_bytes.py); the counters restart from zero."""
-        return base.take_inter_node_bytes(self.exchangers)
-
-    def residual_sq(self) -> float:
-        """Sum of squares of this rank's residuals (update units under momentum correction)."""
-        return base.residual_sq(self.exchangers)
-
-    # -- residuals -----------------------------------------------------------------------
-    def take_residuals(self) -> dict[torch.Tensor, torch.Tensor]:
-        """This rank's residuals per parameter (parameter -> tensor shaped like it), cleared
-        here (NOTE [residual at a phase switch]). Parameters without residual are left out.
-
-        Raises:
-            RuntimeError: with ``pipeline``, while gradients are in flight or not applied
-                (:meth:`flush` first).
-        """
-        if self._previous is not None:
-            raise RuntimeError("GradientExchanger.take_residuals() while a pipelined exchange is not applied: call "
-                               "flush() and apply its gradients first (NOTE [pipelined exchange])")
-        out = {}
-        for b, ex in zip(self.buckets, self.exchangers):
-            if ex.memory.residual is None and ex.memory.momentum is None:
-                continue
-            numel = sum(self.params[i].numel() for i in b.params)
-            full = ex.placed_residual(numel)
-            offset = 0
-            for i in b.params:
-                n = self.params[i].numel()
-                out[self.params[i]] = full[offset:offset + n].view_as(self.params[i]).clone()
-                offset += n
-            ex.memory.clear()
-        return out
-
-    def carry_in(self, residuals: dict[torch.Tensor, torch.Tensor]) -> None:
-        """Add ``residuals`` (parameter -> tensor, as :meth:`take_residuals` gives) to the
-        next gradients this exchanger sends.
-
-        Raises:
-            ValueError: for a parameter this exchanger does not hold, or a wrong shape.
-        """
-        index = {id(p): i for i, p in enumerate(self.params)}
-        for p, r in residuals.items():
-            if id(p) not in index or r.shape != p.shape:
-                raise ValueError(f"carried residual of shape {tuple(r.shape)} matches no parameter of this exchanger")
-            self._local.carried[index[id(p)]] = r  # NOTE [residual at a phase switch]
-
-    def state_dict(self) -> dict:
-        """Residuals of every bucket (for checkpoints), with the bucket layout. With
-        ``pipeline`` also the previous step's averaged gradients not applied yet (``pending``),
-        so that a run resumed from a checkpoint takes the same steps as one that went on:
-        an exchange still in flight is finished first (collective then; NOTE [pipelined
-        exchange])."""
-        state = {"algorithm": self.algorithm, "buckets": [list(b.params) for b in self.buckets],
-                 "exchangers": [ex.state_dict() for ex in self.exchangers]}
-        if self._previous is not None:
-            self._drain()
-            state["pending"] = self._previous.state()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore residuals (and a pipelined step's unapplied gradients) saved by :meth:`state_dict`.
-
-        Raises:
-            ValueError: if the bucket layout differs (other model or plan options), or the
-                state holds unapplied gradients and this exchanger is not pipelined.
-        """
-        if [list(b.params) for b in self.buckets] != [list(b) for b in state["buckets"]]:
-            raise ValueError("saved gradient buckets differ from this model's: use the same model, plan, "
-                             "bucket_bytes and hybrid_threshold_bytes as when the state was saved")
-        pending = state.get("pending")
-        if pending is not None and not self.pipeline:
-            raise ValueError("the saved exchange state holds the gradients of a pipelined step not applied yet: "
-                             "resume with pipeline=True (train.pipeline_exchange), or from an epoch-end checkpoint")
-        for ex, s in zip(self.exchangers, state["exchangers"]):
-            ex.load_state_dict(s)
-        self._previous = None if pending is None else StepFlights.from_state(pending, self.params[0].device)

@@ -1,8 +1,8 @@
 """torch's own PowerSGD DDP comm hook as the ``powersgd`` exchange: the compression a
 PyTorch user would pick instead of top-k, kept as a baseline.
 
-It runs only under ``DistributedDataParallel`` (the hook is DDP's): the trainer wraps the
-model in DDP for ``comm: powersgd`` whether or not ``--ddp`` is given.
+It runs only under ``DistributedDataParallel`` (the hook is DDP's, ``ALGORITHM.ddp_hook``):
+the trainer wraps the model in DDP for ``comm: powersgd`` whether or not ``--ddp`` is given.
 
 NOTE [powersgd start]: ``PowerSGDState`` runs plain all-reduce for its first
 ``start_powerSGD_iter`` iterations (default 1000 in torch, most of a short run). Error
@@ -23,12 +23,26 @@ Example:
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-__all__ = ["POWERSGD_START_ITER", "PowerSGDHookState", "register_powersgd_hook"]
+from comm.algorithm import Algorithm
+
+__all__ = ["ALGORITHM", "POWERSGD_START_ITER", "PowerSGDHookState", "PowerSGDOptions", "register_powersgd_hook"]
 
 POWERSGD_START_ITER = 2  # NOTE [powersgd start]
+
+
+@dataclass(frozen=True)
+class PowerSGDOptions:
+    """``rank``: the matrix approximation rank of torch's PowerSGD hook (>= 1)."""
+
+    rank: int = 2
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"PowerSGD rank must be an integer >= 1; got {self.rank!r}")
 
 
 class PowerSGDHookState:
@@ -102,3 +116,9 @@ def register_powersgd_hook(ddp_model, *, rank: int = 2, start_iter: int = POWERS
     ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return PowerSGDHookState(state)
 
+
+def _ddp_hook(ddp_model, options: PowerSGDOptions) -> PowerSGDHookState:
+    return register_powersgd_hook(ddp_model, rank=options.rank)
+
+
+ALGORITHM = Algorithm("powersgd", sparse=False, options=PowerSGDOptions, ddp_hook=_ddp_hook)

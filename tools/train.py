@@ -35,14 +35,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="torch: cached DataLoader; dali: DALI pipeline from the cache; memory: decode into RAM (no cache)")
     group = parser.add_argument_group("recipe overrides (every phase)")
     group.add_argument("--epochs", type=int, default=None, help="epochs of every phase (default: the recipe's)")
-    group.add_argument("--comm", default=None,
-                       help="gradient exchange of every phase: dense, hier, 2dtar, topk_ag, gtopk, hitopk, omgs, "
-                            "powersgd (torch's PowerSGD DDP hook; always under DDP), auto (chosen per phase from "
-                            "the cost model after its first steps; not with --ddp)")
+    from comm.registry import ALGORITHMS
+    from trainer.config import AUTO
+
+    inside_ddp = ", ".join(f"{n}: always under DDP" for n, a in ALGORITHMS.items() if a.inside_ddp)
+    group.add_argument("--comm", default=None, metavar="NAME",  # checked by the recipe: one line listing the names
+                       help=f"gradient exchange of every phase: {', '.join(ALGORITHMS)} ({inside_ddp}), {AUTO} "
+                            "(chosen per phase from the cost model after its first steps; not with --ddp)")
     group.add_argument("--density", type=float, default=None, help="top-k density of every phase, in (0, 1]")
     group.add_argument("--powersgd-rank", type=int, default=None,
                        help="matrix approximation rank of --comm powersgd, every phase (default: the recipe's, 2)")
-    group.add_argument("--selector", default=None, help="top-k selector of every phase: exact, dgc, mstopk")
+    from comm.topk import SELECTORS
+
+    group.add_argument("--selector", default=None, metavar="NAME",
+                       help=f"top-k selector of every phase: {', '.join(SELECTORS)}")
     group.add_argument("--batch-size", type=int, default=None, help="per-worker batch size of every phase")
     group.add_argument("--size", type=int, default=None, help="training image size of every phase (px)")
     group.add_argument("--lr", type=float, default=None, help="optim.lr")

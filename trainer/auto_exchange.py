@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 
 from comm import collective_ops as ops
-from comm.auto import SPARSE_CANDIDATE, choose, fit_links
+from comm.auto import choose, fit_links, sparse_candidate
+from comm.registry import DENSE
+from trainer.config import AUTO
 
 __all__ = ["AutoExchange", "PROVISIONAL_STEPS", "after_step", "first_comm", "start_phase"]
 
@@ -23,8 +25,9 @@ PROVISIONAL_STEPS = 6  # measured: steps 2..6 of the phase (the first pays one-o
 
 
 def first_comm(world: int) -> str:
-    """The exchange an ``auto`` phase starts with: the sparse candidate, or ``dense`` alone."""
-    return SPARSE_CANDIDATE if world > 1 else "dense"
+    """The exchange an ``auto`` phase starts with: the sparse candidate, or the dense
+    all-reduce on one process (nothing to exchange)."""
+    return sparse_candidate() if world > 1 else DENSE
 
 
 class AutoExchange:
@@ -76,15 +79,15 @@ def start_phase(run, index: int, phase) -> str:
     """The exchange phase ``index`` opens with; for ``auto`` also ``run.auto`` (its chooser,
     or None when the choice was made before a resume or there is one process: dense, said once)."""
     run.auto = None
-    if phase.comm != "auto":
+    if phase.comm != AUTO:
         return phase.comm
     local = run.local if run.local and run.local["phase"] == index else None
     decided = local["comm"] if local and local.get("auto_decided") else None
     if run.world > 1:
         run.auto = AutoExchange(index, run.steps_per_epoch * phase.epochs, decided)
     elif run.rank == 0 and run.cfg.print_table and index == min(i for i, p in enumerate(run.recipe.phases)
-                                                                 if p.comm == "auto"):
-        print("auto: one process, nothing to exchange: dense", flush=True)
+                                                                 if p.comm == AUTO):
+        print(f"auto: one process, nothing to exchange: {DENSE}", flush=True)
     return decided or first_comm(run.world)
 
 
@@ -95,8 +98,8 @@ def after_step(run, compute_s: float, done: int) -> None:
     from trainer.phase_exchange import carried_residuals, open_exchange
     from trainer.schedules import density_at
 
-    split = run.exchanger.last_timings
-    run.auto.observe(compute_s, split.get("compress", 0.0) + split.get("compress_overlapped", 0.0))
+    timings = run.exchanger.last_timings
+    run.auto.observe(compute_s, timings.select + timings.select_overlapped)
     phase = run.recipe.phases[run.phase_index]
     step = (run.epoch - run.recipe.phase_start(run.phase_index)) * run.steps_per_epoch + done
     if not run.auto.due(step):

@@ -10,21 +10,38 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from comm.algorithm import NoOptions
+from comm.registry import ALGORITHMS, DENSE, get_algorithm, names
+from comm.topk import SELECTORS
 from loaders.locality import DEFAULT_EXCHANGE_FRACTION, LOCALITIES
 
-__all__ = ["COMM_NAMES", "DDP_COMMS", "SELECTOR_NAMES", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig",
-           "PhaseConfig", "TrainConfig", "Recipe"]
+__all__ = ["AUTO", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig", "PhaseConfig", "TrainConfig", "Recipe",
+           "comm_choices", "option_keys"]
 
-# Names resolved by comm (collectives, OMGS) and comm.topk; validated here so a typo in a
-# recipe fails before any process starts. ``auto`` picks one per phase (NOTE [auto exchange]
-# in comm/auto.py).
-COMM_NAMES = ("dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk", "omgs", "powersgd", "auto")
-# Exchanges that exist only as a DDP comm hook: the trainer wraps the model in DDP for them.
-DDP_COMMS = ("powersgd",)
-SPARSE_COMMS = ("topk_ag", "gtopk", "hitopk", "omgs")
-SELECTOR_NAMES = ("exact", "dgc", "mstopk")
+# A phase's ``comm`` is a name in comm's registry (comm.registry), or ``auto``, which picks
+# one per phase from the registered candidates (NOTE [auto exchange] in comm/auto.py);
+# validated here so a typo in a recipe fails before any process starts.
+AUTO = "auto"
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "lars")
+
+
+def comm_choices() -> list[str]:
+    """What a phase's ``comm`` (``--comm``) may be: every registered algorithm, and ``auto``."""
+    return names() + [AUTO]
+
+
+def option_keys() -> dict[str, tuple[str, dataclasses.Field]]:
+    """Recipe key -> (algorithm, options field) of every registered algorithm's options.
+
+    NOTE [algorithm options in a recipe]: a phase carries its algorithm's options object
+    (``PhaseConfig.options``, the algorithm's own dataclass); a recipe writes its field
+    ``f`` of algorithm ``a`` flat in the phase as ``a_f`` (``powersgd_rank: 4``, ``omgs_plan:
+    lags``), so ``--set phases.0.powersgd_rank=4`` and the recipes written before the
+    options objects keep working. Keys of another algorithm than the phase's are accepted
+    and ignored, so switching a phase's ``comm`` (``--comm``) never trips over them.
+    """
+    return {f"{name}_{f.name}": (name, f) for name, a in ALGORITHMS.items() for f in dataclasses.fields(a.options)}
 
 
 def _need(ok: bool, msg: str) -> None:
@@ -121,14 +138,16 @@ class PhaseConfig:
 
     ``hybrid_bytes``: fused gradient buckets smaller than this use the dense ``hier``
     all-reduce whatever ``comm`` says (Jizhi's hybrid choice by size); 0 sends every
-    bucket with ``comm``. ``omgs_plan`` (``comm: omgs`` only): ``auto`` profiles backward
-    and plans merged layers at the start of the phase; ``lags`` keeps every layer alone
-    (deterministic, no profiling). ``powersgd_rank`` (``comm: powersgd`` only): the
-    matrix approximation rank of torch's PowerSGD hook (``comm.powersgd``).
+    bucket with ``comm``. ``options``: the options object of ``comm``'s algorithm
+    (``comm.Algorithm.options``; None: its defaults), as ``comm.omgs.exchange.OMGSOptions``
+    (``plan``: ``auto`` profiles backward and plans merged layers at the start of the phase,
+    ``lags`` keeps every layer alone) or ``comm.powersgd.PowerSGDOptions`` (``rank``); a
+    recipe writes them flat (``omgs_plan``, ``powersgd_rank``: NOTE [algorithm options in a
+    recipe]).
     ``cache_size``: shorter side of the cached samples
     this phase reads (0 = ``train.cache_size``); see NOTE [cache size per phase].
 
-    Sparse exchanges (``topk_ag``, ``gtopk``, ``hitopk``, ``omgs``; not under ``--ddp``)
+    Sparse exchanges (``comm.registry.names(sparse=True)``; not under ``--ddp``)
     take Deep Gradient Compression's techniques, each switchable for ablation:
     ``momentum_correction`` (the residual accumulates the momentum-corrected update and
     the optimiser applies it without momentum; NOTE [momentum correction] in
@@ -148,12 +167,10 @@ class PhaseConfig:
     epochs: int = 1
     size: int = 224
     batch_size: int = 256
-    comm: str = "dense"
+    comm: str = DENSE
     density: float = 0.01
     selector: str = "mstopk"
     hybrid_bytes: int = 2**20
-    omgs_plan: str = "auto"
-    powersgd_rank: int = 2
     cache_size: int = 0
     momentum_correction: bool = True
     momentum_masking: bool = False
@@ -162,6 +179,7 @@ class PhaseConfig:
     density_warmup_epochs: float | None = None
     density_warmup_steps: int | None = None
     density_schedule: tuple[float, ...] = ()
+    options: object = None
 
     def __post_init__(self):
         object.__setattr__(self, "density_schedule", tuple(self.density_schedule))
@@ -179,12 +197,14 @@ class PhaseConfig:
               f"phase cache_size must be 0 (train.cache_size) or >= the phase's size ({self.size} px), "
               f"or every crop is upscaled; got {self.cache_size}")
         _need(self.batch_size >= 1, f"phase batch_size must be >= 1; got {self.batch_size}")
-        _need(self.comm in COMM_NAMES, f"phase comm {self.comm!r} is unknown; valid: {list(COMM_NAMES)}")
+        _need(self.comm in comm_choices(), f"phase comm {self.comm!r} is unknown; valid: {comm_choices()}")
+        kind = NoOptions if self.comm == AUTO else get_algorithm(self.comm).options
+        object.__setattr__(self, "options", kind() if self.options is None else self.options)
+        _need(isinstance(self.options, kind),
+              f"phase options of comm {self.comm} must be {kind.__name__}; got {type(self.options).__name__}")
         _need(0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
-        _need(self.omgs_plan in ("auto", "lags"), f"phase omgs_plan must be auto or lags; got {self.omgs_plan!r}")
-        _need(self.powersgd_rank >= 1, f"phase powersgd_rank must be >= 1; got {self.powersgd_rank}")
         _need(self.hybrid_bytes >= 0, f"phase hybrid_bytes must be >= 0; got {self.hybrid_bytes}")
-        _need(self.selector in SELECTOR_NAMES, f"phase selector {self.selector!r} is unknown; valid: {list(SELECTOR_NAMES)}")
+        _need(self.selector in SELECTORS, f"phase selector {self.selector!r} is unknown; valid: {sorted(SELECTORS)}")
 
 
 @dataclass(frozen=True)
@@ -248,10 +268,12 @@ class Recipe:
               f"({self.total_epochs}); lower it (--set schedule.warmup_epochs=N) or train longer")
         _need(max(self.schedule.milestones, default=0) <= self.total_epochs,
               f"schedule.milestones must lie within the {self.total_epochs} epochs; got {list(self.schedule.milestones)}")
-        inside_ddp = [f"phases[{i}]" for i, p in enumerate(self.phases) if p.comm in DDP_COMMS]
+        inside_ddp = [f"phases[{i}]" for i, p in enumerate(self.phases) if p.comm != AUTO
+                      and get_algorithm(p.comm).inside_ddp]
         _need(not (self.train.pipeline_exchange and inside_ddp),
               f"train.pipeline_exchange (--pipeline-exchange) pipelines the comm engine's exchange; "
-              f"{', '.join(inside_ddp)} exchange inside DDP's backward ({', '.join(DDP_COMMS)}): drop one of them")
+              f"{', '.join(inside_ddp)} exchange inside DDP's backward "
+              f"({', '.join(n for n in names() if get_algorithm(n).inside_ddp)}): drop one of them")
 
     @property
     def total_epochs(self) -> int:
@@ -301,4 +323,10 @@ class Recipe:
         return len(self.phases) - 1, self.phases[-1]
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The recipe as YAML would write it: each phase's options flat (NOTE [algorithm
+        options in a recipe])."""
+        data = dataclasses.asdict(self)
+        for phase, row in zip(self.phases, data["phases"]):
+            del row["options"]
+            row.update({f"{phase.comm}_{k}": v for k, v in dataclasses.asdict(phase.options).items()})
+        return data

@@ -1,26 +1,28 @@
-"""Gradient exchange for the training loop: one object per phase with ``synchronize()``.
+"""A phase's gradient exchange as the training loop sees it: one declared interface
+(:class:`Exchange`) and its two adapters, chosen by :func:`build_exchange` from what the
+algorithm declares in :mod:`comm.registry`.
 
-``build_exchange(name, model, topology, density=..., selector=...)`` returns a
-``PhaseExchange`` that averages every ``p.grad`` across ranks in place
-(``synchronize()``), saves and restores error-feedback residuals (``state_dict()``),
-reports ``last_timings = {"compress": s, "communicate": s}`` for the time breakdown and
-releases its hooks (``close()``). Names: ``dense``, ``hier``, ``2dtar``, ``topk_ag``,
-``gtopk``, ``hitopk`` (``comm.GradientExchanger`` with fused buckets) and ``omgs``
-(the same engine with ``topk_ag`` on the merged layers of the OMGS planner); both start
-each bucket's exchange during backward.
-``build_ddp_exchange`` instead wraps the model in DDP and exchanges inside backward
-(DDP's all-reduce for ``dense``, torch's PowerSGD hook for ``powersgd`` (always under
-DDP), ``comm.register_sparse_hook`` for the others).
+- :class:`EngineExchange`: the comm engine (``comm.GradientExchanger``), which starts each
+  bucket's exchange during backward: fused buckets of the algorithm (``Algorithm.exchanger``)
+  or the buckets an algorithm lays out itself (``Algorithm.build``: OMGS's merged layers).
+- :class:`DDPExchange`: the model wrapped in DDP, exchanging inside backward: DDP's own
+  all-reduce for the plain dense exchange, the algorithm's own hook for one that runs
+  only in DDP (``Algorithm.ddp_hook``: PowerSGD) and ``comm.register_sparse_hook`` for
+  the others (``--ddp``).
 """
 from __future__ import annotations
 
-import time
+import abc
+import contextlib
 from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["LocalTopology", "topology_for", "build_exchange", "build_ddp_exchange", "PhaseExchange", "DDPExchange",
+from comm.registry import DENSE, get_algorithm
+from comm.timings import ExchangeTimings
+
+__all__ = ["LocalTopology", "topology_for", "Exchange", "EngineExchange", "DDPExchange", "build_exchange",
            "saved_residuals"]
 
 
@@ -58,44 +60,90 @@ def topology_for(world_size: int, nodes: int | None = None, local_size: int | No
     return Topology(nodes=n, local_size=ls)
 
 
-class PhaseExchange:
-    """Adapter that gives every exchanger the loop's small interface.
+class Exchange(abc.ABC):
+    """What the training loop asks of a phase's gradient exchange, whatever runs it.
 
-    Args:
-        inner: a ``comm.GradientExchanger`` (or None on a single process: ``synchronize``
-            is then a no-op).
+    Attributes:
+        module: what the forward pass goes through (the model, or its DDP wrapper).
+        last_timings: the last :meth:`synchronize`'s :class:`comm.ExchangeTimings`.
     """
 
-    def __init__(self, inner=None, layout: dict | None = None):
-        self.inner, self.layout = inner, layout or {}
-        self.last_timings = {"compress": 0.0, "communicate": 0.0, "compress_overlapped": 0.0}
+    module: nn.Module
+    last_timings: ExchangeTimings = ExchangeTimings()
 
+    @abc.abstractmethod
     def synchronize(self) -> bool:
-        """Finish the exchange; False when ``p.grad`` holds nothing to apply (the first step
-        of a pipelined exchange: NOTE [pipelined exchange] in comm/engine.py). ``last_timings``:
-        ``compress`` (top-k selection inside this call), ``communicate`` (the rest of it:
-        waiting for what is still in flight), ``compress_overlapped`` (selection done
-        during backward, inside its time) and ``communicate_overlapped`` (waiting inside
-        backward for the previous step's pipelined exchange)."""
-        if self.inner is None:
-            return True
-        start = time.perf_counter()
-        applied = self.inner.synchronize()
-        total = time.perf_counter() - start
-        split = self.inner.last_timings
-        self.last_timings = {"compress": split["select"], "communicate": max(total - split["select"], 0.0),
-                             "compress_overlapped": split["select_overlapped"],
-                             "communicate_overlapped": split["drained_in_backward"]}
-        return applied
+        """Finish the step's exchange into ``p.grad`` (collective); False when there is
+        nothing to apply (NOTE [pipelined exchange] in comm/engine.py)."""
 
     def lookahead_grads(self) -> bool:
         """This rank's own gradients of a pipelined step still in flight, into ``p.grad``
         (NOTE [lookahead] in trainer/lookahead.py); False when there are none."""
+        return False
+
+    def flush(self) -> bool:
+        """Finish a pipelined exchange still in flight into ``p.grad``: True if there is one
+        more optimiser step to take (collective)."""
+        return False
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the exchange (residuals)."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved."""
+
+    @abc.abstractmethod
+    def take_residuals(self) -> dict:
+        """What the exchange still owes, per parameter, cleared here (NOTE [residual at a
+        phase switch] in comm/engine_residuals.py)."""
+
+    @abc.abstractmethod
+    def carry_in(self, residuals: dict) -> None:
+        """Add ``residuals`` (as :meth:`take_residuals` gives) to the next gradients sent."""
+
+    @abc.abstractmethod
+    def set_density(self, density: float) -> None:
+        """Density of the sparse buckets from the next step on (density warm-up)."""
+
+    @abc.abstractmethod
+    def take_inter_node_bytes(self) -> int:
+        """Bytes this rank sent to other nodes since the last call (NOTE [inter-node bytes]
+        in comm/link_bytes.py)."""
+
+    @abc.abstractmethod
+    def residual_sq(self) -> float:
+        """Sum of squares of this rank's residuals."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release hooks and wrappers."""
+
+
+class EngineExchange(Exchange):
+    """The comm engine as an :class:`Exchange`.
+
+    Args:
+        module: the model.
+        inner: a ``comm.GradientExchanger``, or None on a single process (nothing to exchange).
+        layout: what rebuilds the same buckets on resume (``Algorithm.build``'s layout).
+    """
+
+    def __init__(self, module: nn.Module, inner=None, layout: dict | None = None):
+        self.module, self.inner, self.layout = module, inner, layout or {}
+
+    def synchronize(self) -> bool:
+        if self.inner is None:
+            return True
+        applied = self.inner.synchronize()
+        self.last_timings = self.inner.last_timings
+        return applied
+
+    def lookahead_grads(self) -> bool:
         return self.inner is not None and self.inner.lookahead_grads()
 
     def flush(self) -> bool:
-        """A pipelined exchange still in flight is finished into ``p.grad``: True if there
-        is one more optimiser step to take (collective)."""
         return self.inner is not None and self.inner.flush()
 
     def state_dict(self) -> dict:
@@ -107,7 +155,6 @@ class PhaseExchange:
             self.inner.load_state_dict(state["exchange"])
 
     def take_residuals(self) -> dict:
-        """What the exchange still owes, per parameter (NOTE [residual at a phase switch])."""
         return self.inner.take_residuals() if self.inner is not None else {}
 
     def carry_in(self, residuals: dict) -> None:
@@ -115,16 +162,13 @@ class PhaseExchange:
             self.inner.carry_in(residuals)
 
     def set_density(self, density: float) -> None:
-        """Density of the sparse buckets from the next step on (density warm-up)."""
         if self.inner is not None:
             self.inner.set_density(density)
 
     def take_inter_node_bytes(self) -> int:
-        """Bytes this rank sent to other nodes since the last call (NOTE [inter-node bytes])."""
         return self.inner.take_inter_node_bytes() if self.inner is not None else 0
 
     def residual_sq(self) -> float:
-        """Sum of squares of this rank's residuals."""
         return self.inner.residual_sq() if self.inner is not None else 0.0
 
     def close(self) -> None:
@@ -132,88 +176,18 @@ class PhaseExchange:
             self.inner.remove()
 
 
-def _build_omgs(model: nn.Module, topology, *, density: float, selector: str, probe, layout,
-                **engine) -> PhaseExchange:
-    from comm import GradientExchanger
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if layout:  # resuming: the saved order and plan, so the residuals fit
-        order, plan = list(layout["order"]), list(layout["plan"])
-    elif probe is not None:  # profile backward, fit the cost model, plan (rank 0's plan everywhere)
-        from comm.omgs import plan_omgs
-
-        plan, order, _, _ = plan_omgs(model, probe, topology, density=density, selector=selector)
-    else:  # no probe: every layer alone (LAGS)
-        order, plan = list(range(len(params))), [False] * len(params)
-    inner = GradientExchanger([params[i] for i in order], "topk_ag", topology, density=density, selector=selector,
-                              plan="omgs", merged=plan, skip_nonfinite=False, **engine)
-    return PhaseExchange(inner, layout={"order": order, "plan": plan})
-
-
-def build_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
-                   overlap: bool = True, pipeline: bool = False, hybrid_bytes: int = 2**20, probe=None,
-                   layout: dict | None = None, momentum: float = 0.0, masking: bool = True,
-                   weight_decay: dict | None = None, clip_norm: float = 0.0,
-                   dense_vectors: bool = False) -> PhaseExchange:
-    """The exchanger for phase algorithm ``name`` (see the module docstring).
-
-    Args:
-        hybrid_bytes: buckets smaller than this use dense ``hier`` (0: never).
-        overlap: exchange during backward (False with fp16 loss scaling, whose
-            overflow check must come before any exchange).
-        pipeline: apply each step's exchange one step later (``train.pipeline_exchange``,
-            NOTE [pipelined exchange] in comm/engine.py).
-        probe: OMGS only: ``probe() -> loss`` on a representative batch; the merged-layer
-            plan then comes from ``comm.omgs.plan_omgs`` (profile, fit, plan). Without it
-            every layer is its own group (LAGS).
-        layout: OMGS only: a saved ``state_dict()["layout"]`` to rebuild the same groups.
-        momentum, masking, weight_decay, clip_norm: DGC's momentum correction (factor; 0 is
-            off), momentum-factor masking, the weight decay per parameter it then adds and
-            local gradient clipping (``comm.GradientExchanger``; NOTE [local update] in
-            comm/local_update.py).
-        dense_vectors: parameters of at most one dimension go densely (NOTE [dense
-            vectors] in comm/plans/size.py; not ``omgs``, whose planner places every layer).
-
-    Raises:
-        ValueError: for an unknown name (lists the valid ones) or a bad density/selector.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        from trainer.config import COMM_NAMES
-
-        if name not in COMM_NAMES:
-            raise ValueError(f"unknown gradient exchange {name!r}; valid: {list(COMM_NAMES)}")
-        return PhaseExchange(None)
-    engine = {"momentum": momentum, "masking": masking, "weight_decay": weight_decay, "clip_norm": clip_norm,
-              "overlap": overlap, "pipeline": pipeline}
-    if name == "omgs":
-        return _build_omgs(model, topology, density=density, selector=selector, probe=probe, layout=layout, **engine)
-    from comm import GradientExchanger
-
-    # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
-    # before the exchange, so the exchanger's own check is off.
-    return PhaseExchange(GradientExchanger([p for p in model.parameters() if p.requires_grad], name, topology,
-                                           density=density, selector=selector, error_feedback=True,
-                                           skip_nonfinite=False, hybrid_threshold_bytes=hybrid_bytes,
-                                           dense_vectors=dense_vectors, **engine))
-
-
-class DDPExchange:
-    """Exchange inside backward: DDP's bucketed all-reduce, or a ``comm`` sparse comm hook.
+class DDPExchange(Exchange):
+    """DDP as an :class:`Exchange`: its bucketed all-reduce, or a comm hook (``hook_state``).
 
     ``synchronize()`` has nothing left to do (DDP has averaged ``p.grad`` when backward
     returns), so communication that backward does not hide shows up in ``compute``.
-    ``module`` is the DDP wrapper the forward pass must go through.
     """
 
     def __init__(self, module: nn.Module, hook_state=None):
         self.module, self.hook_state = module, hook_state
-        self.last_timings = {"compress": 0.0, "communicate": 0.0}
 
     def synchronize(self) -> bool:
         return True
-
-    def flush(self) -> bool:
-        return False
 
     def state_dict(self) -> dict:
         return self.hook_state.state_dict() if self.hook_state is not None else {}
@@ -223,7 +197,6 @@ class DDPExchange:
             self.hook_state.load_state_dict(state)
 
     def take_residuals(self) -> dict:
-        """What the hook's exchange still owes, per parameter (NOTE [residual at a phase switch])."""
         return self.hook_state.take_residuals() if self.hook_state is not None else {}
 
     def carry_in(self, residuals: dict) -> None:
@@ -234,8 +207,7 @@ class DDPExchange:
         return list(getattr(self.hook_state, "exchangers", {}).values())
 
     def take_inter_node_bytes(self) -> int:
-        """Bytes the sparse hook's exchangers sent to other nodes since the last call;
-        DDP's own all-reduce and the PowerSGD hook are not counted (0)."""
+        """The sparse hook's; DDP's own all-reduce and the PowerSGD hook are not counted (0)."""
         from comm.collectives.base import take_inter_node_bytes
 
         return take_inter_node_bytes(self._hook_exchangers())
@@ -246,8 +218,7 @@ class DDPExchange:
         return residual_sq(self._hook_exchangers())
 
     def set_density(self, density: float) -> None:
-        """Density of the sparse hook's buckets from the next step on (density warm-up);
-        buckets the hook builds later take it too."""
+        """Buckets the sparse hook builds later take it too."""
         from comm.collectives.base import set_density
 
         density = set_density(self._hook_exchangers(), density)
@@ -258,47 +229,92 @@ class DDPExchange:
         self.module = self.hook_state = None  # drops the reducer and its autograd hooks
 
 
-def build_ddp_exchange(name: str, model: nn.Module, topology, *, density: float, selector: str,
-                       carry: bool = False, powersgd_rank: int = 2) -> DDPExchange:
-    """Wrap ``model`` in DDP; ``powersgd`` runs torch's PowerSGD hook (``comm.powersgd``,
-    rank ``powersgd_rank``); algorithms other than ``dense`` run as ``comm.register_sparse_hook``
-    (asynchronous), and so does ``dense`` when ``carry`` (a residual from the previous phase
-    to apply: NOTE [residual at a phase switch] in comm/engine.py).
+def build_exchange(comm: str, model: nn.Module, topology, phase, *, ddp: bool = False, overlap: bool = True,
+                   pipeline: bool = False, probing=None, layout: dict | None = None, momentum: float = 0.0,
+                   weight_decay: dict | None = None, clip_norm: float = 0.0, carry: bool = False) -> Exchange:
+    """The exchange of algorithm ``comm`` for ``phase`` (its density, selector, bucket and
+    DGC settings, and its ``options`` when ``phase.comm`` is ``comm``; else, as when
+    ``auto`` chose ``comm``, the algorithm's default options).
+
+    Args:
+        ddp: exchange inside DDP's backward (``--ddp``); an algorithm that runs only as a
+            DDP hook always does.
+        overlap: exchange during backward (False with fp16 loss scaling, whose overflow
+            check must come before any exchange).
+        pipeline: apply each step's exchange one step later (``train.pipeline_exchange``,
+            NOTE [pipelined exchange] in comm/engine.py).
+        probing: ``probing() -> context manager yielding probe() -> loss``, entered around
+            an algorithm's own ``build`` (OMGS plans from profiling backward on it).
+        layout: a saved ``state_dict()["layout"]``, to rebuild the same buckets.
+        momentum, weight_decay, clip_norm: DGC's momentum correction (factor; 0 is off),
+            the weight decay per parameter it then adds and local gradient clipping
+            (NOTE [local update] in comm/local_update.py).
+        carry: a residual from the previous phase will be carried in (DDP then runs the
+            dense exchange as a comm hook, which can add it).
 
     Raises:
-        ValueError: for ``omgs`` (it has its own backward pipeline: use the standalone
-            exchanger) or an unknown name.
+        ValueError: for an unknown algorithm (lists the registered ones), a bad density or
+            selector, or ``ddp`` with an algorithm that lays out its own buckets.
     """
-    if name == "omgs":
-        raise ValueError("--comm omgs pipelines its own exchange with backward; run it without --ddp")
+    algorithm = get_algorithm(comm)
+    options = phase.options if phase.comm == comm else algorithm.options()
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return EngineExchange(model)
+    if ddp or algorithm.inside_ddp:
+        return _ddp_exchange(algorithm, options, model, topology, phase, carry)
+    # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
+    # before the exchange, so the exchanger's own check is off.
+    engine = {"density": phase.density, "selector": phase.selector, "momentum": momentum,
+              "masking": phase.momentum_masking, "weight_decay": weight_decay, "clip_norm": clip_norm,
+              "overlap": overlap, "pipeline": pipeline, "skip_nonfinite": False}
+    if algorithm.build is not None:
+        with probing() if probing is not None else _no_probe() as probe:
+            inner, layout = algorithm.build(model, topology, options, probe=probe, layout=layout, **engine)
+        return EngineExchange(model, inner, layout)
+    from comm import GradientExchanger, SizePlan
+
+    plan = SizePlan(hybrid_threshold_bytes=phase.hybrid_bytes, dense_vectors=phase.dense_vectors)
+    return EngineExchange(model, GradientExchanger([p for p in model.parameters() if p.requires_grad], comm,
+                                                   topology, plan=plan, options=options, **engine))
+
+
+def _ddp_exchange(algorithm, options, model: nn.Module, topology, phase, carry: bool) -> DDPExchange:
+    """Wrap ``model`` in DDP with ``algorithm``'s hook; the plain dense exchange without a
+    residual to carry (NOTE [residual at a phase switch] in comm/engine_residuals.py) is DDP's own."""
+    if algorithm.build is not None:
+        raise ValueError(f"--comm {algorithm.name} lays out its own buckets and pipelines them with backward; "
+                         "run it without --ddp")
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [next(model.parameters()).device.index] if next(model.parameters()).is_cuda else None
     ddp = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
-    if name == "dense" and not carry:
+    if algorithm.ddp_hook is not None:
+        return DDPExchange(ddp, algorithm.ddp_hook(ddp, options))
+    if algorithm.name == DENSE and not carry:
         return DDPExchange(ddp)
-    if name == "powersgd":
-        from comm.powersgd import register_powersgd_hook
-
-        return DDPExchange(ddp, register_powersgd_hook(ddp, rank=powersgd_rank))
     from comm import register_sparse_hook
 
-    return DDPExchange(ddp, register_sparse_hook(ddp, name, topology, density=density, selector=selector))
+    return DDPExchange(ddp, register_sparse_hook(ddp, algorithm.name, topology, density=phase.density,
+                                                 selector=phase.selector, options=options))
+
+
+@contextlib.contextmanager
+def _no_probe():
+    yield None
 
 
 def saved_residuals(phase, model: nn.Module, topology, state: dict, momentum: float = 0.0,
                     comm: str | None = None) -> dict:
-    """The residuals a checkpoint's exchanger ``state`` holds for its own ``phase``, per
+    """The residuals a checkpoint's exchange ``state`` holds for its own ``phase``, per
     parameter: what a run resuming into a later phase carries into it, as an uninterrupted
-    run does at the phase switch (NOTE [residual at a phase switch] in comm/engine.py).
+    run does at the phase switch (NOTE [residual at a phase switch] in comm/engine_residuals.py).
     The ``--ddp`` hook's residuals are not recovered (the caller passes nothing then).
     ``momentum``: the phase's momentum correction factor (0 if it had none); ``comm``: the
     algorithm that ran (default ``phase.comm``; what ``auto`` chose)."""
     if not state.get("exchange"):
         return {}
-    saved = build_exchange(comm or phase.comm, model, topology, density=phase.density, selector=phase.selector,
-                           overlap=False, hybrid_bytes=phase.hybrid_bytes, layout=state.get("layout"),
-                           momentum=momentum, dense_vectors=phase.dense_vectors)
+    saved = build_exchange(comm or phase.comm, model, topology, phase, overlap=False, layout=state.get("layout"),
+                           momentum=momentum)
     try:
         saved.load_state_dict(state)
         return saved.take_residuals()

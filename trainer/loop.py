@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from comm.registry import get_algorithm
 from comm.topk.checks import NonFiniteInput
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
-from trainer.config import SPARSE_COMMS
 from trainer.data import LoaderSpec, check_data_root, loader_workers, make_loader
 from trainer.divergence import checked_loss, diverged
 from trainer.distributed import (all_sum, all_true, broadcast_buffers, broadcast_model, loader_counts, pick_device,
@@ -29,7 +29,7 @@ from trainer.evaluate import evaluate
 from trainer.auto_exchange import after_step, start_phase
 from trainer.exchange import topology_for
 from trainer.lookahead import look_ahead
-from trainer.metrics import MetricsLog, TimeBreakdown
+from trainer.metrics import MetricsLog, TimeBreakdown, epoch_row, fresh_accum
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
 from trainer.phase_exchange import carried_residuals, is_sparse, open_exchange
 from trainer.progress import epoch_bar
@@ -73,7 +73,7 @@ class _Run:
         self.phase_index, self.loader, self.exchanger, self.val_loader = -1, None, None, None
         self.comm, self.auto = None, None  # the exchange running now; ``comm: auto``'s chooser
         self.cache_seen: dict[str, float] = {}
-        self.epoch, self.global_step, self.accum = 0, 0, self._fresh_accum()
+        self.epoch, self.global_step, self.accum = 0, 0, fresh_accum()
         self.identity = {"model_name": r.model.name, "num_classes": num_classes, "recipe": r.name,
                          "world_size": self.world, "topology": [self.topology.nodes, self.topology.local_size]}
         self.local = None
@@ -88,11 +88,6 @@ class _Run:
                                       size=r.train.eval_size or last.size)
         self.log = MetricsLog(Path(cfg.out) / "metrics.jsonl", self.epoch) if self.rank == 0 else None
 
-    @staticmethod
-    def _fresh_accum() -> dict:
-        return {"loss_sum": 0.0, "batches": 0, "images": 0, "seconds": 0.0, "breakdown": TimeBreakdown().state_dict(),
-                "inter_node_bytes": 0, "density_sum": 0.0}
-
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -102,7 +97,7 @@ class _Run:
         if index == self.phase_index:
             return
         self.phase_index = index
-        carry = carried_residuals(self, index)  # NOTE [residual at a phase switch] in comm/engine.py
+        carry = carried_residuals(self, index)  # NOTE [residual at a phase switch] in comm/engine_residuals.py
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
@@ -141,7 +136,7 @@ class _Run:
                                 total_epochs=self.recipe.total_epochs, warmup_epochs=self.lr_warmup_epochs, **schedule)
         phase = self.recipe.phases[self.phase_index]
         density = 1.0
-        if self.comm in SPARSE_COMMS:
+        if get_algorithm(self.comm).sparse:
             step = (self.epoch - self.recipe.phase_start(self.phase_index)) * self.steps_per_epoch + done
             density = density_at(step, density=phase.density, warmup_steps=self.density_warmup,
                                  schedule=phase.density_schedule, steps_per_epoch=self.steps_per_epoch)
@@ -156,7 +151,7 @@ class _Run:
             if self.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             with self.autocast():
-                loss = self.criterion(self.forward_model(images), labels)
+                loss = self.criterion(self.exchanger.module(images), labels)
             # NOTE [a diverged run stops]: before backward starts any exchange
             value = None if self.scaler else checked_loss(loss, self.epoch, self.global_step + 1)
             (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -175,7 +170,7 @@ class _Run:
             start = time.perf_counter()
             applied = self.exchanger.synchronize()  # False: a pipelined exchange's first step
             self._sync()
-            times.add_exchange(time.perf_counter() - start, getattr(self.exchanger, "last_timings", None))
+            times.add_exchange(time.perf_counter() - start, self.exchanger.last_timings)
         self.accum["inter_node_bytes"] = self.accum.get("inter_node_bytes", 0) + self.exchanger.take_inter_node_bytes()
         with times.part("update"):
             self._update(phase, finite, applied)
@@ -273,24 +268,13 @@ class _Run:
 
     def finish_epoch(self) -> dict:
         """Evaluate, log, checkpoint; returns the epoch's metrics row (same on all ranks)."""
-        index, phase = self.recipe.phase_of(self.epoch)
-        loss = all_sum(torch.tensor([self.accum["loss_sum"], float(self.accum["batches"]),
+        sums = all_sum(torch.tensor([self.accum["loss_sum"], float(self.accum["batches"]),
                                      float(self.accum.get("inter_node_bytes", 0)), self.exchanger.residual_sq()],
-                                    dtype=torch.float64), self.device)
+                                    dtype=torch.float64), self.device).tolist()
         broadcast_buffers(self.model)
-        row = {"epoch": self.epoch, "phase": index, "size": phase.size, "batch_size": phase.batch_size,
-               "cache_size": self.recipe.cache_size_of(phase),
-               "comm": self.comm, "density": self.accum.get("density_sum", 0.0) / max(self.accum["batches"], 1),
-               "inter_node_bytes": int(loss[2].item()), "residual_norm": loss[3].item() ** 0.5,
-               "lr": self.optimizer.param_groups[0]["lr"], "train_loss": loss[0].item() / max(loss[1].item(), 1.0),
-               "images_per_s": self.accum["images"] / max(self.accum["seconds"], 1e-9),
-               "seconds": self.accum["seconds"], "steps": self.global_step, "recipe": self.recipe.name,
-               "world_size": self.world}
-        breakdown = TimeBreakdown()
-        breakdown.load_state_dict(self.accum["breakdown"])
-        row["time_per_iter"] = breakdown.per_iteration()
-        if self.auto is not None:  # NOTE [auto exchange] in comm/auto.py: what was chosen, and why
-            row["auto"] = self.auto.reason
+        row = epoch_row(self.recipe, self.epoch, comm=self.comm, accum=self.accum, sums=sums,
+                        lr=self.optimizer.param_groups[0]["lr"], steps=self.global_step, world=self.world,
+                        auto=self.auto.reason if self.auto is not None else None)
         start = time.perf_counter()
         row.update(evaluate(self.model, self.val_loader, self.device, self.autocast, self.channels_last))
         row["val_seconds"] = time.perf_counter() - start
@@ -304,7 +288,7 @@ class _Run:
             row["cache"] = {k: int(v) for k, v in delta.items()}
         row["skipped"] = skipped
         self.epoch += 1
-        self.accum = self._fresh_accum()
+        self.accum = fresh_accum()
         self._checkpoint()
         if self.log is not None:
             self.log.append(row)

@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from comm.timings import ExchangeTimings
 from trainer.atomic_file import write_atomic
 
-__all__ = ["PARTS", "TimeBreakdown", "MetricsLog", "read_metrics"]
+__all__ = ["PARTS", "TimeBreakdown", "MetricsLog", "epoch_row", "fresh_accum", "read_metrics"]
 
 PARTS = ("data", "compute", "compress", "communicate", "update")
 
@@ -46,16 +47,14 @@ class TimeBreakdown:
     def add(self, name: str, seconds: float) -> None:
         self.totals[name] += seconds
 
-    def add_exchange(self, seconds: float, timings: dict | None) -> None:
-        """Charge ``seconds`` spent in an exchanger's ``synchronize()``: its ``compress``
-        share (``timings``, the exchanger's ``last_timings``) to compress and the rest to
-        communicate; selection run inside backward (``compress_overlapped``) moves from
+    def add_exchange(self, seconds: float, timings: ExchangeTimings) -> None:
+        """Charge ``seconds`` spent in an exchange's ``synchronize()``: its top-k selection
+        (``timings.select``, the exchange's ``last_timings``) to compress and the rest to
+        communicate; selection run inside backward (``select_overlapped``) moves from
         compute to compress, and waiting inside backward for a pipelined exchange
-        (``communicate_overlapped``) from compute to communicate."""
-        timings = timings or {}
-        compress = min(float(timings.get("compress", 0.0)), seconds)
-        overlapped = float(timings.get("compress_overlapped", 0.0))
-        waited = float(timings.get("communicate_overlapped", 0.0))
+        (``drained_in_backward``) from compute to communicate."""
+        compress = min(timings.select, seconds)
+        overlapped, waited = timings.select_overlapped, timings.drained_in_backward
         self.totals["compute"] -= overlapped + waited
         self.totals["compress"] += compress + overlapped
         self.totals["communicate"] += seconds - compress + waited
@@ -71,6 +70,41 @@ class TimeBreakdown:
     def load_state_dict(self, state: dict) -> None:
         self.totals = {k: float(state["totals"].get(k, 0.0)) for k in PARTS}
         self.iterations = int(state["iterations"])
+
+
+def fresh_accum() -> dict:
+    """The running sums of an epoch on one rank (kept in checkpoints as they are)."""
+    return {"loss_sum": 0.0, "batches": 0, "images": 0, "seconds": 0.0, "breakdown": TimeBreakdown().state_dict(),
+            "inter_node_bytes": 0, "density_sum": 0.0}
+
+
+def epoch_row(recipe, epoch: int, *, comm: str, accum: dict, sums: list[float], lr: float, steps: int, world: int,
+              auto: str | None = None) -> dict:
+    """The metrics row of ``epoch`` before evaluation and cache counts are added.
+
+    Args:
+        recipe: the run's recipe.
+        comm: the exchange that ran (what ``auto`` chose).
+        accum: this rank's running sums (:func:`fresh_accum`).
+        sums: loss sum, batches, inter-node bytes and residual sum of squares over all ranks.
+        lr, steps, world: the learning rate now, global steps done and the world size.
+        auto: why ``auto`` chose ``comm`` (NOTE [auto exchange] in comm/auto.py), if it did.
+    """
+    index, phase = recipe.phase_of(epoch)
+    loss_sum, batches, inter_node_bytes, residual_sq = sums
+    row = {"epoch": epoch, "phase": index, "size": phase.size, "batch_size": phase.batch_size,
+           "cache_size": recipe.cache_size_of(phase),
+           "comm": comm, "density": accum.get("density_sum", 0.0) / max(accum["batches"], 1),
+           "inter_node_bytes": int(inter_node_bytes), "residual_norm": residual_sq ** 0.5,
+           "lr": lr, "train_loss": loss_sum / max(batches, 1.0),
+           "images_per_s": accum["images"] / max(accum["seconds"], 1e-9),
+           "seconds": accum["seconds"], "steps": steps, "recipe": recipe.name, "world_size": world}
+    breakdown = TimeBreakdown()
+    breakdown.load_state_dict(accum["breakdown"])
+    row["time_per_iter"] = breakdown.per_iteration()
+    if auto is not None:
+        row["auto"] = auto
+    return row
 
 
 class MetricsLog:

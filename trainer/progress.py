@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import sys
 
+from comm.registry import get_algorithm
+from trainer.config import AUTO
+
 __all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "print_row"]
 
 # Two header lines: which columns belong to training, which to validation, which to the
@@ -85,7 +88,7 @@ def describe_run(recipe, *, workers: str, loader: str, why: str = "") -> str:
     sizes = " > ".join(dict.fromkeys(f"{p.size}" for p in phases)) + " px"
     comms = []
     for p in phases:
-        sparse = p.comm in ("topk_ag", "gtopk", "hitopk", "omgs", "auto")  # auto: if it chooses hitopk
+        sparse = p.comm == AUTO or get_algorithm(p.comm).sparse  # auto: if it chooses its sparse candidate
         text = p.comm + (f" (density {p.density}, {p.selector})" if sparse else "")
         if text not in comms:
             comms.append(text)

@@ -114,9 +114,21 @@ class RunConfig:
     def changes(self, saved: dict) -> list[str]:
         """``"key: saved -> now"`` for every setting that differs from ``saved`` (a
         checkpoint's ``settings()``), e.g. ``"recipe.optim.lr: 0.4 -> 0.8"``."""
-        old, new = _flatten(saved), _flatten(self.settings())
+        old, new = _flatten(_current_form(saved)), _flatten(self.settings())
         return [f"{k}: {old.get(k, '(unset)')!r} -> {new.get(k, '(unset)')!r}"
                 for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _current_form(saved: dict) -> dict:
+    """``saved`` with its recipe written as this version writes it (a checkpoint from before
+    NOTE [algorithm options in a recipe] in trainer/config.py lists every algorithm's
+    options in every phase); as it is when it no longer parses (the difference is then shown)."""
+    from trainer.recipes import recipe_from_dict
+
+    try:
+        return dict(saved, recipe=recipe_from_dict(saved["recipe"], "saved").to_dict())
+    except (KeyError, TypeError, ValueError):
+        return saved
 
 
 def _flatten(value, prefix: str = "") -> dict:

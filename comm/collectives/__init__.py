@@ -1,42 +1,20 @@
-"""Gradient exchange algorithms registered by name (``ALGORITHMS``) and their builder."""
+"""The per-bucket gradient exchange algorithms (each module declares its ``ALGORITHM`` for
+:mod:`comm.registry`) and the builder of one exchanger by name."""
 from __future__ import annotations
 
 from comm.collectives.base import Exchanger
-from comm.collectives.dense import DenseExchanger
-from comm.collectives.gtopk import GTopKExchanger
-from comm.collectives.hier import HierExchanger
-from comm.collectives.hitopk import HiTopKExchanger
-from comm.collectives.topk_ag import TopKAllGatherExchanger
-from comm.collectives.torus2d import Torus2DExchanger
 
-__all__ = ["ALGORITHMS", "Exchanger", "build_exchanger", "get_algorithm"]
-
-ALGORITHMS: dict[str, type[Exchanger]] = {
-    cls.name: cls
-    for cls in (DenseExchanger, HierExchanger, Torus2DExchanger, TopKAllGatherExchanger, GTopKExchanger,
-                HiTopKExchanger)
-}
-
-
-def get_algorithm(name: str) -> type[Exchanger]:
-    """The exchanger class registered as ``name``.
-
-    Raises:
-        ValueError: for an unknown name; the message lists the valid ones.
-    """
-    try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise ValueError(f"unknown gradient exchange algorithm {name!r}; valid: {sorted(ALGORITHMS)}") from None
+__all__ = ["Exchanger", "build_exchanger"]
 
 
 def build_exchanger(name: str, topology, *, density: float | None = None, selector: str = "mstopk",
                     error_feedback: bool = True, value_dtype=None, momentum: float = 0.0,
-                    masking: bool = True) -> Exchanger:
+                    masking: bool = True, options=None) -> Exchanger:
     """Build the exchanger ``name`` over ``topology``.
 
     Args:
-        name: one of ``ALGORITHMS``: dense, hier, 2dtar, topk_ag, gtopk, hitopk.
+        name: a registered algorithm with a per-bucket exchanger
+            (``comm.registry.names(per_bucket=True)``).
         topology: a :class:`comm.Topology`.
         density: ``rho`` for the sparse algorithms (required there, ignored by dense ones).
         selector: top-k selector (``comm.topk.SELECTORS``) for the sparse algorithms.
@@ -44,18 +22,25 @@ def build_exchanger(name: str, topology, *, density: float | None = None, select
         value_dtype: wire dtype of values (``"fp16"``, ``"bf16"``, a torch dtype or None).
         momentum, masking: DGC momentum correction factor (0: off) and momentum-factor
             masking (NOTE [momentum correction] in comm/residual.py).
+        options: the algorithm's options object (default: its defaults).
 
     Returns:
         An object with ``exchange(flat) -> averaged flat``, ``state_dict()`` and
         ``load_state_dict()``.
 
     Raises:
-        ValueError: unknown algorithm or selector, bad density or dtype.
+        ValueError: unknown algorithm or one without a per-bucket exchanger (the message
+            lists those with one), unknown selector, bad density or dtype.
 
     Example:
         >>> ex = build_exchanger("hitopk", topo, density=0.01, selector="exact")  # doctest: +SKIP
         >>> grad_avg = ex.exchange(flat_grad)                                     # doctest: +SKIP
     """
-    cls = get_algorithm(name)
+    from comm.registry import exchanger_class, get_algorithm  # the registry imports these modules
+
+    cls, kind = exchanger_class(name), get_algorithm(name).options
+    options = kind() if options is None else options
+    if not isinstance(options, kind):
+        raise ValueError(f"options of {name} must be {kind.__name__}; got {type(options).__name__}")
     return cls(topology, density=density, selector=selector, error_feedback=error_feedback, value_dtype=value_dtype,
-               momentum=momentum, masking=masking)
+               momentum=momentum, masking=masking, options=options)

@@ -68,6 +68,8 @@ class Exchanger:
         masking: momentum-factor masking with momentum correction (default True).
         value_dtype: dtype of values on the wire (``torch.float16``/``bfloat16``/``float32``
             or ``"fp16"``/``"bf16"``); ``None`` sends the input's dtype.
+        options: the algorithm's own options object (``comm.Algorithm.options``), kept as
+            ``self.options``; :func:`comm.build_exchanger` passes the defaults when none is given.
 
     Raises:
         ValueError: for a density outside (0, 1], an unknown selector or wire dtype, a
@@ -78,8 +80,9 @@ class Exchanger:
     sparse: ClassVar[bool] = False
 
     def __init__(self, topology: Topology, *, density: float | None = None, selector: str = "mstopk",
-                 error_feedback: bool = True, value_dtype=None, momentum: float = 0.0, masking: bool = True):
-        self.topology = topology
+                 error_feedback: bool = True, value_dtype=None, momentum: float = 0.0, masking: bool = True,
+                 options=None):
+        self.topology, self.options = topology, options
         if isinstance(value_dtype, str) or value_dtype is None:
             if value_dtype not in WIRE_DTYPES:
                 raise ValueError(f"unknown value_dtype {value_dtype!r}; valid: {sorted(k for k in WIRE_DTYPES if k)}")

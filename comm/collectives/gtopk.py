@@ -17,15 +17,19 @@ the broadcast adds those notes to its residual at indices inside the global mask
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from comm import collective_ops as ops
 from comm import link_bytes
+from comm.algorithm import Algorithm
+from comm.cost_model import add_link, log2
 from comm.collectives.base import Exchanger, Stages
 from comm.collectives.pairs import index_dtype, pair_bytes
 from comm.topk.checks import k_for
 
-__all__ = ["GTopKExchanger", "merge_topk"]
+__all__ = ["ALGORITHM", "GTopKExchanger", "merge_topk", "cost"]
 
 
 def merge_topk(idx_a, val_a, idx_b, val_b, k: int, numel: int | None = None):
@@ -147,3 +151,16 @@ class GTopKExchanger(Exchanger):
                 residual.index_add_(0, note_idx[inside], note_val[inside])
             self.memory.update(residual)
         return out
+
+
+def cost(c, m, n, d, b, bi, rho, **_):
+    """Cost formula (:mod:`comm.cost_model`): its terms added to ``c``."""
+    p, k = m * n, math.ceil(rho * d)
+    c["gamma"] += d
+    intra = min(log2(n), log2(p))
+    inter = log2(p) - intra
+    for level, rounds in (("intra", intra), ("inter", inter)):  # tree of merges, then broadcast
+        add_link(c, level, 2 * rounds, 2 * rounds * k * (b + bi))
+
+
+ALGORITHM = Algorithm.of(GTopKExchanger, cost=cost)

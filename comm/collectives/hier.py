@@ -13,9 +13,11 @@ import torch
 
 from comm import collective_ops as ops
 from comm import link_bytes
+from comm.algorithm import Algorithm
+from comm.cost_model import add_link, log2
 from comm.collectives.base import Exchanger, Stages, wire_buffer
 
-__all__ = ["HierExchanger"]
+__all__ = ["ALGORITHM", "HierExchanger", "cost"]
 
 
 class HierExchanger(Exchanger):
@@ -60,3 +62,12 @@ class HierExchanger(Exchanger):
             ops.reduce(seg, dst=t.intra_ranks[0], group=t.intra_group)
         else:
             ops.broadcast(seg, src=t.intra_ranks[0], group=t.intra_group)
+
+
+def cost(c, m, n, d, b, **_):
+    """Cost formula (:mod:`comm.cost_model`): its terms added to ``c``."""
+    add_link(c, "intra", 2 * log2(n), 2 * log2(n) * d * b)        # tree reduce + broadcast
+    add_link(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d * b)      # ring among leaders
+
+
+ALGORITHM = Algorithm.of(HierExchanger, cost=cost, auto=True)

@@ -17,14 +17,18 @@ residual at its chunk's offset.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from comm import link_bytes
+from comm.algorithm import Algorithm
+from comm.cost_model import add_link, log2
 from comm.collectives.base import Exchanger, Stages, all_gather_async, all_gather_flat, reduce_scatter_flat
 from comm.collectives.pairs import add_pairs_, index_dtype, pack_pairs, pair_bytes, remove_sent_
 from comm.topk.checks import k_for
 
-__all__ = ["HiTopKExchanger"]
+__all__ = ["ALGORITHM", "HiTopKExchanger", "cost"]
 
 
 class HiTopKExchanger(Exchanger):
@@ -84,3 +88,15 @@ class HiTopKExchanger(Exchanger):
         full = res.new_zeros(self.topology.local_size * c)
         full[j * c:(j + 1) * c] = res
         return full[:numel]
+
+
+def cost(c, m, n, d, b, bi, rho, share, **_):
+    """Cost formula (:mod:`comm.cost_model`): its terms added to ``c``."""
+    kt = math.ceil(rho * d / n)
+    add_link(c, "intra", n - 1, (n - 1) / n * d * 4)                 # Eq. (7), fp32 reduce-scatter
+    c["gamma"] += d / n                                           # Eq. (8)
+    add_link(c, "inter", log2(m), (m - 1) * kt * (b + bi) * share)  # Eq. (9)
+    add_link(c, "intra", log2(n), (n - 1) * m * kt * (b + bi))      # Eq. (10)
+
+
+ALGORITHM = Algorithm.of(HiTopKExchanger, cost=cost, auto=True)

@@ -5,14 +5,18 @@ Every worker selects the top-k of its gradient plus residual, all workers all-ga
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from comm import link_bytes
+from comm.algorithm import Algorithm
+from comm.cost_model import add_link, log2
 from comm.collectives.base import Exchanger, Stages, all_gather_async
 from comm.collectives.pairs import add_pairs_, index_dtype, pack_pairs, pair_bytes, remove_sent_
 from comm.topk.checks import k_for
 
-__all__ = ["TopKAllGatherExchanger"]
+__all__ = ["ALGORITHM", "TopKAllGatherExchanger", "cost"]
 
 
 class TopKAllGatherExchanger(Exchanger):
@@ -51,3 +55,14 @@ class TopKAllGatherExchanger(Exchanger):
     def inflight_bytes(self, numel: int) -> int:
         """The k pairs sent and the ``P k`` gathered."""
         return pair_bytes(k_for(numel, self.density), self.value_dtype, numel) * (1 + self.topology.world_size)
+
+
+def cost(c, m, n, d, b, bi, rho, allgather, **_):
+    """Cost formula (:mod:`comm.cost_model`): its terms added to ``c``."""
+    p, k = m * n, math.ceil(rho * d)
+    c["gamma"] += d
+    steps = p - 1 if allgather == "ring" else log2(p)  # NOTE [all-gather latency]
+    add_link(c, "inter" if m > 1 else "intra", steps, (p - 1) * k * (b + bi))
+
+
+ALGORITHM = Algorithm.of(TopKAllGatherExchanger, cost=cost)

@@ -17,9 +17,11 @@ import torch
 
 from comm import collective_ops as ops
 from comm import link_bytes
+from comm.algorithm import Algorithm
+from comm.cost_model import add_link
 from comm.collectives.base import Exchanger, Stages, all_gather_flat, reduce_scatter_flat
 
-__all__ = ["Torus2DExchanger"]
+__all__ = ["ALGORITHM", "Torus2DExchanger", "cost"]
 
 
 class Torus2DExchanger(Exchanger):
@@ -60,3 +62,12 @@ class Torus2DExchanger(Exchanger):
     def _gather(self, work, chunk: torch.Tensor, dst: torch.Tensor) -> Stages:
         yield work
         all_gather_flat(chunk, self.topology.intra_group, self.topology.local_size, self.topology.shm, out=dst)
+
+
+def cost(c, m, n, d, b, share, **_):
+    """Cost formula (:mod:`comm.cost_model`): its terms added to ``c``."""
+    add_link(c, "intra", 2 * (n - 1), 2 * (n - 1) / n * d * b)      # reduce-scatter + all-gather
+    add_link(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d / n * b * share)
+
+
+ALGORITHM = Algorithm.of(Torus2DExchanger, cost=cost, auto=True)

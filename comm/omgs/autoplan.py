@@ -1,6 +1,6 @@
 """One call from a model to an OMGS plan (the trainer's ``--comm omgs``): profile backward,
 fit the costs, plan the merged layers and share rank 0's plan. The plan then runs on the
-engine (:class:`comm.GradientExchanger` with ``plan="omgs"``)."""
+engine (:func:`comm.omgs.build_omgs_exchanger`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -66,8 +66,7 @@ def plan_omgs(model: torch.nn.Module, closure: Callable[[], torch.Tensor], topol
         >>> merged, order, cost, prof = plan_omgs(model, lambda: loss_fn(model(x), y), topo,
         ...                                       density=0.001)  # doctest: +SKIP
         >>> params = [p for p in model.parameters() if p.requires_grad]  # doctest: +SKIP
-        >>> ex = comm.GradientExchanger([params[i] for i in order], "topk_ag", topo, density=0.001,
-        ...                             plan="omgs", merged=merged)   # doctest: +SKIP
+        >>> ex = build_omgs_exchanger(params, topo, merged=merged, order=order, density=0.001)  # doctest: +SKIP
     """
     device = _device(topology)
     prof = measure_backward_times(model, closure, repeats=repeats)

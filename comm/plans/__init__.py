@@ -1,24 +1,26 @@
 """Bucket plans: which parameters travel together, with which algorithm, in which order.
 
-A planner takes the parameters (in the order the caller registers them, forward order for
-a model) and the main algorithm and returns a list of :class:`Bucket` in launch order
-(backward order: the bucket whose gradients are ready first comes first). Registered in
-``PLANNERS``; adding a planner is one file plus one line here.
+A plan is a small frozen object, validated when made, whose ``buckets(params, algorithm)``
+takes the parameters (in the order the caller registers them, forward order for a model)
+and the main algorithm and returns a list of :class:`Bucket` in launch order (backward
+order: the bucket whose gradients are ready first comes first). Plan classes are
+registered by name in ``PLANNERS``; adding a planner is one file plus one line here.
 
-- ``size``: Jizhi's tensor fusion: buckets up to a byte threshold, small buckets take
-  ``hier`` (the hybrid choice);
-- ``layer``: one bucket per parameter (LAGS);
-- ``omgs``: merged neighbouring layers from the OMGS planner (``merged`` list of
-  :func:`comm.omgs.find_merged_layers`).
+- ``size`` (:class:`SizePlan`): Jizhi's tensor fusion: buckets up to a byte threshold,
+  small buckets take ``hier`` (the hybrid choice);
+- ``layer`` (:class:`LayerPlan`): one bucket per parameter (LAGS);
+- ``omgs`` (:class:`OMGSPlan`): merged neighbouring layers from the OMGS planner
+  (``merged`` list of :func:`comm.omgs.find_merged_layers`).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-__all__ = ["Bucket", "PLANNERS", "make_plan"]
+__all__ = ["Bucket", "LayerPlan", "OMGSPlan", "PLANNERS", "Plan", "SizePlan", "make_plan"]
 
 
 @dataclass(frozen=True)
@@ -29,19 +31,28 @@ class Bucket:
     algorithm: str
 
 
-from comm.plans import layer, omgs, size  # noqa: E402  (the planners use Bucket)
+class Plan(Protocol):
+    """What the engine asks of a plan."""
 
-PLANNERS: dict[str, Callable[..., list[Bucket]]] = {"size": size.plan, "layer": layer.plan, "omgs": omgs.plan}
+    def buckets(self, params: Sequence[torch.Tensor], algorithm: str) -> list[Bucket]:
+        """The buckets of ``params`` (forward order) in launch order, main algorithm ``algorithm``."""
 
 
-def make_plan(kind: str, params: Sequence[torch.Tensor], algorithm: str, **options) -> list[Bucket]:
-    """The plan of planner ``kind`` for ``params`` (see the module docstring).
+from comm.plans.layer import LayerPlan  # noqa: E402  (the planners use Bucket)
+from comm.plans.omgs import OMGSPlan  # noqa: E402
+from comm.plans.size import SizePlan  # noqa: E402
+
+PLANNERS: dict[str, type] = {cls.name: cls for cls in (SizePlan, LayerPlan, OMGSPlan)}
+
+
+def make_plan(kind: str, **options) -> Plan:
+    """The plan of planner ``kind`` with ``options`` (see the module docstring).
 
     Raises:
         ValueError: for an unknown planner (lists the valid ones) or bad options.
     """
     try:
-        planner = PLANNERS[kind]
+        cls = PLANNERS[kind]
     except KeyError:
         raise ValueError(f"unknown bucket plan {kind!r}; valid: {sorted(PLANNERS)}") from None
-    return planner(list(params), algorithm, **options)
+    return cls(**options)

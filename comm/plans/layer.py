@@ -1,13 +1,21 @@
 """``layer`` plan (LAGS): every parameter its own bucket, last parameter first."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-__all__ = ["plan"]
+__all__ = ["LayerPlan"]
 
 
-def plan(params: list[torch.Tensor], algorithm: str):
+@dataclass(frozen=True)
+class LayerPlan:
     """One bucket per parameter, in backward order."""
-    from comm.plans import Bucket
 
-    return [Bucket((i,), algorithm) for i in reversed(range(len(params)))]
+    name: ClassVar[str] = "layer"
+
+    def buckets(self, params: list[torch.Tensor], algorithm: str):
+        from comm.plans import Bucket
+
+        return [Bucket((i,), algorithm) for i in reversed(range(len(params)))]

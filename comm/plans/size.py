@@ -12,9 +12,14 @@ bucket delays their small gradients like any other entry's.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-__all__ = ["plan", "plan_buckets"]
+from comm.collectives.hier import HierExchanger
+
+__all__ = ["SizePlan", "plan_buckets"]
 
 
 def plan_buckets(params: list[torch.Tensor], bucket_bytes: int,
@@ -37,27 +42,37 @@ def plan_buckets(params: list[torch.Tensor], bucket_bytes: int,
     return buckets
 
 
-def plan(params: list[torch.Tensor], algorithm: str, *, bucket_bytes: int = 25 * 2**20,
-         hybrid_threshold_bytes: int = 2**20, dense_vectors: bool = False):
-    """Fused buckets of at most ``bucket_bytes``; those under ``hybrid_threshold_bytes`` use
-    ``hier`` (0 disables the hybrid choice); with ``dense_vectors`` and a sparse
-    ``algorithm``, parameters of at most one dimension go densely in buckets of their own,
-    last (NOTE [dense vectors]).
+@dataclass(frozen=True)
+class SizePlan:
+    """Fused buckets of at most ``bucket_bytes`` (default 25 MiB); those under
+    ``hybrid_threshold_bytes`` (default 1 MiB; 0 disables the hybrid choice) use ``hier``;
+    with ``dense_vectors`` and a sparse algorithm, parameters of at most one dimension go
+    densely in buckets of their own, last (NOTE [dense vectors]).
 
     Raises:
         ValueError: for a non-positive ``bucket_bytes`` or a negative hybrid threshold.
     """
-    from comm.collectives import get_algorithm
-    from comm.plans import Bucket
 
-    if bucket_bytes <= 0 or hybrid_threshold_bytes < 0:
-        raise ValueError(f"bucket_bytes must be > 0 and hybrid_threshold_bytes >= 0, "
-                         f"got {bucket_bytes} and {hybrid_threshold_bytes}")
-    split = dense_vectors and get_algorithm(algorithm).sparse
-    vectors = [i for i, p in enumerate(params) if split and p.dim() <= 1]
-    rest = [i for i, p in enumerate(params) if not (split and p.dim() <= 1)]
-    out = []
-    for bucket in plan_buckets(params, bucket_bytes, rest):
-        nbytes = sum(params[i].numel() * params[i].element_size() for i in bucket)
-        out.append(Bucket(tuple(bucket), "hier" if nbytes < hybrid_threshold_bytes else algorithm))
-    return out + [Bucket(tuple(bucket), "hier") for bucket in plan_buckets(params, bucket_bytes, vectors)]
+    name: ClassVar[str] = "size"
+    bucket_bytes: int = 25 * 2**20
+    hybrid_threshold_bytes: int = 2**20
+    dense_vectors: bool = False
+
+    def __post_init__(self):
+        if self.bucket_bytes <= 0 or self.hybrid_threshold_bytes < 0:
+            raise ValueError(f"bucket_bytes must be > 0 and hybrid_threshold_bytes >= 0, "
+                             f"got {self.bucket_bytes} and {self.hybrid_threshold_bytes}")
+
+    def buckets(self, params: list[torch.Tensor], algorithm: str):
+        from comm.plans import Bucket
+        from comm.registry import get_algorithm
+
+        dense = HierExchanger.name  # the hybrid choice's algorithm
+        split = self.dense_vectors and get_algorithm(algorithm).sparse
+        vectors = [i for i, p in enumerate(params) if split and p.dim() <= 1]
+        rest = [i for i, p in enumerate(params) if not (split and p.dim() <= 1)]
+        out = []
+        for bucket in plan_buckets(params, self.bucket_bytes, rest):
+            nbytes = sum(params[i].numel() * params[i].element_size() for i in bucket)
+            out.append(Bucket(tuple(bucket), dense if nbytes < self.hybrid_threshold_bytes else algorithm))
+        return out + [Bucket(tuple(bucket), dense) for bucket in plan_buckets(params, self.bucket_bytes, vectors)]

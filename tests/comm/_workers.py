@@ -102,7 +102,7 @@ def training(rank, world, nodes, local_size):
     """DDP hook vs plain DDP, sparse training, GradientExchanger, overflow skip, checkpoints."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from comm import GradientExchanger, register_sparse_hook
+    from comm import GradientExchanger, SizePlan, register_sparse_hook
 
     topo = Topology(nodes=nodes, local_size=local_size)
     out = {}
@@ -144,7 +144,8 @@ def training(rank, world, nodes, local_size):
                                 for i in before))
     # 3. GradientExchanger: several fused buckets, small ones hybrid to hier
     net = _model(1)
-    ex = GradientExchanger(net.parameters(), "2dtar", topo, bucket_bytes=8 * 64 * 33, hybrid_threshold_bytes=2048)
+    ex = GradientExchanger(net.parameters(), "2dtar", topo,
+                           plan=SizePlan(bucket_bytes=8 * 64 * 33, hybrid_threshold_bytes=2048))
     x, y = _batch(rank, 0)
     torch.nn.functional.mse_loss(net(x), y).backward()
     local = [p.grad.clone() for p in net.parameters()]
@@ -152,7 +153,7 @@ def training(rank, world, nodes, local_size):
     out["fusion"] = (ex.bucket_algorithms, local, [p.grad.clone() for p in net.parameters()])
     # 4. sparse GradientExchanger: overflow on one rank skips everywhere, residuals untouched
     sparse = GradientExchanger(net.parameters(), "gtopk", topo, density=0.1, selector="exact",
-                               hybrid_threshold_bytes=0)
+                               plan=SizePlan(hybrid_threshold_bytes=0))
     for p in net.parameters():
         p.grad = torch.randn(p.shape, dtype=p.dtype, generator=torch.Generator().manual_seed(rank))
     applied = sparse.synchronize()
@@ -167,13 +168,14 @@ def training(rank, world, nodes, local_size):
                        all(torch.equal(a["memory"]["residual"], b["memory"]["residual"])
                            for a, b in zip(before["exchangers"], after["exchangers"])), sparse.skipped_steps)
     # 5. checkpoint round trip of the residuals
-    fresh = GradientExchanger(net.parameters(), "gtopk", topo, density=0.1, selector="exact", hybrid_threshold_bytes=0)
+    fresh = GradientExchanger(net.parameters(), "gtopk", topo, density=0.1, selector="exact",
+                              plan=SizePlan(hybrid_threshold_bytes=0))
     fresh.load_state_dict(after)
     out["reloaded"] = all(torch.equal(a["memory"]["residual"], b["memory"]["residual"])
                           for a, b in zip(after["exchangers"], fresh.state_dict()["exchangers"]))
     try:
         GradientExchanger(net.parameters(), "gtopk", topo, density=0.1, selector="exact",
-                          bucket_bytes=64).load_state_dict(after)
+                          plan=SizePlan(bucket_bytes=64)).load_state_dict(after)
     except ValueError as e:
         out["layout_error"] = str(e)
     return portable(out)

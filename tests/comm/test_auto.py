@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comm.auto import DENSE_CANDIDATES, SPARSE_MARGIN, choose, fit_links
+from comm.auto import SPARSE_MARGIN, choose, dense_candidates, fit_links
 from comm.cost_model import LinkParams
 from tests.distributed import run_distributed
 
@@ -19,7 +19,7 @@ def test_sparse_where_the_link_is_slow_dense_where_it_is_not_and_why():
     assert slow.reason.startswith(f"{slow.step_s['hitopk']:.3f} s/step predicted against dense")
     fast = choose(numel=D, nodes=2, local_size=2, link=LinkParams.from_bandwidth(inter_mbit=10_000), compute_s=0.16,
                   steps=3000, mean_density=0.02)
-    assert fast.name in DENSE_CANDIDATES and fast.reason.startswith("sparse would not pay")
+    assert fast.name in dense_candidates() and fast.reason.startswith("sparse would not pay")
 
 
 def test_a_run_that_is_mostly_warm_up_is_priced_at_its_mean_density():
@@ -29,7 +29,7 @@ def test_a_run_that_is_mostly_warm_up_is_priced_at_its_mean_density():
     kw = dict(numel=D, nodes=2, local_size=2, compute_s=0.0)
     long_run = choose(link=link, steps=10_000, mean_density=0.0105, **kw)
     short_run = choose(link=link, steps=150, mean_density=0.0746, **kw)
-    assert long_run.name == "hitopk" and short_run.name in DENSE_CANDIDATES
+    assert long_run.name == "hitopk" and short_run.name in dense_candidates()
     assert short_run.step_s["hitopk"] > long_run.step_s["hitopk"]
 
 
@@ -38,7 +38,7 @@ def test_sparse_must_be_clearly_faster_not_merely_faster():
                                                                   mean_density=0.01)
     for compute in (0.0, 0.01, 0.1):
         c = choose(link=link, compute_s=compute, **kw)
-        best_dense = min(c.step_s[n] for n in DENSE_CANDIDATES)
+        best_dense = min(c.step_s[n] for n in dense_candidates())
         assert (c.name == "hitopk") == (c.step_s["hitopk"] <= (1 - SPARSE_MARGIN) * best_dense)
 
 
@@ -92,6 +92,6 @@ def test_fit_links_measures_an_emulated_links_rate_past_its_burst_credit(tmp_pat
 
 def test_one_node_fits_no_inter_node_link():
     assert choose(numel=D, nodes=1, local_size=4, link=LinkParams(alpha_inter=0, beta_inter=0), compute_s=0.1,
-                  steps=100, mean_density=0.01).name in DENSE_CANDIDATES + ("hitopk",)
+                  steps=100, mean_density=0.01).name in dense_candidates() + ("hitopk",)
     with pytest.raises(ValueError):
         choose(numel=D, nodes=2, local_size=2, link=LinkParams(), compute_s=0.1, steps=100, mean_density=2.0)

@@ -7,14 +7,15 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from comm.plans import LayerPlan, OMGSPlan, SizePlan
 from tests.comm import reference
 from tests.comm._workers import portable, restore
 from tests.distributed import run_distributed
 
 NODES, LOCAL, DENSITY = 2, 2, 0.2
-PLANS = {"size": dict(plan="size", bucket_bytes=8 * 50, hybrid_threshold_bytes=0),
-         "layer": dict(plan="layer"),
-         "omgs": dict(plan="omgs", merged=[False, True, False, True, False, True])}
+PLANS = {"size": dict(plan=SizePlan(bucket_bytes=8 * 50, hybrid_threshold_bytes=0)),
+         "layer": dict(plan=LayerPlan()),
+         "omgs": dict(plan=OMGSPlan((False, True, False, True, False, True)))}
 PIPELINED = ["hitopk/layer", "gtopk/layer", "2dtar/layer", "topk_ag/omgs", "dense/size"]
 
 
@@ -53,13 +54,13 @@ def _bag_loss(model, rank):
 def _engine_worker(rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from comm import ALGORITHMS, GradientExchanger, Topology, register_sparse_hook
+    from comm import GradientExchanger, Topology, names, register_sparse_hook
     from comm.ddp_hook import SparseHookState, sparse_hook
 
     topo = Topology(nodes=NODES, local_size=LOCAL)
     out = {"runs": {}}
     # 1. every algorithm on every plan kind, two steps (residuals carried)
-    for alg in ALGORITHMS:
+    for alg in names(per_bucket=True):
         for kind, options in PLANS.items():
             model = _model()
             ex = GradientExchanger(model.parameters(), alg, topo, density=DENSITY, selector="exact",
@@ -76,7 +77,7 @@ def _engine_worker(rank, world):
             ex.remove()
     # 2. overlap by event order: when backward reaches the first layer, buckets of later layers are in flight
     model = _model()
-    ex = GradientExchanger(model.parameters(), "hitopk", topo, density=DENSITY, selector="exact", plan="layer")
+    ex = GradientExchanger(model.parameters(), "hitopk", topo, density=DENSITY, selector="exact", plan=LayerPlan())
     seen = []
     x = torch.randn(4, 6, dtype=torch.float64)
     h = model[0](x)
@@ -105,7 +106,7 @@ def _engine_worker(rank, world):
             plain.synchronize()
             applied = piped.synchronize()
             in_flight = [not f.done for _, f in piped._previous.flights]
-            waited = piped.last_timings["drained_in_backward"]  # for the trainer's breakdown
+            waited = piped.last_timings.drained_in_backward  # for the trainer's breakdown
             drained_in_backward = drained_in_backward and (waited > 0) == (step > 0)
             piped_grads = [p.grad.clone() for p in piped_model.parameters()]
             ahead = None  # NOTE [lookahead]: this rank's own gradients of the step in flight, once
@@ -274,14 +275,14 @@ def _phase_switch_worker(rank, world, carry):
     topo = Topology(nodes=NODES, local_size=LOCAL)
     out = {}
     model = _model()
-    first = GradientExchanger(model.parameters(), "hitopk", topo, density=0.1, selector="exact", plan="layer")
+    first = GradientExchanger(model.parameters(), "hitopk", topo, density=0.1, selector="exact", plan=LayerPlan())
     second = None
     steps = []
     for step in range(3):
         if step == 2:
             residuals = first.take_residuals()
             first.remove()
-            second = GradientExchanger(model.parameters(), "2dtar", topo, plan="size")
+            second = GradientExchanger(model.parameters(), "2dtar", topo, plan=SizePlan())
             if carry:
                 second.carry_in(residuals)
         model.zero_grad()
@@ -334,13 +335,11 @@ def test_size_plan_sends_vector_parameters_densely_last_when_asked():
     """NOTE [dense vectors]: with a sparse algorithm, the biases and batch-norm parameters
     leave the sparse buckets for ``hier`` buckets launched after them; a dense algorithm
     and the default plan are unchanged."""
-    from comm.plans import make_plan
-
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
                                 torch.nn.Linear(16, 2))
     params = list(model.parameters())  # conv w, conv b, bn w, bn b, fc w, fc b
-    plan = make_plan("size", params, "hitopk", hybrid_threshold_bytes=0, dense_vectors=True)
+    plan = SizePlan(hybrid_threshold_bytes=0, dense_vectors=True).buckets(params, "hitopk")
     assert [(b.params, b.algorithm) for b in plan] == [((4, 0), "hitopk"), ((5, 3, 2, 1), "hier")]
     for algorithm, dense_vectors in (("hier", True), ("hitopk", False)):
-        plan = make_plan("size", params, algorithm, hybrid_threshold_bytes=0, dense_vectors=dense_vectors)
+        plan = SizePlan(hybrid_threshold_bytes=0, dense_vectors=dense_vectors).buckets(params, algorithm)
         assert [(b.params, b.algorithm) for b in plan] == [((5, 4, 3, 2, 1, 0), algorithm)]

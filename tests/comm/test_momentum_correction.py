@@ -31,7 +31,7 @@ def _dyadic_grads(rank: int, step: int, params) -> list[torch.Tensor]:
 def _density_one_worker(rank, world, algorithms):
     """Momentum correction at density 1 (no masking) + the optimiser without momentum vs
     torch's momentum SGD on the plainly averaged gradients."""
-    from comm import GradientExchanger, Topology
+    from comm import GradientExchanger, SizePlan, Topology
     from trainer.optim import exchange_momentum
 
     nodes, local = (NODES, LOCAL) if world == NODES * LOCAL else (1, 1)
@@ -46,7 +46,7 @@ def _density_one_worker(rank, world, algorithms):
                                   lr=0.25, momentum=M)
         ex = GradientExchanger(params, alg, topo, density=1.0, selector="exact", overlap=False, momentum=M,
                                masking=False, weight_decay={params[0]: 0.25}, skip_nonfinite=False,
-                               hybrid_threshold_bytes=0)
+                               plan=SizePlan(hybrid_threshold_bytes=0))
         for step in range(4):
             for p, g in zip(params, _dyadic_grads(rank, step, params)):
                 p.grad = g
@@ -71,7 +71,7 @@ def test_momentum_correction_at_density_one_is_dense_momentum_sgd_bit_for_bit(wo
 def _model_worker(rank, world):
     """World size 1 with a real model and backward (fp32, not dyadic): the engine with
     momentum correction vs torch's momentum SGD with weight decay."""
-    from comm import GradientExchanger, Topology
+    from comm import GradientExchanger, SizePlan, Topology
     from trainer.lars import split_param_groups
     from trainer.optim import decay_of, exchange_momentum
 
@@ -85,7 +85,7 @@ def _model_worker(rank, world):
     exchange_momentum(opt, True)
     ex = GradientExchanger(a.parameters(), "hitopk", Topology(nodes=1, local_size=1), density=1.0, selector="exact",
                            momentum=0.9, masking=False, weight_decay=decay_of(opt), skip_nonfinite=False,
-                           hybrid_threshold_bytes=0)
+                           plan=SizePlan(hybrid_threshold_bytes=0))
     for step in range(5):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(9, 6, generator=g), torch.randn(9, 3, generator=g)
@@ -219,13 +219,12 @@ def test_no_masking_keeps_the_momentum():
 
 
 def _clip_worker(rank, world, clip):
-    from comm import GradientExchanger, Topology
+    from comm import GradientExchanger, SizePlan, Topology
 
     topo = Topology(nodes=NODES, local_size=LOCAL)
     p = torch.nn.Parameter(torch.zeros(30, dtype=torch.float64))
     ex = GradientExchanger([p], "topk_ag", topo, density=0.1, selector="exact", overlap=False, momentum=M,
-                           hybrid_threshold_bytes=0,
-                           clip_norm=clip, skip_nonfinite=False)
+                           plan=SizePlan(hybrid_threshold_bytes=0), clip_norm=clip, skip_nonfinite=False)
     g = make_input(rank, 0, 30) * (rank + 1) * 10
     p.grad = g.clone()
     ex.synchronize()

@@ -17,7 +17,7 @@ def _nccl_worker(rank, world, port, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
 
-    from comm import ALGORITHMS, GradientExchanger, Topology, build_exchanger
+    from comm import GradientExchanger, LayerPlan, Topology, build_exchanger, names
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
@@ -25,14 +25,14 @@ def _nccl_worker(rank, world, port, queue):
         topo = Topology(nodes=world, local_size=1)
         x = torch.full((1000,), float(rank + 1), device="cuda")
         got, engine, pipelined = {}, {}, {}
-        for name in ALGORITHMS:
+        for name in names(per_bucket=True):
             ex = build_exchanger(name, topo, density=1.0, selector="exact")
             got[name] = ex.exchange(x).cpu().tolist()
             # the engine: one bucket per layer, launched from backward's hooks while the
             # first layer's large matmul is still queued on the stream
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 8)).cuda()
-            ex = GradientExchanger(model.parameters(), name, topo, density=1.0, selector="exact", plan="layer")
+            ex = GradientExchanger(model.parameters(), name, topo, density=1.0, selector="exact", plan=LayerPlan())
             inputs = torch.randn(4096, 512, device="cuda", generator=torch.Generator("cuda").manual_seed(rank))
             model(inputs).square().mean().backward()
             local = [p.grad.clone() for p in model.parameters()]
@@ -42,7 +42,7 @@ def _nccl_worker(rank, world, port, queue):
             engine[name] = [(g.cpu().numpy(), p.grad.cpu().numpy()) for g, p in zip(local, model.parameters())]
             # pipelined (NOTE [pipelined exchange]): the same batch twice; step 1 applies step 0's
             # average, finished inside step 1's backward; a state_dict holds it on the way
-            ex = GradientExchanger(model.parameters(), name, topo, density=1.0, selector="exact", plan="layer",
+            ex = GradientExchanger(model.parameters(), name, topo, density=1.0, selector="exact", plan=LayerPlan(),
                                    pipeline=True)
             applied = []
             for _ in range(2):
@@ -50,7 +50,7 @@ def _nccl_worker(rank, world, port, queue):
                 model(inputs).square().mean().backward()
                 applied.append(ex.synchronize())
             resumed = GradientExchanger(model.parameters(), name, topo, density=1.0, selector="exact",
-                                        plan="layer", pipeline=True)
+                                        plan=LayerPlan(), pipeline=True)
             resumed.load_state_dict(ex.state_dict())
             step1 = [p.grad.cpu().numpy() for p in model.parameters()]
             applied.append(resumed.flush())

@@ -1,4 +1,4 @@
-"""OMGS plans on the engine (``plan="omgs"``, topk_ag) in real gloo process groups."""
+"""OMGS plans on the engine (``build_omgs_exchanger``: topk_ag on an ``OMGSPlan``) in real gloo process groups."""
 from __future__ import annotations
 
 import os
@@ -8,17 +8,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from comm import GradientExchanger, Topology
-from comm.omgs import (BackwardProfile, CostModel, fit_alpha_beta, fit_gamma, groups_from_plan, load_profile,
-                       measure_backward_times, plan_omgs, save_profile)
+from comm import Topology
+from comm.omgs import (BackwardProfile, CostModel, build_omgs_exchanger, fit_alpha_beta, fit_gamma, groups_from_plan,
+                       load_profile, measure_backward_times, plan_omgs, save_profile)
 from tests.distributed import run_distributed
 
 
 def _engine(model, plan, density, overlap=True):
     topo = Topology(nodes=1, local_size=dist.get_world_size(), shared_memory=False)
-    return GradientExchanger(model.parameters() if isinstance(model, torch.nn.Module) else model, "topk_ag", topo,
-                             density=density, selector="exact", plan="omgs", merged=plan, overlap=overlap,
-                             skip_nonfinite=False)
+    return build_omgs_exchanger(list(model.parameters()) if isinstance(model, torch.nn.Module) else model, topo,
+                                merged=plan, density=density, selector="exact", overlap=overlap, skip_nonfinite=False)
 
 
 def _model(seed: int = 0) -> torch.nn.Module:

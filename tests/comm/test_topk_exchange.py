@@ -22,7 +22,7 @@ def _exchange_syncs(rank, world, device="cpu"):
     import importlib
 
     import comm.topk.mstopk_triton as kernels
-    from comm import GradientExchanger, Topology
+    from comm import GradientExchanger, SizePlan, Topology
     from tools.bench.topk_counts import HostSyncCounter
 
     mstopk_module = importlib.import_module("comm.topk.mstopk")  # the package's name is the function
@@ -42,8 +42,8 @@ def _exchange_syncs(rank, world, device="cpu"):
         for selector in ("exact", "mstopk"):
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64)).to(device)
-            ex = GradientExchanger(model.parameters(), algorithm, topo, density=0.01, selector=selector, plan="size",
-                                   bucket_bytes=1 << 30, hybrid_threshold_bytes=0, skip_nonfinite=False)
+            ex = GradientExchanger(model.parameters(), algorithm, topo, density=0.01, selector=selector,
+                                   plan=SizePlan(bucket_bytes=1 << 30, hybrid_threshold_bytes=0), skip_nonfinite=False)
             before = (calls["kernel"], kernels.HANDOVERS["count"], kernels.FALLBACKS["count"])
             syncs = 0
             for step in range(2):

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import pytest
 
+from comm.timings import ExchangeTimings
 from trainer.metrics import TimeBreakdown
 
 
 def test_exchange_time_moves_work_done_inside_backward_out_of_compute():
     t = TimeBreakdown()
     t.add("compute", 0.050)  # forward + backward, with 3 ms of selection and 20 ms of waiting inside
-    t.add_exchange(0.010, {"compress": 0.002, "compress_overlapped": 0.003, "communicate_overlapped": 0.020})
+    t.add_exchange(0.010, ExchangeTimings(select=0.002, select_overlapped=0.003, drained_in_backward=0.020))
     t.iterations = 1
     per = t.per_iteration()
     assert per["compute"] == pytest.approx(0.027)

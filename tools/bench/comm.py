@@ -21,7 +21,6 @@ from tools.bench.table import format_table, machine_description, write_json
 
 __all__ = ["configure", "main"]
 
-ALL = ["dense", "hier", "2dtar", "topk_ag", "gtopk", "hitopk"]
 RESNET50 = 25_557_032
 
 
@@ -32,8 +31,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[RESNET50],
                         help="gradient sizes in fp32 elements (default: ResNet-50's 25,557,032)")
     parser.add_argument("--density", type=float, default=0.01, help="density rho of the sparse algorithms")
-    parser.add_argument("--algorithms", nargs="+", default=ALL, choices=ALL, metavar="ALG",
-                        help=f"algorithms to time, from {ALL}")
+    from comm.registry import names
+
+    every = names(per_bucket=True)  # what the engine's buckets run
+    parser.add_argument("--algorithms", nargs="+", default=every, choices=every, metavar="ALG",
+                        help=f"algorithms to time, from {every}")
     parser.add_argument("--selector", default=None,
                         help="top-k selector from comm.topk.SELECTORS (default: mstopk, the papers' choice "
                              "and the fastest here; exact and dgc return the exact top-k)")
@@ -115,11 +117,12 @@ def _run_workers(args, cluster, selector, inter_mbit, out: Path) -> None:
 
 def _with_predictions(rows: list[dict], gamma: float | None, inter_mbit: float | None) -> list[dict]:
     from comm import cost_model
+    from comm.registry import DENSE
 
     value_bytes = 2 if rows and rows[0].get("value_dtype") in ("fp16", "bf16") else 4
     form, fitted, errors = cost_model.fit_allgather(rows, value_bytes=value_bytes)
     nominal = cost_model.LinkParams.from_bandwidth(inter_mbit or 10_000.0, gamma=gamma or 0.0)
-    dense = {r["numel"]: r["median_s"] for r in rows if r["algorithm"] == "dense"}
+    dense = {r["numel"]: r["median_s"] for r in rows if r["algorithm"] == DENSE}
     for r in rows:
         args = (r["algorithm"], r["numel"], r["density"], r["nodes"], r["local_size"])
         r["predicted_s"] = cost_model.predict(*args, fitted, value_bytes=value_bytes, allgather=form)

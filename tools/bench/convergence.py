@@ -8,7 +8,7 @@ runs from its flags).
 Example:
     >>> from trainer.recipes import load_recipe, override
     >>> base = load_recipe("cifar10")
-    >>> runs = [ConvergenceRun(c, override(base, comm=c)) for c in ("dense", "hitopk")]
+    >>> runs = [ConvergenceRun(c, override(base, comm=c)) for c in names(per_bucket=True)]
     >>> rows = compare_convergence("runs/conv", runs, "/tmp/cifar10")  # doctest: +SKIP
 """
 from __future__ import annotations
@@ -87,7 +87,9 @@ def add_dense_reference(rows: list[dict]) -> None:
     """Add ``delta_top1_vs_dense`` (final top-1 minus the ``dense`` row's) and
     ``bytes_vs_dense`` (inter-node bytes over dense's, where both are recorded) to every
     :func:`summarize` row, in place; nothing when no row is named ``dense``."""
-    dense = next((r for r in rows if r["name"] == "dense"), None)
+    from comm.registry import DENSE
+
+    dense = next((r for r in rows if r["name"] == DENSE), None)
     if dense is None:
         return
     for r in rows:

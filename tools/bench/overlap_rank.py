@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from comm import GradientExchanger, Topology
-    from comm.omgs import plan_omgs
+    from comm.omgs import build_omgs_exchanger, plan_omgs
+    from comm.plans import OMGSPlan, SizePlan, make_plan
     from trainer import models
     from trainer.atomic_file import write_atomic
 
@@ -72,17 +73,19 @@ def main(argv: list[str] | None = None) -> int:
             # batch's backward, fit the cost model, plan merged layers (``optimal``), and
             # exchange them with topk_ag whatever ``--comm`` says (the planner models topk_ag)
             options = plan_options(spec)
-            if options["plan"] == "omgs":
+            kind = options.pop("plan")
+            if kind == OMGSPlan.name:
                 if not omgs:
                     omgs["plan"] = plan_omgs(model, loss, topo, density=args.density, selector=args.selector)[:2]
                 merged, order = omgs["plan"]
-                ex = GradientExchanger([params[i] for i in order], "topk_ag", topo, density=args.density,
-                                       selector=args.selector, skip_nonfinite=False, overlap=overlap,
-                                       plan="omgs", merged=merged, pipeline=pipeline)
+                ex = build_omgs_exchanger(params, topo, merged=merged, order=order, density=args.density,
+                                          selector=args.selector, skip_nonfinite=False, overlap=overlap,
+                                          pipeline=pipeline)
             else:
-                ex = GradientExchanger(params, args.comm, topo, density=args.density, selector=args.selector,
-                                       hybrid_threshold_bytes=0, skip_nonfinite=False, overlap=overlap,
-                                       pipeline=pipeline, **options)
+                plan = SizePlan(hybrid_threshold_bytes=0, **options) if kind == SizePlan.name else make_plan(kind)
+                ex = GradientExchanger(params, args.comm, topo, plan=plan, density=args.density,
+                                       selector=args.selector, skip_nonfinite=False, overlap=overlap,
+                                       pipeline=pipeline)
             ex.enabled = False  # hooks fire only in this exchanger's own mode
             return ex
 
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 return {"step": end - start, "cpu": time.process_time() - cpu, "backward": mid - start,
                         "sync": end - mid, "first_ready": first["at"] - start,
                         "launch_in_backward": launch1 - launch0, "launch_in_sync": ex.stats["compress_s"] - launch1,
-                        "select_in_backward": ex.last_timings["select_overlapped"],
+                        "select_in_backward": ex.last_timings.select_overlapped,
                         "blocked": ex.stats["wait_s"] - wait0}
             return run
 

@@ -107,8 +107,10 @@ def breakdown(metrics: Sequence[Mapping]) -> dict[str, float]:
 
 def _is_reference(kind: tuple[str, str, bool]) -> bool:
     """The default target's run: dense, unpipelined (the first such run: the first locality given)."""
+    from comm.registry import DENSE
+
     comm, _locality, pipeline = kind
-    return comm == "dense" and not pipeline
+    return comm == DENSE and not pipeline
 
 
 def check_target(kinds: Iterable[tuple[str, str, bool]], target_top1: float | None) -> None:

@@ -58,7 +58,7 @@ def build_runs(base, comms: list[str], *, density: float, epochs: int | None, se
     Raises:
         ValueError: naming ``--set`` or ``--variant`` for an override the recipe rejects.
     """
-    from trainer.config import SPARSE_COMMS
+    from comm.registry import names
     from tools.bench.convergence import ConvergenceRun
     from trainer.recipes import override
 
@@ -66,16 +66,17 @@ def build_runs(base, comms: list[str], *, density: float, epochs: int | None, se
         runs = [ConvergenceRun(c, override(base, comm=c, density=density, epochs=epochs, sets=sets)) for c in comms]
     except ValueError as exc:
         raise ValueError(_naming("--set", exc)) from None
+    sparse = names(sparse=True)
     for name, extra in variants:
         for c in comms:
-            if c in SPARSE_COMMS:
+            if c in sparse:
                 try:
                     recipe = override(base, comm=c, density=density, epochs=epochs, sets=[*sets, *extra])
                 except ValueError as exc:
                     raise ValueError(f"--variant {name}: {_naming('--set', exc)}") from None
                 runs.append(ConvergenceRun(f"{c}-{name}", recipe))
-    if variants and not any(c in SPARSE_COMMS for c in comms):
-        raise ValueError(f"--variant applies to the sparse algorithms ({', '.join(SPARSE_COMMS)}); --comm has none")
+    if variants and not any(c in sparse for c in comms):
+        raise ValueError(f"--variant applies to the sparse algorithms ({', '.join(sparse)}); --comm has none")
     return runs
 
 

@@ -101,12 +101,12 @@ def configure(group: argparse._ArgumentGroup) -> None:
 
 
 def parse_comms(text: str) -> list[str]:
-    from trainer.config import COMM_NAMES
+    from trainer.config import comm_choices
 
     comms = [c.strip() for c in text.split(",") if c.strip()]
-    bad = [c for c in comms if c not in COMM_NAMES]
+    bad = [c for c in comms if c not in comm_choices()]
     if not comms or bad:
-        raise ValueError(f"--comm {text!r}: unknown {bad or 'empty list'}; valid: {list(COMM_NAMES)}")
+        raise ValueError(f"--comm {text!r}: unknown {bad or 'empty list'}; valid: {comm_choices()}")
     return comms
 
 
@@ -122,12 +122,13 @@ def run_kinds(comms: list[str], locality: str, pipeline: str = "off") -> dict[st
     """Run name -> ``(comm, locality, pipeline)``: every algorithm with every locality of
     ``--locality`` and every choice of ``--pipeline-exchange`` (the comm engine's only)."""
     from loaders.locality import LOCALITIES
-    from trainer.config import DDP_COMMS
+    from comm.registry import ALGORITHMS
 
     localities = _choices("--locality", locality, LOCALITIES)
     pipelines = [c == "on" for c in _choices("--pipeline-exchange", pipeline, ("off", "on"))]
     return {comm + ("" if loc == "global" else f"-{loc}") + ("-pipe" if pipe else ""): (comm, loc, pipe)
-            for comm in comms for loc in localities for pipe in pipelines if not (pipe and comm in DDP_COMMS)}
+            for comm in comms for loc in localities for pipe in pipelines
+            if not (pipe and comm in ALGORITHMS and ALGORITHMS[comm].inside_ddp)}
 
 
 def _train_argv(args, comm: str, locality: str, pipeline: bool, data: Path, run_dir: Path, cache_dir: Path,

@@ -26,9 +26,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from comm import GradientExchanger, Topology
-from comm.omgs import (broadcast_plan, fit_alpha_beta, find_merged_layers, fit_sparsify_cost, lags_plan,
-                       measure_backward_times, predict_iteration_time, single_bucket_plan,
+from comm import Topology
+from comm.omgs import (broadcast_plan, build_omgs_exchanger, fit_alpha_beta, find_merged_layers, fit_sparsify_cost,
+                       lags_plan, measure_backward_times, predict_iteration_time, single_bucket_plan,
                        threshold_plan)
 from tools.omgs.emulate import SleepChain
 from trainer.atomic_file import write_atomic
@@ -91,8 +91,8 @@ def run(spec: dict) -> dict:
 
     def make(plan):  # the engine on the plan's merged layers, as the trainer's --comm omgs
         plan = broadcast_plan(plan)
-        ex = GradientExchanger(params, "topk_ag", topo, density=rho, selector=spec["selector"], plan="omgs",
-                               merged=plan, skip_nonfinite=False)
+        ex = build_omgs_exchanger(params, topo, merged=plan, density=rho, selector=spec["selector"],
+                                  skip_nonfinite=False)
         plan_of[ex] = plan
         return ex
 

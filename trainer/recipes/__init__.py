@@ -2,7 +2,7 @@
 
 Example:
     >>> r = load_recipe("dawnbench28")
-    >>> r = override(r, epochs=1, comm="dense", sets=["optim.lr=0.5"])
+    >>> r = override(r, epochs=1, size=64, sets=["optim.lr=0.5", "phases.0.powersgd_rank=4"])
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from trainer.config import Recipe
+from trainer.config import Recipe, option_keys
 from trainer.recipes.parse import from_dict
 
 __all__ = ["RECIPE_DIR", "available", "from_dict", "load_recipe", "override", "recipe_from_dict"]
@@ -84,7 +84,9 @@ def override(recipe: Recipe, *, epochs: int | None = None, comm: str | None = No
                 target = target[int(part)] if isinstance(target, list) else target[part]
         except (KeyError, IndexError, ValueError):
             raise ValueError(f"--set {item!r}: no such section {'.'.join(parts[:-1])!r}") from None
-        if not isinstance(target, dict) or parts[-1] not in target:
+        if parts[0] == "phases" and isinstance(target, dict) and parts[-1] in option_keys():
+            pass  # an algorithm's option (NOTE [algorithm options in a recipe] in trainer/config.py)
+        elif not isinstance(target, dict) or parts[-1] not in target:
             valid = sorted(target) if isinstance(target, dict) else []
             raise ValueError(f"--set {item!r}: unknown field {parts[-1]!r}; valid: {valid}")
         for group in _ONE_OF:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer.config import ModelConfig, OptimConfig, PhaseConfig, Recipe, ScheduleConfig, TrainConfig
+from trainer.config import ModelConfig, OptimConfig, PhaseConfig, Recipe, ScheduleConfig, TrainConfig, option_keys
 
 __all__ = ["from_dict"]
 
@@ -34,19 +34,40 @@ def from_dict(data: dict, name: str) -> Recipe:
         kwargs = {key: _section(cls, data.get(key) or {}, f"recipe {name}: {key}") for key, cls in _SECTIONS.items()}
         phases = data.get("phases")
         _need(isinstance(phases, (list, tuple)) and phases, f"recipe {name}: 'phases' must be a non-empty list")
-        kwargs["phases"] = tuple(_section(PhaseConfig, p, f"recipe {name}: phases[{i}]") for i, p in enumerate(phases))
+        kwargs["phases"] = tuple(_phase(p, f"recipe {name}: phases[{i}]") for i, p in enumerate(phases))
         return Recipe(name=str(data.get("name", name)), **kwargs)
     except ValueError as exc:
         msg = str(exc)
         raise ValueError(msg if msg.startswith("recipe ") else f"recipe {name}: {msg}") from None
 
 
-def _section(cls, values, where: str):
+def _phase(values, where: str) -> PhaseConfig:
+    """A phase, its algorithm's options taken from their flat keys (NOTE [algorithm options
+    in a recipe] in trainer/config.py)."""
+    from comm.registry import ALGORITHMS
+
     _need(isinstance(values, dict), f"{where} must be a mapping; got {type(values).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    keys, values = option_keys(), dict(values)
+    comm = values.get("comm", PhaseConfig.comm)
+    chosen = {keys[k][1].name: _coerce(values.pop(k), keys[k][1], f"{where}.{k}") for k in list(values)
+              if k in keys and keys[k][0] == comm}
+    for k in [k for k in values if k in keys]:
+        del values[k]  # another algorithm's option: ignored
+    options = None
+    if comm in ALGORITHMS:  # else the phase says the name is unknown
+        try:
+            options = ALGORITHMS[comm].make_options(**chosen)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return _section(PhaseConfig, values, where, options=options, valid=sorted(keys))
+
+
+def _section(cls, values, where: str, valid: list[str] = (), **extra):
+    _need(isinstance(values, dict), f"{where} must be a mapping; got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in extra}
     unknown = set(values) - set(fields)
-    _need(not unknown, f"{where}: unknown key(s) {sorted(unknown)}; valid: {sorted(fields)}")
-    kwargs = {k: _coerce(v, fields[k], f"{where}.{k}") for k, v in values.items()}
+    _need(not unknown, f"{where}: unknown key(s) {sorted(unknown)}; valid: {sorted(fields) + list(valid)}")
+    kwargs = {k: _coerce(v, fields[k], f"{where}.{k}") for k, v in values.items()} | extra
     try:
         return cls(**kwargs)
     except ValueError as exc:
