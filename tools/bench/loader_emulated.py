@@ -17,7 +17,7 @@ import sys
 import uuid
 from pathlib import Path
 
-__all__ = ["parse_emulate", "run"]
+__all__ = ["check_batch", "parse_emulate", "run"]
 
 COLUMNS = ("locality", "exchange_fraction", "nodes", "local_size", "mbit", "images_per_s", "images_per_s_per_node",
            "inter_node_bytes_per_image", "l2_hit_rate", "seconds")
@@ -37,6 +37,21 @@ def parse_emulate(text: str) -> tuple[int, int, float]:
     return int(match[1]), int(match[2]), float(match[3])
 
 
+def check_batch(images: int, ranks: int, batch_size: int) -> None:
+    """Refuse a set too small for one batch per rank (every loader drops the last,
+    partial batch), before any cache is warmed or worker started.
+
+    Raises:
+        UsageError: names ``--batch-size`` and the set's size.
+    """
+    from tools.cli import UsageError
+
+    if batch_size < 1 or images // ranks < batch_size:
+        raise UsageError(f"--batch-size {batch_size}: SRC has {images} images, "
+                         + (f"{images // ranks} per rank of {ranks}, " if ranks > 1 else "")
+                         + "not one full batch; lower --batch-size or use a larger SRC")
+
+
 def _rank_argv(root: str, cache_dir: Path, urls: list[str], args, locality: str, out: Path):
     def argv(rank: int) -> list[str]:
         node = rank // args.local_size
@@ -53,7 +68,6 @@ def _rank_argv(root: str, cache_dir: Path, urls: list[str], args, locality: str,
 
 def run(args) -> int:
     from cachepipe import Manifest
-    from tools.bench.loader import check_batch
     from tools.demo_dataset import make_dataset
     from tools.bench.table import format_table, machine_description, write_json
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
