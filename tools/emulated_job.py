@@ -11,6 +11,8 @@ module puts a workload on them the way a real cluster runs it:
   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` on node 0,
   ``GLOO_SOCKET_IFNAME=eth0``). The first rank that fails stops the job (only processes
   started here are signalled, through their own handles).
+- :func:`parse_emulate`: the ``--emulate MxN@MBIT`` of every command that runs on the
+  emulated cluster, one rule for all (NOTE [emulate flag]), and its links' ``--burst`` (:func:`burst_bytes`).
 - :func:`link_bytes`: bytes sent and received on each node's ``eth0`` (the kernel's
   counters): the ground truth of what crossed between nodes, gradients and samples alike.
 
@@ -25,17 +27,73 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tools.cluster import EmulatedCluster
 
-__all__ = ["NodeRedis", "JobFailed", "launch", "link_bytes", "run_on_node", "stop_child"]
+__all__ = ["Emulation", "NodeRedis", "JobFailed", "burst_bytes", "launch", "link_bytes", "parse_emulate",
+           "run_on_node", "stop_child"]
 
 REDIS_PORT = 6379
+MAX_NODES = 250  # EmulatedCluster's limit: one address per node in a /24
+_EMULATE = re.compile(r"(\d+)x(\d+)(?:@(\d+(?:\.\d+)?))?")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """``nodes`` emulated nodes of ``local_size`` processes, ``mbit`` Mbit/s between nodes."""
+
+    nodes: int
+    local_size: int
+    mbit: float
+
+
+def parse_emulate(text: str, default_mbit: float | None = None) -> Emulation:
+    """Parse ``--emulate MxN@MBIT``, e.g. ``2x2@10``.
+
+    NOTE [emulate flag]: one rule for every command (``bench train``, ``bench loader``,
+    ``bench overlap``): ``M`` nodes, 1 to 250 (:class:`EmulatedCluster`'s limit); ``N``
+    processes per node, at least 1, and at least 2 processes in all (a job of one process
+    crosses no link); ``MBIT`` Mbit/s between nodes, a positive number. ``@MBIT`` may be
+    left out only where the command has a default rate (``default_mbit``); surrounding
+    blanks are ignored.
+
+    Args:
+        text: the flag's value.
+        default_mbit: the rate of ``MxN`` without ``@MBIT``; None: ``@MBIT`` is required.
+
+    Raises:
+        ValueError: one line naming ``--emulate``, its value and the rule it breaks.
+    """
+    m = _EMULATE.fullmatch(text.strip())
+    if not m or (m[3] is None and default_mbit is None):
+        raise ValueError(f"--emulate {text!r}: expected MxN@MBIT (M nodes x N processes each, MBIT Mbit/s "
+                         "between nodes), e.g. 2x2@10")
+    nodes, local, mbit = int(m[1]), int(m[2]), float(m[3]) if m[3] else float(default_mbit)
+    if not 1 <= nodes <= MAX_NODES or local < 1 or nodes * local < 2:
+        raise ValueError(f"--emulate {text!r}: need 1 <= M <= {MAX_NODES} nodes, N >= 1 processes each and at "
+                         "least 2 processes in all")
+    if mbit <= 0:
+        raise ValueError(f"--emulate {text!r}: the link rate MBIT must be > 0")
+    return Emulation(nodes, local, mbit)
+
+
+def burst_bytes(kib: int | None) -> int | None:
+    """``--burst KIB`` as the tbf bucket in bytes (None: the cluster's default, NOTE [tbf
+    burst] in tools/cluster.py).
+
+    Raises:
+        ValueError: one line naming ``--burst``, for a bucket under one packet (2 KiB).
+    """
+    if kib is not None and kib < 2:
+        raise ValueError(f"--burst {kib}: the tbf bucket must hold one packet: at least 2 KiB")
+    return None if kib is None else kib * 1024
 
 
 class JobFailed(RuntimeError):

@@ -12,29 +12,16 @@ whole job (the kernel's counters), divided by all the images the job read.
 from __future__ import annotations
 
 import json
-import re
 import sys
 import uuid
 from pathlib import Path
 
-__all__ = ["check_batch", "parse_emulate", "run"]
+__all__ = ["check_batch", "run"]
 
 COLUMNS = ("locality", "exchange_fraction", "nodes", "local_size", "mbit", "images_per_s", "images_per_s_per_node",
            "inter_node_bytes_per_image", "l2_hit_rate", "seconds")
 REDIS_PORT = 6416  # this benchmark's own port on every node's address
 RENDEZVOUS_PORT = 29716
-
-
-def parse_emulate(text: str) -> tuple[int, int, float]:
-    """``"2x2@200"`` -> (nodes, ranks per node, Mbit/s).
-
-    Raises:
-        ValueError: names ``--emulate`` and the expected form.
-    """
-    match = re.fullmatch(r"(\d+)x(\d+)@(\d+(?:\.\d+)?)", text.strip())
-    if not match or int(match[1]) < 1 or int(match[2]) < 1 or float(match[3]) <= 0:
-        raise ValueError(f"--emulate wants NODESxRANKS@MBIT with positive numbers, e.g. 2x2@200; got {text!r}")
-    return int(match[1]), int(match[2]), float(match[3])
 
 
 def check_batch(images: int, ranks: int, batch_size: int) -> None:
@@ -71,9 +58,10 @@ def run(args) -> int:
     from tools.demo_dataset import make_dataset
     from tools.bench.table import format_table, machine_description, write_json
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
-    from tools.emulated_job import NodeRedis, launch, link_bytes, run_on_node
+    from tools.emulated_job import NodeRedis, launch, link_bytes, parse_emulate, run_on_node
 
-    nodes, args.local_size, mbit = parse_emulate(args.emulate)
+    emu = parse_emulate(args.emulate)  # NOTE [emulate flag]: MBIT required here
+    nodes, args.local_size, mbit = emu.nodes, emu.local_size, emu.mbit
     localities = [m.strip() for m in args.locality.split(",") if m.strip()]
     bad = sorted(set(localities) - {"node", "global"})
     if bad or not localities:

@@ -130,10 +130,9 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools.bench.time_to_accuracy import burst_bytes, parse_emulate
     from tools.bench.overlap_rank import plan_options
     from tools.cluster import EmulatedCluster, netns_unavailable_reason
-    from tools.emulated_job import JobFailed, launch
+    from tools.emulated_job import JobFailed, burst_bytes, launch, parse_emulate
 
     try:
         emu = parse_emulate(args.emulate, 10.0)

@@ -53,7 +53,8 @@ import uuid
 from pathlib import Path
 
 from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.time_to_accuracy import build_rows, burst_bytes, check_target, parse_emulate, plot_top1_vs_time
+from tools.bench.time_to_accuracy import build_rows, check_target, plot_top1_vs_time
+from tools.emulated_job import burst_bytes, parse_emulate
 
 __all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 
