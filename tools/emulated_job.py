@@ -13,6 +13,9 @@ module puts a workload on them the way a real cluster runs it:
   started here are signalled, through their own handles).
 - :func:`parse_emulate`: the ``--emulate MxN@MBIT`` of every command that runs on the
   emulated cluster, one rule for all (NOTE [emulate flag]), and its links' ``--burst`` (:func:`burst_bytes`).
+- :func:`node_servers`, :func:`warm_node`: a server on every node, and each node's
+  ``cachepipe warmup`` of its L1 and its share of L2 (``redis_flags``: the ``--redis``
+  flags naming every node's server, in node order).
 - :func:`link_bytes`: bytes sent and received on each node's ``eth0`` (the kernel's
   counters): the ground truth of what crossed between nodes, gradients and samples alike.
 
@@ -25,20 +28,21 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tools.cluster import EmulatedCluster
 
-__all__ = ["Emulation", "NodeRedis", "JobFailed", "burst_bytes", "launch", "link_bytes", "parse_emulate",
-           "run_on_node", "stop_child"]
+__all__ = ["Emulation", "NodeRedis", "JobFailed", "burst_bytes", "launch", "link_bytes", "node_servers",
+           "parse_emulate", "redis_flags", "run_on_node", "stop_child", "warm_node"]
 
 REDIS_PORT = 6379
 MAX_NODES = 250  # EmulatedCluster's limit: one address per node in a /24
@@ -167,6 +171,40 @@ class NodeRedis:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def node_servers(cluster: EmulatedCluster, workdirs: Sequence[str | os.PathLike], **kwargs) -> Iterator[list[NodeRedis]]:
+    """One :class:`NodeRedis` per node (node ``i`` logs in ``workdirs[i]``; ``kwargs`` as
+    there), every one stopped on the way out."""
+    servers: list[NodeRedis] = []
+    try:
+        for node, workdir in enumerate(workdirs):
+            servers.append(NodeRedis(cluster, node, workdir, **kwargs))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def redis_flags(urls: Sequence[str]) -> list[str]:
+    """``--redis URL`` for every shard, in node order, for a ``cachepipe`` command's argv."""
+    return [word for url in urls for word in ("--redis", url)]
+
+
+def warm_node(cluster: EmulatedCluster, node: int, root: str | os.PathLike, cache_dir: str | os.PathLike,
+              urls: Sequence[str], cache_size: int, *extra: str, timeout: float = 1800.0) -> None:
+    """Run ``cachepipe warmup`` inside ``node``: its own L1 in ``cache_dir`` and its share of
+    L2 (``--node-rank node --num-nodes``, the shards ``urls``), as on a real cluster.
+
+    Raises:
+        RuntimeError: the warm-up failed (the message ends with its last output).
+    """
+    argv = [sys.executable, "-m", "tools", "warmup", str(root), "--cache-dir", str(cache_dir), "--cache-size",
+            str(cache_size), "--node-rank", str(node), "--num-nodes", str(cluster.nodes), *extra, *redis_flags(urls)]
+    done = run_on_node(cluster, node, argv, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(f"warm-up of {root} on node {node} failed: {(done.stderr or done.stdout).strip()[-500:]}")
 
 
 def run_on_node(cluster: EmulatedCluster, node: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
