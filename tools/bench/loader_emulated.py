@@ -57,7 +57,7 @@ def run(args) -> int:
     from cachepipe import Manifest
     from tools.demo_dataset import make_dataset
     from tools.bench.table import format_table, machine_description, write_json
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
+    from tools.cluster import EmulatedCluster, require_netns
     from tools.emulated_job import launch, link_bytes, node_servers, parse_emulate, warm_node
 
     emu = parse_emulate(args.emulate)  # NOTE [emulate flag]: MBIT required here
@@ -68,9 +68,7 @@ def run(args) -> int:
         raise ValueError(f"--locality wants a comma-separated subset of node,global; got {args.locality!r}")
     if not 0 <= args.exchange_fraction <= 1:
         raise ValueError(f"--exchange-fraction must be in [0, 1]; got {args.exchange_fraction}")
-    reason = netns_unavailable_reason()
-    if reason:
-        raise ValueError(f"--emulate needs network namespaces: {reason}")
+    require_netns()
     src = Path(args.src)
     if not src.exists() and args.make_dataset:
         make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)

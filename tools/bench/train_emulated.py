@@ -237,12 +237,10 @@ def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: P
 
 
 def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, burst: int | None) -> None:
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
+    from tools.cluster import EmulatedCluster, require_netns
     from tools.emulated_job import node_servers
 
-    reason = netns_unavailable_reason()
-    if reason:
-        raise ValueError(f"--emulate needs network namespaces: {reason}")
+    require_netns()
     data = _prepare_data(args, out)
     run = args.resolved
     print(f"bench train: {run['size']} px from a {run['cache_size']} px cache, batch {run['batch_size']} per process, "
