@@ -11,6 +11,7 @@ Example:
     >>> ex = comm.build_exchanger("hitopk", topo, density=0.01, selector="exact")  # doctest: +SKIP
     >>> avg = ex.exchange(torch.cat([p.grad.reshape(-1) for p in params]))      # doctest: +SKIP
 """
+from comm import builtin  # noqa: F401  (registers the shipped algorithms first)
 from comm import cost_model
 from comm.algorithm import Algorithm, NoOptions
 from comm.collectives import Exchanger, build_exchanger

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from comm.registry import ALGORITHMS, get_algorithm
+
 __all__ = ["add_link", "log2", "LinkParams", "PARAMS", "ALLGATHER_FORMS", "coefficients", "predict", "fit",
            "fit_allgather"]
 
@@ -78,7 +80,6 @@ def coefficients(algorithm: str, numel: int, density: float | None, nodes: int, 
     """
     if allgather not in ALLGATHER_FORMS:
         raise ValueError(f"unknown all-gather form {allgather!r}; valid: {list(ALLGATHER_FORMS)}")
-    from comm.registry import ALGORITHMS, get_algorithm  # the algorithms' modules use add_link and log2
 
     spec = get_algorithm(algorithm)
     if spec.cost is None:

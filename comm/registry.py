@@ -1,5 +1,8 @@
 """The registry of gradient exchange algorithms: the one place their names are listed
-(NOTE [one registry of names] in comm/algorithm.py).
+(NOTE [one registry of names] in comm/algorithm.py). It imports no algorithm: each
+module declares its ``ALGORITHM`` and :mod:`comm.builtin` registers the shipped ones when
+the ``comm`` package is imported, so the registry sits below every algorithm (no import
+circle) and is full before anyone can ask it.
 
 Example:
     >>> from comm.registry import get_algorithm, names
@@ -9,14 +12,11 @@ Example:
 from __future__ import annotations
 
 from comm.algorithm import Algorithm
-from comm.collectives import dense, gtopk, hier, hitopk, topk_ag, torus2d
-from comm.omgs import exchange as omgs
-from comm import powersgd
 
 __all__ = ["ALGORITHMS", "DENSE", "exchanger_class", "get_algorithm", "names", "register"]
 
 ALGORITHMS: dict[str, Algorithm] = {}
-DENSE = dense.ALGORITHM.name  # the plain all-reduce: the default, and what one process runs
+DENSE = "dense"  # the plain all-reduce (comm/collectives/dense.py): the default, and what one process runs
 
 
 def register(algorithm: Algorithm) -> Algorithm:
@@ -61,7 +61,3 @@ def names(*, sparse: bool | None = None, per_bucket: bool = False) -> list[str]:
     engine's buckets and the sparse DDP hook run) with ``per_bucket``."""
     return [n for n, a in ALGORITHMS.items()
             if (sparse is None or a.sparse == sparse) and (a.exchanger is not None or not per_bucket)]
-
-
-for _module in (dense, hier, torus2d, topk_ag, gtopk, hitopk, omgs, powersgd):
-    register(_module.ALGORITHM)

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import uuid
 
-__all__ = ["EmulatedCluster", "netns_unavailable_reason"]
+__all__ = ["EmulatedCluster", "netns_unavailable_reason", "require_netns"]
 
 SUBNET = "10.77.0"
 
@@ -40,6 +40,17 @@ def netns_unavailable_reason() -> str | None:
         return f"`ip netns add` failed: {probe.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None
+
+
+def require_netns(flag: str = "--emulate") -> None:
+    """Refuse ``flag`` where namespaces cannot be built.
+
+    Raises:
+        ValueError: one line naming ``flag`` and :func:`netns_unavailable_reason`'s reason.
+    """
+    reason = netns_unavailable_reason()
+    if reason:
+        raise ValueError(f"{flag} needs network namespaces: {reason}")
 
 
 def _ip(*args: str) -> None:

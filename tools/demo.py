@@ -47,9 +47,9 @@ def run_demo(args: argparse.Namespace, recipe) -> int:
     """Run the demo described in the module docstring; returns the exit status."""
     from tools.cache_flags import cache_config
     from tools.demo_dataset import make_dataset
+    from tools.resume import resume_command
     from trainer.launch import launch_local
     from trainer.loop import run_rank
-    from tools.train import resume_command
     from trainer.progress import describe_run, final_line
     from trainer.run_config import RunConfig
 

@@ -11,6 +11,11 @@ module puts a workload on them the way a real cluster runs it:
   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` on node 0,
   ``GLOO_SOCKET_IFNAME=eth0``). The first rank that fails stops the job (only processes
   started here are signalled, through their own handles).
+- :func:`parse_emulate`: the ``--emulate MxN@MBIT`` of every command that runs on the
+  emulated cluster, one rule for all (NOTE [emulate flag]), and its links' ``--burst`` (:func:`burst_bytes`).
+- :func:`node_servers`, :func:`warm_node`: a server on every node, and each node's
+  ``cachepipe warmup`` of its L1 and its share of L2 (``redis_flags``: the ``--redis``
+  flags naming every node's server, in node order).
 - :func:`link_bytes`: bytes sent and received on each node's ``eth0`` (the kernel's
   counters): the ground truth of what crossed between nodes, gradients and samples alike.
 
@@ -23,19 +28,76 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tools.cluster import EmulatedCluster
 
-__all__ = ["NodeRedis", "JobFailed", "launch", "link_bytes", "run_on_node", "stop_child"]
+__all__ = ["Emulation", "NodeRedis", "JobFailed", "burst_bytes", "launch", "link_bytes", "node_servers",
+           "parse_emulate", "redis_flags", "run_on_node", "stop_child", "warm_node"]
 
 REDIS_PORT = 6379
+MAX_NODES = 250  # EmulatedCluster's limit: one address per node in a /24
+_EMULATE = re.compile(r"(\d+)x(\d+)(?:@(\d+(?:\.\d+)?))?")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """``nodes`` emulated nodes of ``local_size`` processes, ``mbit`` Mbit/s between nodes."""
+
+    nodes: int
+    local_size: int
+    mbit: float
+
+
+def parse_emulate(text: str, default_mbit: float | None = None) -> Emulation:
+    """Parse ``--emulate MxN@MBIT``, e.g. ``2x2@10``.
+
+    NOTE [emulate flag]: one rule for every command (``bench train``, ``bench loader``,
+    ``bench overlap``): ``M`` nodes, 1 to 250 (:class:`EmulatedCluster`'s limit); ``N``
+    processes per node, at least 1, and at least 2 processes in all (a job of one process
+    crosses no link); ``MBIT`` Mbit/s between nodes, a positive number. ``@MBIT`` may be
+    left out only where the command has a default rate (``default_mbit``); surrounding
+    blanks are ignored.
+
+    Args:
+        text: the flag's value.
+        default_mbit: the rate of ``MxN`` without ``@MBIT``; None: ``@MBIT`` is required.
+
+    Raises:
+        ValueError: one line naming ``--emulate``, its value and the rule it breaks.
+    """
+    m = _EMULATE.fullmatch(text.strip())
+    if not m or (m[3] is None and default_mbit is None):
+        raise ValueError(f"--emulate {text!r}: expected MxN@MBIT (M nodes x N processes each, MBIT Mbit/s "
+                         "between nodes), e.g. 2x2@10")
+    nodes, local, mbit = int(m[1]), int(m[2]), float(m[3]) if m[3] else float(default_mbit)
+    if not 1 <= nodes <= MAX_NODES or local < 1 or nodes * local < 2:
+        raise ValueError(f"--emulate {text!r}: need 1 <= M <= {MAX_NODES} nodes, N >= 1 processes each and at "
+                         "least 2 processes in all")
+    if mbit <= 0:
+        raise ValueError(f"--emulate {text!r}: the link rate MBIT must be > 0")
+    return Emulation(nodes, local, mbit)
+
+
+def burst_bytes(kib: int | None) -> int | None:
+    """``--burst KIB`` as the tbf bucket in bytes (None: the cluster's default, NOTE [tbf
+    burst] in tools/cluster.py).
+
+    Raises:
+        ValueError: one line naming ``--burst``, for a bucket under one packet (2 KiB).
+    """
+    if kib is not None and kib < 2:
+        raise ValueError(f"--burst {kib}: the tbf bucket must hold one packet: at least 2 KiB")
+    return None if kib is None else kib * 1024
 
 
 class JobFailed(RuntimeError):
@@ -109,6 +171,40 @@ class NodeRedis:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def node_servers(cluster: EmulatedCluster, workdirs: Sequence[str | os.PathLike], **kwargs) -> Iterator[list[NodeRedis]]:
+    """One :class:`NodeRedis` per node (node ``i`` logs in ``workdirs[i]``; ``kwargs`` as
+    there), every one stopped on the way out."""
+    servers: list[NodeRedis] = []
+    try:
+        for node, workdir in enumerate(workdirs):
+            servers.append(NodeRedis(cluster, node, workdir, **kwargs))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def redis_flags(urls: Sequence[str]) -> list[str]:
+    """``--redis URL`` for every shard, in node order, for a ``cachepipe`` command's argv."""
+    return [word for url in urls for word in ("--redis", url)]
+
+
+def warm_node(cluster: EmulatedCluster, node: int, root: str | os.PathLike, cache_dir: str | os.PathLike,
+              urls: Sequence[str], cache_size: int, *extra: str, timeout: float = 1800.0) -> None:
+    """Run ``cachepipe warmup`` inside ``node``: its own L1 in ``cache_dir`` and its share of
+    L2 (``--node-rank node --num-nodes``, the shards ``urls``), as on a real cluster.
+
+    Raises:
+        RuntimeError: the warm-up failed (the message ends with its last output).
+    """
+    argv = [sys.executable, "-m", "tools", "warmup", str(root), "--cache-dir", str(cache_dir), "--cache-size",
+            str(cache_size), "--node-rank", str(node), "--num-nodes", str(cluster.nodes), *extra, *redis_flags(urls)]
+    done = run_on_node(cluster, node, argv, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(f"warm-up of {root} on node {node} failed: {(done.stderr or done.stdout).strip()[-500:]}")
 
 
 def run_on_node(cluster: EmulatedCluster, node: int, argv: Sequence[str], *, env: Mapping[str, str] | None = None,

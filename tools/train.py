@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["configure", "main", "resume_command"]
+__all__ = ["configure", "main"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +187,7 @@ def main(args: argparse.Namespace) -> int:
 
     from tools.cache_flags import cache_config
     from tools.cli import UsageError
+    from tools.resume import resume_command
     from trainer.consensus import RankFailed
     from trainer.launch import Stopped, WorkerFailed
     from trainer.progress import describe_run, final_line
@@ -262,28 +263,6 @@ def main(args: argparse.Namespace) -> int:
         elif rows:
             print("train: " + final_line(rows, time.perf_counter() - start, out))
     return 0
-
-
-def resume_command(args, out: str) -> str:
-    """The command line that continues a run stopped early: the one that started it
-    (``args.command_line``, set by ``tools.cli``) without ``--stop-after-steps`` and with
-    ``--resume out``; Redis passwords in it are shown as ``***`` (as ``stats`` does), and
-    then the line says so."""
-    import shlex
-
-    from cachepipe.l2.redis_url import redact
-
-    argv, skip, masked = [], False, False
-    for word in getattr(args, "command_line", None) or ["cachepipe", "train", "--data", str(args.data)]:
-        if skip:
-            skip = False
-        elif word in ("--stop-after-steps", "--resume"):
-            skip = True
-        elif not word.startswith(("--stop-after-steps=", "--resume=")):
-            argv.append(redact(word))
-            masked = masked or argv[-1] != word
-    line = shlex.join(argv + ["--resume", out])
-    return line + ("  (the Redis password is shown as ***: put it back)" if masked else "")
 
 
 def _check_paths(args, out: str) -> None:

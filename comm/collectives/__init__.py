@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from comm.collectives.base import Exchanger
+from comm.registry import exchanger_class, get_algorithm
 
 __all__ = ["Exchanger", "build_exchanger"]
 
@@ -36,7 +37,6 @@ def build_exchanger(name: str, topology, *, density: float | None = None, select
         >>> ex = build_exchanger("hitopk", topo, density=0.01, selector="exact")  # doctest: +SKIP
         >>> grad_avg = ex.exchange(flat_grad)                                     # doctest: +SKIP
     """
-    from comm.registry import exchanger_class, get_algorithm  # the registry imports these modules
 
     cls, kind = exchanger_class(name), get_algorithm(name).options
     options = kind() if options is None else options

@@ -8,6 +8,7 @@ from comm import link_bytes
 from comm.algorithm import Algorithm
 from comm.cost_model import add_link
 from comm.collectives.base import Exchanger, Stages, wire_buffer
+from comm.registry import DENSE
 
 __all__ = ["ALGORITHM", "DenseExchanger", "cost"]
 
@@ -15,7 +16,7 @@ __all__ = ["ALGORITHM", "DenseExchanger", "cost"]
 class DenseExchanger(Exchanger):
     """All-reduce of the whole tensor over the default group, divided by the world size."""
 
-    name = "dense"
+    name = DENSE
 
     def _stages(self, x: torch.Tensor, out: torch.Tensor | None) -> Stages:
         buf = wire_buffer(x, self.wire_dtype(x), out)

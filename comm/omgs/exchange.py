@@ -15,6 +15,7 @@ import torch
 
 from comm.algorithm import Algorithm
 from comm.collectives.topk_ag import TopKAllGatherExchanger
+from comm.engine import GradientExchanger
 from comm.plans.omgs import OMGSPlan
 
 __all__ = ["ALGORITHM", "OMGSOptions", "build", "build_omgs_exchanger"]
@@ -51,8 +52,6 @@ def build_omgs_exchanger(params: Sequence[torch.Tensor], topology, *, merged: Se
     Raises:
         ValueError: as :class:`comm.GradientExchanger`, or a plan of the wrong length.
     """
-    from comm.engine import GradientExchanger  # the engine asks the registry, which lists this module
-
     layers = list(params) if order is None else [params[i] for i in order]
     return GradientExchanger(layers, TopKAllGatherExchanger.name, topology, plan=OMGSPlan(merged), **engine)
 

@@ -14,33 +14,12 @@ registered by name in ``PLANNERS``; adding a planner is one file plus one line h
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
-
-import torch
+from comm.plans.base import Bucket, Plan
+from comm.plans.layer import LayerPlan
+from comm.plans.omgs import OMGSPlan
+from comm.plans.size import SizePlan
 
 __all__ = ["Bucket", "LayerPlan", "OMGSPlan", "PLANNERS", "Plan", "SizePlan", "make_plan"]
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """One bucket: parameter indices in packing order, and its exchange algorithm."""
-
-    params: tuple[int, ...]
-    algorithm: str
-
-
-class Plan(Protocol):
-    """What the engine asks of a plan."""
-
-    def buckets(self, params: Sequence[torch.Tensor], algorithm: str) -> list[Bucket]:
-        """The buckets of ``params`` (forward order) in launch order, main algorithm ``algorithm``."""
-
-
-from comm.plans.layer import LayerPlan  # noqa: E402  (the planners use Bucket)
-from comm.plans.omgs import OMGSPlan  # noqa: E402
-from comm.plans.size import SizePlan  # noqa: E402
 
 PLANNERS: dict[str, type] = {cls.name: cls for cls in (SizePlan, LayerPlan, OMGSPlan)}
 

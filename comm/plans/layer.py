@@ -6,6 +6,8 @@ from typing import ClassVar
 
 import torch
 
+from comm.plans.base import Bucket
+
 __all__ = ["LayerPlan"]
 
 
@@ -16,6 +18,5 @@ class LayerPlan:
     name: ClassVar[str] = "layer"
 
     def buckets(self, params: list[torch.Tensor], algorithm: str):
-        from comm.plans import Bucket
 
         return [Bucket((i,), algorithm) for i in reversed(range(len(params)))]

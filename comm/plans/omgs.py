@@ -6,6 +6,8 @@ from typing import ClassVar
 
 import torch
 
+from comm.plans.base import Bucket
+
 __all__ = ["OMGSPlan"]
 
 
@@ -30,7 +32,6 @@ class OMGSPlan:
         """Raises:
             ValueError: if ``merged`` does not have one entry per parameter."""
         from comm.omgs.model import groups_from_plan
-        from comm.plans import Bucket
 
         merged = [False] * len(params) if self.merged is None else list(self.merged)
         if len(merged) != len(params):

@@ -18,6 +18,8 @@ from typing import ClassVar
 import torch
 
 from comm.collectives.hier import HierExchanger
+from comm.plans.base import Bucket
+from comm.registry import get_algorithm
 
 __all__ = ["SizePlan", "plan_buckets"]
 
@@ -64,9 +66,6 @@ class SizePlan:
                              f"got {self.bucket_bytes} and {self.hybrid_threshold_bytes}")
 
     def buckets(self, params: list[torch.Tensor], algorithm: str):
-        from comm.plans import Bucket
-        from comm.registry import get_algorithm
-
         dense = HierExchanger.name  # the hybrid choice's algorithm
         split = self.dense_vectors and get_algorithm(algorithm).sparse
         vectors = [i for i, p in enumerate(params) if split and p.dim() <= 1]

@@ -52,7 +52,8 @@ def test_bench_loader_emulated_compares_node_and_global(source, tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--emulate", "2x@200"], "--emulate wants NODESxRANKS@MBIT"),
+    (["--emulate", "2x@200"], "--emulate '2x@200': expected MxN@MBIT"),
+    (["--emulate", "2x2"], "--emulate '2x2': expected MxN@MBIT"),
     (["--emulate", "2x2@200", "--locality", "rack"], "--locality wants a comma-separated subset of node,global"),
     (["--emulate", "2x2@200", "--exchange-fraction", "1.5"], r"--exchange-fraction must be in \[0, 1\]"),
 ])

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tools.bench.time_to_accuracy import Emulation, breakdown, build_rows, parse_emulate, time_to_target
+from tools.bench.time_to_accuracy import breakdown, build_rows, time_to_target
 from tools.bench.train_emulated import run_kinds
 from tools.cli import main as cli
 from tools.cluster import netns_unavailable_reason
@@ -27,22 +27,6 @@ HITOPK = [_epoch(0, 40.0, 3.0, 20, compress=0.002, communicate=0.05),
           _epoch(1, 69.5, 3.0, 40, compress=0.002, communicate=0.05),
           _epoch(2, 71.0, 3.0, 60, compress=0.004, communicate=0.07)]
 GTOPK = [_epoch(0, 30.0, 4.0, 20), _epoch(1, 60.0, 4.0, 40)]
-
-
-@pytest.mark.parametrize("text, want", [("2x2@10", Emulation(2, 2, 10.0)), ("4x1@0.5", Emulation(4, 1, 0.5)),
-                                        ("2x2", Emulation(2, 2, 25.0)), (" 1x4@200 ", Emulation(1, 4, 200.0))])
-def test_parse_emulate(text, want):
-    assert parse_emulate(text, default_mbit=25.0) == want
-
-
-@pytest.mark.parametrize("text, match", [("2by2@10", "expected MxN@MBIT"), ("2x2@", "expected MxN@MBIT"),
-                                         ("2x2@-5", "expected MxN@MBIT"), ("2x2@0", "MBIT must be > 0"),
-                                         ("0x2@10", "1 <= M <= 250"), ("1x1@10", "at least 2 processes"),
-                                         ("2x0@10", "N >= 1"), ("", "expected MxN@MBIT")])
-def test_parse_emulate_rejects_bad_values_naming_the_flag(text, match):
-    with pytest.raises(ValueError, match=match) as info:
-        parse_emulate(text, default_mbit=10.0)
-    assert str(info.value).startswith("--emulate ")
 
 
 def test_time_to_target_is_the_end_of_the_first_epoch_that_reaches_it():

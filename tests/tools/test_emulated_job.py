@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tools.cluster import EmulatedCluster, netns_unavailable_reason
-from tools.emulated_job import JobFailed, NodeRedis, launch, link_bytes, run_on_node
+from tools.emulated_job import Emulation, JobFailed, NodeRedis, launch, link_bytes, parse_emulate, run_on_node
 
 REASON = netns_unavailable_reason()
 def netns(test):
@@ -20,6 +20,28 @@ _SHOW_ENV = ("import json, os, sys; keys = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 
              "open(sys.argv[1], 'w').write(json.dumps({k: os.environ[k] for k in keys}))")
 _SET = ("import redis, sys; r = redis.Redis.from_url(sys.argv[1]); r.set('k', b'x' * int(sys.argv[2])); "
         "assert len(r.get('k')) == int(sys.argv[2])")
+
+
+@pytest.mark.parametrize("text, want", [("2x2@10", Emulation(2, 2, 10.0)), ("4x1@0.5", Emulation(4, 1, 0.5)),
+                                        ("2x2", Emulation(2, 2, 25.0)), (" 1x4@200 ", Emulation(1, 4, 200.0))])
+def test_parse_emulate(text, want):
+    assert parse_emulate(text, default_mbit=25.0) == want
+
+
+@pytest.mark.parametrize("text, match", [("2by2@10", "expected MxN@MBIT"), ("2x2@", "expected MxN@MBIT"),
+                                         ("2x2@-5", "expected MxN@MBIT"), ("2x2@0", "MBIT must be > 0"),
+                                         ("0x2@10", "1 <= M <= 250"), ("1x1@10", "at least 2 processes"),
+                                         ("2x0@10", "N >= 1"), ("251x1@10", "M <= 250"), ("", "expected MxN@MBIT")])
+def test_parse_emulate_rejects_bad_values_naming_the_flag(text, match):
+    with pytest.raises(ValueError, match=match) as info:
+        parse_emulate(text, default_mbit=10.0)
+    assert str(info.value).startswith("--emulate ")
+
+
+def test_parse_emulate_wants_the_rate_where_the_command_has_no_default():
+    assert parse_emulate("2x1@200") == Emulation(2, 1, 200.0)
+    with pytest.raises(ValueError, match=r"^--emulate '2x2': expected MxN@MBIT"):
+        parse_emulate("2x2")
 
 
 def _envs(tmp_path, world):

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from tools.train import resume_command
+from tools.resume import resume_command
 from trainer.metrics import MetricsLog
 from trainer.progress import describe_run, epoch_bar, final_line, format_row, print_row
 from trainer.recipes import load_recipe, override

@@ -39,7 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["check_batch", "configure", "main"]
+from tools.bench.loader_emulated import check_batch
+
+__all__ = ["configure", "main"]
 
 LOADERS = ("plain", "cached", "cached-tcp", "dali")
 COLUMNS = ("loader", "l2", "workers", "size", "batch_size", "dtype", "images_per_s", "speedup", "fetch_ms_per_batch",
@@ -141,21 +143,6 @@ def _build(kind: str, root: str, args, cache):
     if device == "auto":
         device = "gpu" if torch.cuda.is_available() else "cpu"
     return build_dali_loader(root, cache=cache, device=device, dtype=args.dtype, **common)
-
-
-def check_batch(images: int, ranks: int, batch_size: int) -> None:
-    """Refuse a set too small for one batch per rank (every loader drops the last,
-    partial batch), before any cache is warmed or worker started.
-
-    Raises:
-        UsageError: names ``--batch-size`` and the set's size.
-    """
-    from tools.cli import UsageError
-
-    if batch_size < 1 or images // ranks < batch_size:
-        raise UsageError(f"--batch-size {batch_size}: SRC has {images} images, "
-                         + (f"{images // ranks} per rank of {ranks}, " if ranks > 1 else "")
-                         + "not one full batch; lower --batch-size or use a larger SRC")
 
 
 def _cpu_seconds(redis_clients) -> float:

@@ -1,8 +1,8 @@
 """``cachepipe bench loader --emulate MxN@MBIT --locality node,global``: L2 reads on an emulated cluster.
 
 M network namespaces joined by links limited to MBIT Mbit/s (``tools.cluster``), one
-``redis-server`` per node (``tools.emulated_job.NodeRedis``), each node's L2 partition
-warmed by ``cachepipe warmup`` run on that node (its own L1 directory), then for every
+``redis-server`` per node (``tools.emulated_job.node_servers``), each node's L2 partition
+warmed by ``cachepipe warmup`` run on that node (``warm_node``: its own L1 directory), then for every
 locality mode a job of M x N ranks (``tools.bench.loader_rank``) reading training epochs
 through ``cached_dataloader``. Each job reads one untimed epoch, then ``--epochs`` timed
 ones between barriers; ``images_per_s`` counts the images of all ranks over rank 0's
@@ -12,12 +12,11 @@ whole job (the kernel's counters), divided by all the images the job read.
 from __future__ import annotations
 
 import json
-import re
 import sys
 import uuid
 from pathlib import Path
 
-__all__ = ["parse_emulate", "run"]
+__all__ = ["check_batch", "run"]
 
 COLUMNS = ("locality", "exchange_fraction", "nodes", "local_size", "mbit", "images_per_s", "images_per_s_per_node",
            "inter_node_bytes_per_image", "l2_hit_rate", "seconds")
@@ -25,50 +24,51 @@ REDIS_PORT = 6416  # this benchmark's own port on every node's address
 RENDEZVOUS_PORT = 29716
 
 
-def parse_emulate(text: str) -> tuple[int, int, float]:
-    """``"2x2@200"`` -> (nodes, ranks per node, Mbit/s).
+def check_batch(images: int, ranks: int, batch_size: int) -> None:
+    """Refuse a set too small for one batch per rank (every loader drops the last,
+    partial batch), before any cache is warmed or worker started.
 
     Raises:
-        ValueError: names ``--emulate`` and the expected form.
+        UsageError: names ``--batch-size`` and the set's size.
     """
-    match = re.fullmatch(r"(\d+)x(\d+)@(\d+(?:\.\d+)?)", text.strip())
-    if not match or int(match[1]) < 1 or int(match[2]) < 1 or float(match[3]) <= 0:
-        raise ValueError(f"--emulate wants NODESxRANKS@MBIT with positive numbers, e.g. 2x2@200; got {text!r}")
-    return int(match[1]), int(match[2]), float(match[3])
+    from tools.cli import UsageError
+
+    if batch_size < 1 or images // ranks < batch_size:
+        raise UsageError(f"--batch-size {batch_size}: SRC has {images} images, "
+                         + (f"{images // ranks} per rank of {ranks}, " if ranks > 1 else "")
+                         + "not one full batch; lower --batch-size or use a larger SRC")
 
 
 def _rank_argv(root: str, cache_dir: Path, urls: list[str], args, locality: str, out: Path):
+    from tools.emulated_job import redis_flags
+
     def argv(rank: int) -> list[str]:
         node = rank // args.local_size
         cmd = [sys.executable, "-m", "tools.bench.loader_rank", root, "--cache-dir", str(cache_dir / f"node{node}"),
                "--locality", locality, "--exchange-fraction", str(args.exchange_fraction),
                "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--size", str(args.size),
                "--cache-size", str(args.cache_size), "--dtype", args.dtype, "--epochs", str(args.epochs),
-               "--out", str(out / f"rank{rank}.json")]
-        for url in urls:
-            cmd += ["--redis", url]
+               "--out", str(out / f"rank{rank}.json"), *redis_flags(urls)]
         return cmd
     return argv
 
 
 def run(args) -> int:
     from cachepipe import Manifest
-    from tools.bench.loader import check_batch
     from tools.demo_dataset import make_dataset
     from tools.bench.table import format_table, machine_description, write_json
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
-    from tools.emulated_job import NodeRedis, launch, link_bytes, run_on_node
+    from tools.cluster import EmulatedCluster, require_netns
+    from tools.emulated_job import launch, link_bytes, node_servers, parse_emulate, warm_node
 
-    nodes, args.local_size, mbit = parse_emulate(args.emulate)
+    emu = parse_emulate(args.emulate)  # NOTE [emulate flag]: MBIT required here
+    nodes, args.local_size, mbit = emu.nodes, emu.local_size, emu.mbit
     localities = [m.strip() for m in args.locality.split(",") if m.strip()]
     bad = sorted(set(localities) - {"node", "global"})
     if bad or not localities:
         raise ValueError(f"--locality wants a comma-separated subset of node,global; got {args.locality!r}")
     if not 0 <= args.exchange_fraction <= 1:
         raise ValueError(f"--exchange-fraction must be in [0, 1]; got {args.exchange_fraction}")
-    reason = netns_unavailable_reason()
-    if reason:
-        raise ValueError(f"--emulate needs network namespaces: {reason}")
+    require_netns()
     src = Path(args.src)
     if not src.exists() and args.make_dataset:
         make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)
@@ -78,19 +78,11 @@ def run(args) -> int:
     work = cache_dir / "emulated"
     rows = []
     with EmulatedCluster(nodes=nodes, inter_mbit=mbit, tag=f"i16{uuid.uuid4().hex[:3]}") as cluster:
-        servers = []
-        try:
-            for k in range(nodes):
-                servers.append(NodeRedis(cluster, k, work / f"redis{k}", maxmemory=args.node_memory, port=REDIS_PORT))
+        with node_servers(cluster, [work / f"redis{k}" for k in range(nodes)], maxmemory=args.node_memory,
+                          port=REDIS_PORT) as servers:
             urls = [s.url for s in servers]
             for k in range(nodes):  # each node warms its L1 and its share of L2, as on a real cluster
-                cmd = [sys.executable, "-m", "tools", "warmup", root, "--cache-dir", str(cache_dir / f"node{k}"),
-                       "--cache-size", str(args.cache_size), "--node-rank", str(k), "--num-nodes", str(nodes)]
-                for url in urls:
-                    cmd += ["--redis", url]
-                done = run_on_node(cluster, k, cmd, timeout=1800)
-                if done.returncode:
-                    raise RuntimeError(f"warmup on node {k} failed: {done.stderr.strip()[-500:]}")
+                warm_node(cluster, k, root, cache_dir / f"node{k}", urls, args.cache_size)
             for r in range(args.rounds):
                 for j, locality in enumerate(localities):
                     out = work / f"round{r}-{locality}"
@@ -115,9 +107,6 @@ def run(args) -> int:
                                  "size": args.size, "cache_size": args.cache_size, "dtype": args.dtype})
                     print(f"round {r + 1}/{args.rounds} {locality}: {rate:.0f} images/s, "
                           f"{sent / images / 1024:.1f} KiB/image across nodes")
-        finally:
-            for s in servers:
-                s.stop()
     summary = []
     for locality in localities:
         mine = sorted((row for row in rows if row["locality"] == locality), key=lambda row: row["images_per_s"])

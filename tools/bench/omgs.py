@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -107,14 +105,14 @@ def _resnet_profile(args) -> tuple[list[float], list[int]]:
     import torch
 
     from comm.omgs import CostModel, load_profile, measure_backward_times, save_profile
-    from tools.omgs.resnet50 import resnet50
+    from trainer import models
 
     if args.profile_in:
         prof, _ = load_profile(args.profile_in)
         return prof.tb, prof.d
 
     torch.manual_seed(0)
-    model = resnet50()
+    model = models.create("resnet50")  # the model the trainer trains: its layers, its backward order
     x = torch.randn(args.batch, 3, args.resolution, args.resolution)
     y = torch.randint(0, 1000, (args.batch,))
     prof = measure_backward_times(model, lambda: torch.nn.functional.cross_entropy(model(x), y),
@@ -125,36 +123,23 @@ def _resnet_profile(args) -> tuple[list[float], list[int]]:
 
 
 def _launch(spec: dict, args, tmp: Path) -> tuple[dict, str]:
+    from tools.cluster import EmulatedCluster, netns_unavailable_reason
+    from tools.emulated_job import launch
     from trainer.launch import free_port
 
     world = args.nodes * args.workers_per_node
     spec_path, out_path = tmp / "spec.json", tmp / "result.json"
     spec_path.write_text(json.dumps(spec))
-    base = dict(os.environ, PYTHONPATH=str(_ROOT), WORLD_SIZE=str(world), MASTER_PORT=str(free_port()),
-                OMP_NUM_THREADS="1", MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**40))
     # NOTE [bench allocator]: with glibc's defaults every large tensor is a fresh mmap
     # whose pages fault in on first touch, a cost a GPU caching allocator does not have;
     # keeping freed memory in the heap makes repeated large buffers cheap for every mode.
+    env = dict(PYTHONPATH=str(_ROOT), OMP_NUM_THREADS="1", MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**40))
     argv = [sys.executable, "-m", "tools.omgs.worker", str(spec_path), str(out_path)]
 
-    def start(cluster):
-        procs = []
-        for rank in range(world):
-            node = rank // args.workers_per_node
-            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank % args.workers_per_node))
-            if cluster is None:
-                env["MASTER_ADDR"] = "127.0.0.1"
-                cmd = argv
-            else:
-                env.update(cluster.env(node))
-                cmd = cluster.command(node, argv)
-            procs.append(subprocess.Popen(cmd, env=env, cwd=_ROOT))
-        codes = [p.wait(timeout=1800) for p in procs]
-        if any(codes):
-            raise RuntimeError(f"benchmark workers failed with exit codes {codes}")
+    def start(cluster) -> dict:
+        launch(cluster, lambda rank: argv, local_size=args.workers_per_node, nodes=args.nodes, port=free_port(),
+               env=env, timeout=1800)
         return json.loads(out_path.read_text())
-
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
 
     reason = "requested" if args.no_netns or args.nodes == 1 else netns_unavailable_reason()
     if reason:

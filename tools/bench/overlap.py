@@ -130,10 +130,9 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
 
 
 def main(args: argparse.Namespace) -> int:
-    from tools.bench.time_to_accuracy import burst_bytes, parse_emulate
     from tools.bench.overlap_rank import plan_options
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
-    from tools.emulated_job import JobFailed, launch
+    from tools.cluster import EmulatedCluster, require_netns
+    from tools.emulated_job import JobFailed, burst_bytes, launch, parse_emulate
 
     try:
         emu = parse_emulate(args.emulate, 10.0)
@@ -143,9 +142,7 @@ def main(args: argparse.Namespace) -> int:
             if getattr(args, flag) < 1:
                 raise ValueError(f"--{flag} must be >= 1; got {getattr(args, flag)}")
         burst = burst_bytes(args.burst)
-        reason = netns_unavailable_reason()
-        if reason:
-            raise ValueError(f"--emulate needs network namespaces: {reason}")
+        require_netns()
     except ValueError as exc:
         print(f"cachepipe bench overlap: error: {exc}", file=sys.stderr)
         return 2

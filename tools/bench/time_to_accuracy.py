@@ -1,7 +1,7 @@
 """Time-to-accuracy rows and plot from finished training runs (``metrics.jsonl``).
 
 Pure functions behind ``cachepipe bench train --emulate`` (``tools.bench.train_emulated``):
-parse ``MxN@MBIT``, turn each algorithm's per-epoch metrics plus the bytes that crossed
+turn each algorithm's per-epoch metrics plus the bytes that crossed
 the emulated links into one row, and draw top-1 against wall-clock time (the shape of
 Figure 10 of the MLSys 2021 paper).
 
@@ -26,55 +26,10 @@ breakdown] in tools/bench/overlap.py).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Emulation", "parse_emulate", "burst_bytes", "time_to_target", "breakdown", "check_target",
-           "build_rows", "plot_top1_vs_time"]
-
-_EMULATE = re.compile(r"^(\d+)x(\d+)(?:@(\d+(?:\.\d+)?))?$")
-
-
-@dataclass(frozen=True)
-class Emulation:
-    """``nodes`` emulated nodes of ``local_size`` processes, ``mbit`` Mbit/s between nodes."""
-
-    nodes: int
-    local_size: int
-    mbit: float
-
-
-def parse_emulate(text: str, default_mbit: float) -> Emulation:
-    """Parse ``MxN@MBIT`` (``@MBIT`` optional: ``default_mbit``), e.g. ``2x2@10``.
-
-    Raises:
-        ValueError: one line naming ``--emulate`` and the expected form.
-    """
-    m = _EMULATE.match(text.strip())
-    if not m:
-        raise ValueError(f"--emulate {text!r}: expected MxN@MBIT (M nodes x N processes each, MBIT Mbit/s "
-                         "between nodes), e.g. 2x2@10")
-    nodes, local, mbit = int(m[1]), int(m[2]), float(m[3]) if m[3] else default_mbit
-    if not 1 <= nodes <= 250 or local < 1 or nodes * local < 2:
-        raise ValueError(f"--emulate {text!r}: need 1 <= M <= 250 nodes, N >= 1 processes each and at least "
-                         "2 processes in all")
-    if mbit <= 0:
-        raise ValueError(f"--emulate {text!r}: the link rate MBIT must be > 0")
-    return Emulation(nodes, local, mbit)
-
-
-def burst_bytes(kib: int | None) -> int | None:
-    """``--burst KIB`` as the tbf bucket in bytes (None: the cluster's default, NOTE [tbf
-    burst] in tools/cluster.py).
-
-    Raises:
-        ValueError: one line naming ``--burst``, for a bucket under one packet (2 KiB).
-    """
-    if kib is not None and kib < 2:
-        raise ValueError(f"--burst {kib}: the tbf bucket must hold one packet: at least 2 KiB")
-    return None if kib is None else kib * 1024
+__all__ = ["time_to_target", "breakdown", "check_target", "build_rows", "plot_top1_vs_time"]
 
 
 def time_to_target(metrics: Sequence[Mapping], target: float) -> float | None:

@@ -2,7 +2,7 @@
 an emulated slow cluster.
 
 Builds ``M`` network-namespace nodes joined by links limited to ``MBIT`` Mbit/s
-(``tools.cluster``), starts one Redis server per node (``tools.emulated_job.NodeRedis``)
+(``tools.cluster``), starts one Redis server per node (``tools.emulated_job.node_servers``)
 and warms the two-level cache into them before any clock runs: node ``i`` writes the samples
 its own server holds (NOTE [warm-up partitions]), so a read from
 another node crosses the limited link, as on a real cluster. Then, per algorithm, real
@@ -53,7 +53,8 @@ import uuid
 from pathlib import Path
 
 from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.time_to_accuracy import build_rows, burst_bytes, check_target, parse_emulate, plot_top1_vs_time
+from tools.bench.time_to_accuracy import build_rows, check_target, plot_top1_vs_time
+from tools.emulated_job import burst_bytes, parse_emulate, redis_flags
 
 __all__ = ["DEFAULTS", "configure", "main", "parse_comms", "run_kinds"]
 
@@ -144,8 +145,7 @@ def _train_argv(args, comm: str, locality: str, pipeline: bool, data: Path, run_
         argv += ["--model", args.model]
     if pipeline:
         argv.append("--pipeline-exchange")
-    for url in urls:
-        argv += ["--redis", url]
+    argv += redis_flags(urls)
     for item in args.set:
         argv += ["--set", item]
     return argv
@@ -209,18 +209,12 @@ def _prepare_data(args, out: Path) -> Path:
 
 def _warm(cluster, emu, data: Path, out: Path, urls: list[str], cache_size: int) -> None:
     """Node ``i`` warms its own L1 and its L2 partition (outside every clock)."""
-    from tools.emulated_job import run_on_node
+    from tools.emulated_job import warm_node
 
     for node in range(emu.nodes):
         for split in ("train", "val"):
-            argv = [sys.executable, "-m", "tools", "warmup", str(data / split), "--cache-dir", str(out / f"cache/node{node}"),
-                    "--cache-size", str(cache_size), "--node-rank", str(node), "--num-nodes", str(emu.nodes),
-                    "--workers", "1", "--quiet"]
-            for url in urls:
-                argv += ["--redis", url]
-            done = run_on_node(cluster, node, argv, timeout=1800)
-            if done.returncode:
-                raise RuntimeError(f"warm-up of {split} on node {node} failed: {(done.stderr or done.stdout).strip()[-400:]}")
+            warm_node(cluster, node, data / split, out / f"cache/node{node}", urls, cache_size, "--workers", "1",
+                      "--quiet")
 
 
 def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: Path, out: Path,
@@ -244,21 +238,17 @@ def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: P
 
 
 def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, burst: int | None) -> None:
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
-    from tools.emulated_job import NodeRedis
+    from tools.cluster import EmulatedCluster, require_netns
+    from tools.emulated_job import node_servers
 
-    reason = netns_unavailable_reason()
-    if reason:
-        raise ValueError(f"--emulate needs network namespaces: {reason}")
+    require_netns()
     data = _prepare_data(args, out)
     run = args.resolved
     print(f"bench train: {run['size']} px from a {run['cache_size']} px cache, batch {run['batch_size']} per process, "
           f"{run['epochs']} epochs, data {data}", file=sys.stderr)
     with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}", burst_bytes=burst) as cluster:
-        servers = []
-        try:
-            for node in range(emu.nodes):
-                servers.append(NodeRedis(cluster, node, out / f"redis/node{node}", maxmemory="1gb"))
+        with node_servers(cluster, [out / f"redis/node{node}" for node in range(emu.nodes)],
+                          maxmemory="1gb") as servers:
             urls = [s.url for s in servers]
             start = time.perf_counter()
             _warm(cluster, emu, data, out, urls, args.resolved["cache_size"])
@@ -267,9 +257,6 @@ def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, bur
                 print(f"bench train: training {name} ...", file=sys.stderr)
                 result = _run_one(args, cluster, emu, name, kind, data, out, urls)
                 print(f"bench train: {name} done in {result['job_s']:.0f} s", file=sys.stderr)
-        finally:
-            for s in servers:
-                s.stop()
 
 
 def _load(out: Path, names: list[str]) -> dict[str, dict]:

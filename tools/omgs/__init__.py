@@ -1,2 +1,2 @@
-"""Helpers of ``cachepipe bench omgs``: a ResNet-50, an emulated-backward model, the
-network-namespace cluster and the per-rank benchmark body."""
+"""Helpers of ``cachepipe bench omgs``: an emulated-backward model and the per-rank
+benchmark body (the ResNet-50 profiled is the trainer's, ``trainer.models``)."""
