@@ -2,7 +2,7 @@
 
 NOTE [one registry of names]: an algorithm's name, whether it is sparse, its options and
 its cost formula are written once, in the algorithm's own module, as an :class:`Algorithm`;
-``comm/registry.py`` lists it (one line). Everything that names algorithms (the engine,
+``comm/builtin.py`` registers it in :mod:`comm.registry` (one line). Everything that names algorithms (the engine,
 the DDP hook, the cost model, ``--comm auto``, the trainer's recipes and the CLI's choices)
 asks the registry, so a new algorithm is one new file plus one registry line, or one
 :func:`comm.registry.register` call from anywhere (``tests/trainer/test_new_algorithm.py``).
