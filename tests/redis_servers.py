@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cachepipe.server.redis_binary import find_redis_server
 
@@ -44,7 +46,9 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port)
+        """A client that fails at once on a dead server, as the cache's own do (redis-py's
+        default retries for ~4 s with backoff)."""
+        return redis.Redis(host="127.0.0.1", port=self.port, retry=Retry(NoBackoff(), 0))
 
     def start(self) -> None:
         args = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",

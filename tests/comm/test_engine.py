@@ -314,20 +314,26 @@ def _phase_switch_worker(rank, world, carry):
     return portable(out)
 
 
+@pytest.fixture(scope="module")
+def phase_switch_runs():
+    """Each run has both paths (engine and DDP hook): with the residual carried, and without."""
+    return {carry: restore(run_distributed(_phase_switch_worker, NODES * LOCAL, carry)) for carry in (True, False)}
+
+
 @pytest.mark.parametrize("path", ["engine", "ddp"])
-def test_residual_is_applied_across_a_phase_switch(path):
+def test_residual_is_applied_across_a_phase_switch(phase_switch_runs, path):
     def owed(results):
         """sum over ranks and steps of the inputs minus world x the averaged outputs."""
         inputs = sum(local for res in results for local, _ in res[path])
         outputs = sum(avg for avg in (step[1] for step in results[0][path]))
         return inputs - len(results) * outputs
 
-    kept = restore(run_distributed(_phase_switch_worker, NODES * LOCAL, True))
+    kept = phase_switch_runs[True]
     for res in kept[1:]:  # every rank got the same averages
         for (_, a), (_, b) in zip(res[path], kept[0][path]):
             assert_close(a, b, rtol=0, atol=1e-12)
     assert_close(owed(kept), torch.zeros_like(owed(kept)), rtol=0, atol=1e-10)  # nothing lost
-    dropped = restore(run_distributed(_phase_switch_worker, NODES * LOCAL, False))
+    dropped = phase_switch_runs[False]
     assert owed(dropped).abs().max() > 1e-3  # without carrying it, the residual would be lost
 
 

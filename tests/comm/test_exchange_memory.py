@@ -99,6 +99,16 @@ def test_exchange_working_memory_at_density_1_is_a_small_multiple_of_the_bucket(
             assert peak <= bound + 0.01, f"{name} {layout}: {peak:.2f} x the bucket at once (bound {bound})"
 
 
+# NOTE [peaks of the hook]: a storage counts until its last reference is gone, and a
+# collective's buffers are also referenced by gloo's work object, which its worker thread
+# drops a moment after ``wait()`` has returned. When that thread runs late (a loaded
+# machine), a finished piece's buffers still count while the next piece allocates its own:
+# one run in ~15 peaked 1-3 buckets higher (topk_ag once at 27 against a bound of 26), never
+# lower. Timing can only add to a peak, so the smallest of a few identical runs is the
+# peak of the code itself; memory the hook really holds is there in every run.
+REPEATS = 3
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Linear(256, 256, bias=False) for _ in range(6)])
@@ -117,20 +127,23 @@ def _hook_peaks(rank, world):
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(rank))
     out = {}
     for hook in ["allreduce"] + SPARSE:
-        # DDP's first step has one bucket of every parameter (1.5 MiB), the next ones one 256 KiB
-        # layer per bucket; the hook cuts pieces of at most 256 KiB (NOTE [hook pieces])
-        ddp = DDP(_model(), bucket_cap_mb=0.25)
-        if hook == "allreduce":
-            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
-        else:
-            state = register_sparse_hook(ddp, hook, topo, density=1.0, selector="exact", max_inflight_bytes=0,
-                                         bucket_bytes=2**18)
-        probe = LiveBytes()
-        for _ in range(3):
-            ddp.zero_grad()
-            with probe:
-                ddp(x).square().sum().backward()
-        out[hook] = (probe.peak, [p.grad.clone() for p in ddp.parameters()])
+        peaks = []
+        for _ in range(REPEATS):  # NOTE [peaks of the hook]
+            # DDP's first step has one bucket of every parameter (1.5 MiB), the next ones one 256 KiB
+            # layer per bucket; the hook cuts pieces of at most 256 KiB (NOTE [hook pieces])
+            ddp = DDP(_model(), bucket_cap_mb=0.25)
+            if hook == "allreduce":
+                ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+            else:
+                state = register_sparse_hook(ddp, hook, topo, density=1.0, selector="exact", max_inflight_bytes=0,
+                                             bucket_bytes=2**18)
+            probe = LiveBytes()
+            for _ in range(3):
+                ddp.zero_grad()
+                with probe:
+                    ddp(x).square().sum().backward()
+            peaks.append(probe.peak)
+        out[hook] = (min(peaks), [p.grad.clone() for p in ddp.parameters()])
     out["pieces"] = sorted(state.exchangers)
     return out
 

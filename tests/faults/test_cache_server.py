@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -57,14 +59,22 @@ def test_pid_file_copied_from_another_cache_dir_is_not_ours(server, tmp_path):
     assert server.ping() and server.client().get("kept") == b"value"  # never signalled
 
 
+@pytest.fixture
+def run_dir(monkeypatch):
+    """A short ``XDG_RUNTIME_DIR``: the socket path in it must stay within the 107 bytes a
+    Unix socket takes, wherever pytest puts ``tmp_path`` (longer under xdist workers)."""
+    path = Path(tempfile.mkdtemp(prefix="xdg-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @needs_root()
-def test_socket_of_another_user_is_never_used(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    (tmp_path / "run").mkdir()
+def test_socket_of_another_user_is_never_used(tmp_path, run_dir):
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "cache"  # socket path too long: goes to the runtime dir
     server = EmbeddedRedis(deep, stuck_after=1.0)
     sock = server.socket_path
-    assert str(sock).startswith(str(tmp_path / "run" / f"cachepipe-{os.geteuid()}"))
+    assert str(sock).startswith(str(run_dir / f"cachepipe-{os.geteuid()}"))
     sock.parent.mkdir(mode=0o700)
     with redis_on_socket(sock, tmp_path / "foreign") as foreign:
         os.chown(sock, NOBODY, NOBODY)  # somebody else's server at our path
@@ -78,13 +88,11 @@ def test_socket_of_another_user_is_never_used(tmp_path, monkeypatch):
 
 @needs_root()
 @pytest.mark.parametrize("owner,mode", [(NOBODY, 0o700), (os.geteuid(), 0o755)])
-def test_a_socket_directory_we_did_not_make_private_is_never_used(tmp_path, monkeypatch, owner, mode):
+def test_a_socket_directory_we_did_not_make_private_is_never_used(tmp_path, run_dir, owner, mode):
     """Issue 32, item 17: another user (or a loose mode) on the shared cachepipe-<uid>
     directory gives a fresh private one instead of no embedded server."""
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
-    (tmp_path / "run").mkdir()
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "cache"  # socket path too long: goes to the runtime dir
-    shared = tmp_path / "run" / f"cachepipe-{os.geteuid()}"
+    shared = run_dir / f"cachepipe-{os.geteuid()}"
     shared.mkdir(mode=mode)
     os.chmod(shared, mode)
     os.chown(shared, owner, owner)  # made first by someone else, or left open

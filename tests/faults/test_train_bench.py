@@ -20,7 +20,7 @@ def test_processes_a_run_leaves_behind_are_found_by_their_mark_and_killed():
     left = subprocess.Popen(["sleep", "60"], env={**os.environ, _MARK: "test-run"})  # as a rank that outlived its job
     other = subprocess.Popen(["sleep", "60"], env={**os.environ, _MARK: "another-run"})
     try:
-        assert _kill_marked("test-run") == [left.pid]
+        assert _kill_marked("test-run", grace=0.5) == [left.pid]  # it outlives any grace
         assert left.wait(timeout=10) < 0 and other.poll() is None  # only the marked one
     finally:
         other.kill()

@@ -42,18 +42,9 @@ def run_ranks(fn, world_size: int, *args, report: tuple[int, ...], timeout: floa
     ranks in ``report`` must return (their values, by rank); every process is reaped."""
     import queue as queue_module
 
-    import torch.multiprocessing as mp
+    from tests.distributed import start_ranks
 
-    from tests.distributed import _worker
-    from tests.redis_servers import free_port
-
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results), daemon=True)
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
+    procs, results = start_ranks(fn, world_size, args)
     values: dict = {}
     try:
         while set(report) - set(values):
