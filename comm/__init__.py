@@ -8,7 +8,8 @@ Depends on torch only; knows nothing about data.
 Example:
     >>> import comm                                                       # doctest: +SKIP
     >>> topo = comm.Topology(nodes=2, local_size=2)                       # doctest: +SKIP
-    >>> ex = comm.build_exchanger("hitopk", topo, density=0.01, selector="exact")  # doctest: +SKIP
+    >>> algorithm = comm.names(sparse=True, per_bucket=True)[-1]          # doctest: +SKIP
+    >>> ex = comm.build_exchanger(algorithm, topo, density=0.01, selector="exact")  # doctest: +SKIP
     >>> avg = ex.exchange(torch.cat([p.grad.reshape(-1) for p in params]))      # doctest: +SKIP
 """
 from comm import builtin  # noqa: F401  (registers the shipped algorithms first)

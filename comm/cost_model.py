@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from comm.registry import ALGORITHMS, get_algorithm
+from comm.registry import ALGORITHMS, DENSE, get_algorithm, names
 
 __all__ = ["add_link", "log2", "LinkParams", "PARAMS", "ALLGATHER_FORMS", "coefficients", "predict", "fit",
            "fit_allgather"]
@@ -109,7 +109,8 @@ def predict(algorithm: str, numel: int, density: float | None, nodes: int, local
 
     Example:
         >>> p = LinkParams.from_bandwidth(inter_mbit=200)
-        >>> predict("hitopk", 25_557_032, 0.01, 2, 2, p) < predict("dense", 25_557_032, None, 2, 2, p)
+        >>> sparse = names(sparse=True, per_bucket=True)[-1]  # the last sparse one registered
+        >>> predict(sparse, 25_557_032, 0.01, 2, 2, p) < predict(DENSE, 25_557_032, None, 2, 2, p)
         True
     """
     c = coefficients(algorithm, numel, density, nodes, local_size, **kw)

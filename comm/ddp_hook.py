@@ -218,7 +218,7 @@ def register_sparse_hook(ddp_model, algorithm: str, topology, *, density: float 
 
     Example:
         >>> ddp = DistributedDataParallel(model)                                   # doctest: +SKIP
-        >>> register_sparse_hook(ddp, "hitopk", topo, density=0.01, selector="exact")  # doctest: +SKIP
+        >>> register_sparse_hook(ddp, algorithm, topo, density=0.01, selector="exact")  # doctest: +SKIP
     """
     state = SparseHookState(algorithm, topology, density=density, selector=selector, error_feedback=error_feedback,
                             value_dtype=value_dtype, skip_nonfinite=skip_nonfinite,

@@ -116,7 +116,7 @@ class GradientExchanger(EngineResiduals):
             outside [0, 1), negative clip_norm or weight decay.
 
     Example:
-        >>> ex = GradientExchanger(model.parameters(), "hitopk", topo, density=0.01)  # doctest: +SKIP
+        >>> ex = GradientExchanger(model.parameters(), algorithm, topo, density=0.01)  # doctest: +SKIP
         >>> loss.backward(); ex.synchronize(); optimizer.step()                    # doctest: +SKIP
     """
 

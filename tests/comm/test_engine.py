@@ -13,8 +13,7 @@ from tests.comm._workers import portable, restore
 from tests.distributed import run_distributed
 
 NODES, LOCAL, DENSITY = 2, 2, 0.2
-PLANS = {"size": dict(plan=SizePlan(bucket_bytes=8 * 50, hybrid_threshold_bytes=0)),
-         "layer": dict(plan=LayerPlan()),
+PLANS = {"size": dict(plan=SizePlan(bucket_bytes=8 * 50, hybrid_threshold_bytes=0)), "layer": dict(plan=LayerPlan()),
          "omgs": dict(plan=OMGSPlan((False, True, False, True, False, True)))}
 PIPELINED = ["hitopk/layer", "gtopk/layer", "2dtar/layer", "topk_ag/omgs", "dense/size"]
 
