@@ -18,6 +18,7 @@ working directory and ``sys.path``, as a spawned one would.
 from __future__ import annotations
 
 import os
+import pickle
 import traceback
 
 import torch.distributed as dist
@@ -25,7 +26,7 @@ import torch.multiprocessing as mp
 
 from tests.redis_servers import free_port
 
-__all__ = ["run_distributed", "mp_context", "start_ranks"]
+__all__ = ["run_distributed", "mp_context", "next_result", "start_ranks"]
 
 # what every rank imports anyway: loaded once in the fork server (NOTE [forkserver ranks])
 _PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "numpy", "comm", "trainer", "loaders", "cachepipe",
@@ -51,7 +52,11 @@ def _worker(rank, world_size, port, fn, args, queue, environ=None):
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         try:
-            queue.put((rank, True, fn(rank, world_size, *args)))
+            # NOTE [results by value]: pickled here with the plain pickler, so tensors travel
+            # as bytes; put as they are, torch's queue would share their storage through
+            # this process, which may have exited before the parent reads them
+            # (FileNotFoundError in the parent's get: seen under load).
+            queue.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
         finally:
             dist.destroy_process_group()
     except BaseException:
@@ -60,7 +65,7 @@ def _worker(rank, world_size, port, fn, args, queue, environ=None):
 
 def start_ranks(fn, world_size: int, args: tuple):
     """Start ``world_size`` daemon ranks running ``fn``; returns ``(processes, result queue)``
-    (each rank puts ``(rank, ok, value or traceback)``)."""
+    (each rank puts ``(rank, ok, pickled value or traceback)``: read them with :func:`next_result`)."""
     ctx = mp_context()
     queue = ctx.Queue()
     port = free_port()
@@ -72,13 +77,19 @@ def start_ranks(fn, world_size: int, args: tuple):
     return procs, queue
 
 
+def next_result(queue, timeout: float) -> tuple:
+    """The next ``(rank, ok, value or traceback)`` a rank of :func:`start_ranks` put."""
+    rank, ok, value = queue.get(timeout=timeout)
+    return rank, ok, pickle.loads(value) if ok else value
+
+
 def run_distributed(fn, world_size: int, *args, timeout: float = 180.0) -> list:
     procs, queue = start_ranks(fn, world_size, args)
     results: dict[int, object] = {}
     errors: list[str] = []
     try:
         for _ in range(world_size):
-            rank, ok, value = queue.get(timeout=timeout)
+            rank, ok, value = next_result(queue, timeout)
             if ok:
                 results[rank] = value
             else:

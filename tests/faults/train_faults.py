@@ -42,14 +42,14 @@ def run_ranks(fn, world_size: int, *args, report: tuple[int, ...], timeout: floa
     ranks in ``report`` must return (their values, by rank); every process is reaped."""
     import queue as queue_module
 
-    from tests.distributed import start_ranks
+    from tests.distributed import next_result, start_ranks
 
     procs, results = start_ranks(fn, world_size, args)
     values: dict = {}
     try:
         while set(report) - set(values):
             try:
-                rank, ok, value = results.get(timeout=timeout)
+                rank, ok, value = next_result(results, timeout)
             except queue_module.Empty:
                 raise AssertionError(f"ranks {sorted(set(report) - set(values))} did not report in {timeout} s")
             if not ok:

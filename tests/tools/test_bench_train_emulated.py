@@ -208,11 +208,15 @@ def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys
 
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=str(REASON))
-def test_emulated_cluster_end_to_end_tiny(tmp_path):
+def test_emulated_cluster_end_to_end_tiny(tmp_path, monkeypatch):
     """Two emulated nodes of one process, one short epoch per algorithm, locality and pipelining: the
     harness runs real ``cachepipe train`` ranks, counts link bytes and cleans up its namespaces."""
     import subprocess
 
+    from tools.cluster import EmulatedCluster
+
+    made, init = [], EmulatedCluster.__init__  # this run's clusters (another run may have its own)
+    monkeypatch.setattr(EmulatedCluster, "__init__", lambda self, *a, **k: (init(self, *a, **k), made.append(self))[0])
     out = tmp_path / "bench"
     code = cli(["bench", "train", "--emulate", "2x1@100", "--comm", "dense,powersgd", "--locality", "global,node",
                 "--pipeline-exchange", "off,on", "--epochs", "1",
@@ -225,5 +229,5 @@ def test_emulated_cluster_end_to_end_tiny(tmp_path):
         ("powersgd", "global", False), ("powersgd", "node", False)]
     for r in rows:
         assert r["steps"] == 5 and r["inter_node_bytes_per_step"] > 0 and r["seconds"] > 0
-    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "cpi14b" not in netns
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    assert made and not [ns for c in made for ns in [*c.namespaces, c.switch] if ns in netns]
