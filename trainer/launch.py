@@ -1,6 +1,6 @@
 """Run a training function on N local processes (gloo) and fail fast when one dies.
 
-``launch_local(fn, nprocs, *args)`` spawns ``nprocs`` processes with torchrun's
+``launch_local(fn, nprocs, *args)`` starts ``nprocs`` processes with torchrun's
 environment variables set (so ``Topology.from_env`` and the loop see a normal job) and
 returns rank 0's result. If any rank raises, exits non-zero or is killed, the others are
 terminated and ``WorkerFailed`` names the rank and the reason: the job never hangs on a
@@ -13,10 +13,19 @@ would race them. So (1) while the launcher waits, SIGTERM, SIGINT and SIGHUP bec
 ranks it started (their ``Process`` handles, nothing else), waits for them and kills
 those still there after 10 s; (2) a rank turns SIGTERM into :class:`Stopped` too, so
 its own ``finally`` blocks close loader workers, shared-memory segments and the
-process group; (3) a rank asks the kernel for SIGTERM when its launcher dies
-(``PR_SET_PDEATHSIG``, Linux), which covers a launcher killed with SIGKILL, and exits at
-once if the launcher is already gone. Ranks started by torchrun are torchrun's to
-manage: none of this applies to them.
+process group; (3) a rank asks the kernel for SIGTERM when its parent dies
+(``PR_SET_PDEATHSIG``, Linux; its parent is the launcher's fork server, NOTE [forked
+ranks]) and watches the launcher itself (its pid and start time, twice a second), which
+covers a launcher killed with SIGKILL; a rank exits at once if the launcher is already gone. Ranks started
+by torchrun are torchrun's to manage: none of this applies to them.
+
+NOTE [forked ranks]: ranks are forked from a fork server that imported torch and the
+project once (``multiprocessing``'s ``forkserver``, with a preload), not spawned: a
+spawned rank spends 1-2 s of CPU importing torch before it trains, times every rank of
+every job. The fork server only forks (one thread, no process group, no CUDA), so a rank
+starts as clean as a spawned one; it takes the launcher's environment and working
+directory as they are when the job starts (``_entry``), not the fork server's, which may
+have started for an earlier job of the same process.
 """
 from __future__ import annotations
 
@@ -37,6 +46,8 @@ __all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_sign
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
+# what every rank imports anyway: loaded once, in the fork server (NOTE [forked ranks])
+_PRELOAD = ["torch", "torch.distributed", "comm", "trainer", "loaders", "cachepipe"]
 
 
 class WorkerFailed(RuntimeError):
@@ -80,15 +91,37 @@ def stop_on_signals(signals=STOP_SIGNALS):
 
 
 def _die_with_launcher(launcher: int) -> None:
-    """Ask for SIGTERM when the launcher dies (NOTE [ranks end with their launcher]); exit
-    now if it is already gone (this process was handed to another parent)."""
+    """Ask for SIGTERM when the parent (the launcher's fork server) dies (NOTE [ranks end
+    with their launcher]); exit now if the launcher is already gone."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the launcher's own clean-up still applies
         return
-    if os.getppid() != launcher:
+    started = _start_time(launcher)
+    if started is None:
         os._exit(128 + int(signal.SIGTERM))
+    threading.Thread(target=_watch_launcher, args=(launcher, started), daemon=True, name="launcher-watch").start()
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of ``pid`` (clock ticks since boot), ``None`` if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return None if fields[0] == b"Z" else int(fields[19])
+
+
+def _watch_launcher(launcher: int, started: int) -> None:
+    """SIGTERM this rank when its launcher is gone (NOTE [ranks end with their launcher]):
+    the fork server, the rank's parent, outlives a launcher killed with SIGKILL while any
+    rank it forked is alive, so the parent-death signal alone would not come."""
+    while _start_time(launcher) == started:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)  # this process, into Stopped and its clean-up
 
 
 def free_port() -> int:
@@ -97,8 +130,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, nprocs, local_size, port, threads, launcher, fn, args, results):
+def _entry(rank, nprocs, local_size, port, threads, launcher, environ, cwd, fn, args, results):
     _die_with_launcher(launcher)
+    os.chdir(cwd)  # the launcher's now, not the fork server's (NOTE [forked ranks])
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nprocs),
                       LOCAL_RANK=str(rank % local_size), LOCAL_WORLD_SIZE=str(local_size),
                       GROUP_RANK=str(rank // local_size))
@@ -159,7 +195,7 @@ def _root_cause(procs, results, values: dict, reports: list, grace: float = 2.0)
 
 
 def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads: int = 1, timeout: float | None = None):
-    """Run ``fn(rank, world_size, *args)`` in ``nprocs`` spawned processes; return rank 0's value.
+    """Run ``fn(rank, world_size, *args)`` in ``nprocs`` processes (NOTE [forked ranks]); return rank 0's value.
 
     Args:
         fn: module-level function (it is pickled by reference).
@@ -178,10 +214,12 @@ def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads:
     local_size = local_size or nprocs
     if nprocs < 1 or nprocs % local_size:
         raise ValueError(f"need nprocs >= 1 divisible by local_size; got {nprocs=}, {local_size=}")
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, nprocs, local_size, port, threads, os.getpid(), fn, args, results),
+    job = (os.getpid(), dict(os.environ), os.getcwd())
+    procs = [ctx.Process(target=_entry, args=(r, nprocs, local_size, port, threads, *job, fn, args, results),
                          daemon=False) for r in range(nprocs)]
     with stop_on_signals():
         return _run(procs, results, nprocs, timeout)

@@ -20,22 +20,29 @@ __all__ = ["other_out", "spawned_children", "stop_launcher"]
 
 def spawned_children(pid: int) -> list[int]:
     """The multiprocessing children (ranks, loader workers) of process ``pid``, oldest first,
-    without its resource tracker: only processes that ``pid`` (one of ours) started."""
+    without its resource tracker; a launcher's ranks are its fork server's children, so
+    they are taken from there: only processes that ``pid`` (one of ours) started."""
     children = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             children += [int(c) for c in (task / "children").read_text().split()]
         except OSError:
             continue
-    found = []
+    found, own = [], _cmdline(pid)
     for child in sorted(children):
-        try:
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
+        cmdline = _cmdline(child)
+        if b"forkserver" in cmdline and b"forkserver" not in own:  # the launcher's fork server:
+            found += spawned_children(child)  # its children are the ranks (NOTE [forked ranks])
+        elif b"multiprocessing" in cmdline and b"resource_tracker" not in cmdline:
             found.append(child)
     return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def stop_launcher(bench, out: Path) -> tuple[int, bool]:
