@@ -17,6 +17,8 @@ import json
 import os
 import re
 import signal
+import socket
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,21 +83,29 @@ def _socket_inodes(path: str) -> set[str]:
     return {inode.decode() for inode, name in entries if name == want}
 
 
-def _holds_socket(pid: int, path: str, reads: int = 3) -> bool:
+def _listener_pid(path: str) -> int | None:
+    """The pid of the process listening on Unix socket ``path`` (``SO_PEERCRED``), or None."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            s.connect(path)
+            creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", creds)[0]
+
+
+def _holds_socket(pid: int, path: str) -> bool:
     # NOTE [a missed socket entry]: /proc/net/unix is generated in pages while sockets come
-    # and go, so one read can miss a live entry (seen with many processes making sockets at
-    # once: a server that had just answered PING was "not the process named by its pid
-    # file"). A missing entry is read again, up to ``reads`` times 20 ms apart; the answer
-    # errs on "not ours" only after that, which never signals anyone.
-    inodes: set[str] = set()
-    for attempt in range(reads):
-        inodes = {f"socket:[{i}]" for i in _socket_inodes(path)}
-        if inodes:
-            break
-        if attempt + 1 < reads:
-            time.sleep(0.02)
+    # and go, so under socket churn a read can miss a live entry, several reads in a row
+    # (seen under load: a server that had just answered PING was "not the process named by
+    # its pid file"; its only socket was missing from the table). A missing entry is then
+    # proven the other way: the kernel's credentials of the socket's listener
+    # (``SO_PEERCRED`` of a connection to it, nothing sent), which name the process that
+    # listens there.
+    inodes = {f"socket:[{i}]" for i in _socket_inodes(path)}
     if not inodes:
-        return False
+        return _listener_pid(path) == pid
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
