@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -168,8 +169,10 @@ def test_l2_too_small_caches_a_fixed_subset_or_exits_5_with_require_full(src, ca
     assert 0 < cached < 24 and report["l2_uncached"] == 24 - cached and report["l2_write_errors"] == 0
     out = capsys.readouterr().out
     assert f"L2 holds {cached}/24 samples of this node at 256 px" in out and "did not fit" in out
-    assert main(args) == 0  # the subset stays: nothing more fits
-    assert f"L2 holds {cached}/24 samples" in capsys.readouterr().out
+    assert main(args) == 0  # the subset stays; at most the odd sample more fits once the first
+    # run's client buffers are freed (Redis counts them in used_memory): seen once under load
+    held = int(re.search(r"L2 holds (\d+)/24 samples", capsys.readouterr().out).group(1))
+    assert cached <= held < 24
     assert main(args + ["--require-full"]) == 5
     assert "(--require-full)" in _err_line(capsys)
 
