@@ -15,21 +15,23 @@ import os
 import re
 import uuid
 
-__all__ = ["SHM_DIR", "PREFIX", "new_base", "maker_alive", "remove_orphans"]
+__all__ = ["SHM_DIR", "PREFIX", "new_base", "maker_alive", "remove_orphans", "start_time"]
 
 SHM_DIR = "/dev/shm"
 PREFIX = "cachepipe-comm-"
 _NAME = re.compile(re.escape(PREFIX) + r"u(\d+)\.n(\d+)\.p(\d+)\.t(\d+)\.[0-9a-f]+(?:-\d+)?")
 
 
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if there is no such process."""
+def start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (with the pid, unique at any moment),
+    or None if there is no such process or it has exited (a zombie)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return None if fields[0] == b"Z" else int(fields[19])
 
 
 def _pid_namespace() -> int:
@@ -39,7 +41,7 @@ def _pid_namespace() -> int:
 def new_base() -> str:
     """A fresh segment base name for this process (generation numbers are appended)."""
     pid = os.getpid()
-    return f"{PREFIX}u{os.getuid()}.n{_pid_namespace()}.p{pid}.t{_start_time(pid)}.{uuid.uuid4().hex[:8]}"
+    return f"{PREFIX}u{os.getuid()}.n{_pid_namespace()}.p{pid}.t{start_time(pid)}.{uuid.uuid4().hex[:8]}"
 
 
 def maker_alive(name: str) -> bool | None:
@@ -47,7 +49,7 @@ def maker_alive(name: str) -> bool | None:
     m = _NAME.fullmatch(name)
     if m is None or int(m.group(2)) != _pid_namespace():
         return None
-    return _start_time(int(m.group(3))) == int(m.group(4))
+    return start_time(int(m.group(3))) == int(m.group(4))
 
 
 def remove_orphans(directory: str = SHM_DIR) -> list[str]:

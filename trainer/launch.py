@@ -42,6 +42,8 @@ import traceback
 
 import torch.multiprocessing as mp
 
+from comm.shm_names import start_time
+
 __all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -98,28 +100,17 @@ def _die_with_launcher(launcher: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the launcher's own clean-up still applies
         return
-    started = _start_time(launcher)
+    started = start_time(launcher)
     if started is None:
         os._exit(128 + int(signal.SIGTERM))
     threading.Thread(target=_watch_launcher, args=(launcher, started), daemon=True, name="launcher-watch").start()
-
-
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` (clock ticks since boot), ``None`` if it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return None if fields[0] == b"Z" else int(fields[19])
 
 
 def _watch_launcher(launcher: int, started: int) -> None:
     """SIGTERM this rank when its launcher is gone (NOTE [ranks end with their launcher]):
     the fork server, the rank's parent, outlives a launcher killed with SIGKILL while any
     rank it forked is alive, so the parent-death signal alone would not come."""
-    while _start_time(launcher) == started:
+    while start_time(launcher) == started:
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGTERM)  # this process, into Stopped and its clean-up
 

@@ -130,7 +130,8 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _epochs(loader):
+def epochs(loader):
+    """The batches of ``loader``, epoch after epoch (``set_epoch`` before each), forever."""
     epoch = 0
     while True:
         loader.set_epoch(epoch)
@@ -200,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
     loaders = {o: _build(o, os.fspath(root), cache, args) for o in args.outputs}
     runs: dict[str, list[dict]] = {o: [] for o in loaders}
     try:
-        iters = {o: _epochs(loader) for o, loader in loaders.items()}
+        iters = {o: epochs(loader) for o, loader in loaders.items()}
         for o, loader in loaders.items():  # untimed: worker start-up, first-touch of recycled buffers
             measure(iters[o], Probe(loader, clients), 2 * max(1, args.workers) * 2 + 2, args.step_ms / 1e3)
         for r in range(args.rounds):

@@ -54,14 +54,6 @@ def configure(group: argparse._ArgumentGroup) -> None:
                        help="images in the generated dataset (default: 4 batches per loader worker, at least 4)")
 
 
-def _cycle(loader):
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
 def _time_source(name, batches, model, optimizer, criterion, autocast, device, channels_last, steps, warmup):
     import torch
 
@@ -93,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
     """Time every source of ``--sources`` in interleaved rounds; print the table."""
     import torch
 
+    from tools.bench.feed import epochs
     from tools.cache_flags import cache_config
     from trainer import models
     from trainer.optim import autocast_for
@@ -143,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
                 continue
             if hasattr(loader, "close"):
                 stack.callback(loader.close)
-            runners[name] = (_cycle(loader), model, optimizer)
+            runners[name] = (epochs(loader), model, optimizer)
         timings: dict[str, list[dict]] = {name: [] for name in runners}
         for r in range(args.rounds):  # interleaved, so a load spike hits every source alike
             for name, (batches, model, optimizer) in runners.items():
