@@ -69,11 +69,17 @@ def _socket_inodes(path: str) -> set[str]:
     """Inodes of the Unix sockets bound to ``path`` (from ``/proc/net/unix``, whose paths are
     printed raw: a newline in a path continues the entry on the next line)."""
     want, entries = os.fsencode(path), []
-    try:
-        with open("/proc/net/unix", "rb") as f:
-            lines = f.read().split(b"\n")[1:]
+    try:  # one read call for the whole table: a table read in pages skips entries while
+        fd = os.open("/proc/net/unix", os.O_RDONLY)  # sockets come and go (NOTE [a missed socket entry])
+        try:
+            chunks = [os.read(fd, 1 << 24)]
+            while chunks[-1]:
+                chunks.append(os.read(fd, 1 << 24))
+        finally:
+            os.close(fd)
     except OSError:
         return set()
+    lines = b"".join(chunks).split(b"\n")[1:]
     for line in lines:
         m = _ENTRY.match(line)
         if m:
