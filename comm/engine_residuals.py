@@ -34,6 +34,12 @@ class EngineResiduals:
         """Sum of squares of this rank's residuals (update units under momentum correction)."""
         return base.residual_sq(self.exchangers)
 
+    def rescale_residuals(self, factor: float) -> None:
+        """Multiply this rank's residuals by ``factor`` (NOTE [residuals follow the learning
+        rate] in comm/collectives/base.py): ``lr_prev / lr`` before a step whose rate changed.
+        A residual held by an exchange in flight is rescaled when that exchange stores it."""
+        base.rescale_residuals(self.exchangers, factor)
+
     def take_residuals(self) -> dict[torch.Tensor, torch.Tensor]:
         """This rank's residuals per parameter (parameter -> tensor shaped like it), cleared
         here (NOTE [residual at a phase switch]). Parameters without residual are left out.

@@ -85,6 +85,7 @@ class ResidualMemory:
         self.factor, self.masking = float(momentum), bool(masking)
         self.residual: torch.Tensor | None = None
         self.momentum: torch.Tensor | None = None
+        self._pending, self._in_flight = 1.0, False  # a rescale waiting for the next update (rescale)
 
     def correct(self, x: torch.Tensor) -> torch.Tensor:
         """``u = m * u + x`` in accumulation precision; returns ``u`` itself (do not
@@ -120,6 +121,7 @@ class ResidualMemory:
             x, inplace = self.correct(x), False  # u stays ours: never hand it out to be written
         if not self.enabled:
             return x.to(dtype, copy=bool(self.factor))
+        self._in_flight = True  # until update() stores the next residual
         res = self.residual
         if res is not None and res.numel() != x.numel():
             raise ValueError(f"residual holds {res.numel()} elements but the input has "
@@ -147,6 +149,9 @@ class ResidualMemory:
     def update(self, residual: torch.Tensor) -> None:
         """Store ``residual`` (taken, not copied) as what is left for the next step."""
         self.residual = residual if self.enabled else None
+        if self._pending != 1.0 and self.residual is not None:
+            self.residual.mul_(self._pending)
+        self._pending, self._in_flight = 1.0, False
 
     def owed(self) -> torch.Tensor | None:
         """What is still owed, in gradient units (NOTE [momentum correction]): the
@@ -160,9 +165,19 @@ class ResidualMemory:
             out.add_(self.residual.to(out.device), alpha=1 - self.factor)
         return out
 
+    def rescale(self, factor: float) -> None:
+        """Multiply the residual by ``factor`` (NOTE [residuals follow the learning rate]
+        in comm/collectives/base.py); the momentum is left as it is. While the residual is
+        handed out (an exchange in flight), the next one :meth:`update` stores takes it."""
+        if self._in_flight:
+            self._pending *= factor
+        elif self.residual is not None:
+            self.residual.mul_(factor)
+
     def clear(self) -> None:
         """Forget the residual and the momentum (after :meth:`owed` was handed on)."""
         self.residual = self.momentum = None
+        self._pending, self._in_flight = 1.0, False
 
     def norm(self) -> float:
         """L2 norm of the residual (0 when there is none)."""

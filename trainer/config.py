@@ -152,7 +152,10 @@ class PhaseConfig:
     ``momentum_correction`` (the residual accumulates the momentum-corrected update and
     the optimiser applies it without momentum; NOTE [momentum correction] in
     comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries; off by
-    default, NOTE [momentum masking] in comm/residual.py),
+    default, NOTE [momentum masking] in comm/residual.py), ``lr_scaled_residuals``
+    (rescale the residuals by ``lr_prev / lr`` when the rate changes, so that each gradient is
+    applied at its own rate, as EF-SGD; NOTE [residuals follow the learning rate] in
+    comm/collectives/base.py),
     ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation),
     ``dense_vectors`` (parameters of at most one dimension travel densely, NOTE [dense
     vectors] in comm/plans/size.py) and density
@@ -174,6 +177,7 @@ class PhaseConfig:
     cache_size: int = 0
     momentum_correction: bool = True
     momentum_masking: bool = False
+    lr_scaled_residuals: bool = True
     local_clipping: bool = True
     dense_vectors: bool = True
     density_warmup_epochs: float | None = None

@@ -108,6 +108,11 @@ class Exchange(abc.ABC):
         """Density of the sparse buckets from the next step on (density warm-up)."""
 
     @abc.abstractmethod
+    def rescale_residuals(self, factor: float) -> None:
+        """Multiply the residuals by ``factor`` (NOTE [residuals follow the learning rate]
+        in comm/collectives/base.py); an exchange without residuals ignores it."""
+
+    @abc.abstractmethod
     def take_inter_node_bytes(self) -> int:
         """Bytes this rank sent to other nodes since the last call (NOTE [inter-node bytes]
         in comm/link_bytes.py)."""
@@ -165,6 +170,10 @@ class EngineExchange(Exchange):
         if self.inner is not None:
             self.inner.set_density(density)
 
+    def rescale_residuals(self, factor: float) -> None:
+        if self.inner is not None:
+            self.inner.rescale_residuals(factor)
+
     def take_inter_node_bytes(self) -> int:
         return self.inner.take_inter_node_bytes() if self.inner is not None else 0
 
@@ -205,6 +214,13 @@ class DDPExchange(Exchange):
 
     def _hook_exchangers(self) -> list:
         return list(getattr(self.hook_state, "exchangers", {}).values())
+
+    def rescale_residuals(self, factor: float) -> None:
+        """The sparse hook's residuals; DDP's all-reduce has none and the PowerSGD hook's
+        error feedback is torch's own state, left in gradient units."""
+        from comm.collectives.base import rescale_residuals
+
+        rescale_residuals(self._hook_exchangers(), factor)
 
     def take_inter_node_bytes(self) -> int:
         """The sparse hook's; DDP's own all-reduce and the PowerSGD hook are not counted (0)."""

@@ -130,13 +130,18 @@ class _Run:
         self.checkpoints.save(shared, local)
 
     def _step(self, images, labels, done: int, times: TimeBreakdown) -> float:
-        schedule = {k: v for k, v in dataclasses.asdict(self.recipe.schedule).items() if k not in _SPANS}
+        position = self.epoch + done / self.steps_per_epoch
+        lr = self._lr_at(position)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.epoch + done / self.steps_per_epoch, lr=self.peak,
-                                total_epochs=self.recipe.total_epochs, warmup_epochs=self.lr_warmup_epochs, **schedule)
+            group["lr"] = lr
         phase = self.recipe.phases[self.phase_index]
         density = 1.0
         if get_algorithm(self.comm).sparse:
+            previous = position - 1 / self.steps_per_epoch  # NOTE [residuals follow the learning rate]
+            if phase.lr_scaled_residuals and previous >= self.recipe.phase_start(self.phase_index) and lr > 0:
+                lr_previous = self._lr_at(previous)
+                if lr_previous > 0 and lr_previous != lr:
+                    self.exchanger.rescale_residuals(lr_previous / lr)
             step = (self.epoch - self.recipe.phase_start(self.phase_index)) * self.steps_per_epoch + done
             density = density_at(step, density=phase.density, warmup_steps=self.density_warmup,
                                  schedule=phase.density_schedule, steps_per_epoch=self.steps_per_epoch)
@@ -175,6 +180,12 @@ class _Run:
         with times.part("update"):
             self._update(phase, finite, applied)
         return float(loss.detach()) if value is None else value
+
+    def _lr_at(self, position: float) -> float:
+        """The learning rate at fractional epoch ``position`` of the run."""
+        schedule = {k: v for k, v in dataclasses.asdict(self.recipe.schedule).items() if k not in _SPANS}
+        return lr_at(position, lr=self.peak, total_epochs=self.recipe.total_epochs,
+                     warmup_epochs=self.lr_warmup_epochs, **schedule)
 
     def _update(self, phase, finite: bool, applied: bool = True) -> None:
         """The optimiser step on the exchanged ``p.grad`` (none when not ``applied``), then zero them."""

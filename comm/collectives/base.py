@@ -46,6 +46,7 @@ from comm.topology import Topology
 
 __all__ = ["Exchanger", "Stages", "WIRE_DTYPES", "drive", "all_gather_flat", "all_gather_async",
            "reduce_scatter_flat", "nonfinite_anywhere", "set_density", "take_inter_node_bytes", "residual_sq",
+           "rescale_residuals",
            "pad_to_multiple", "wire_buffer"]
 
 Stages = Generator[object, None, torch.Tensor]  # yields Work handles, returns the result
@@ -208,6 +209,35 @@ def take_inter_node_bytes(exchangers: Iterable[Exchanger]) -> int:
 def residual_sq(exchangers: Iterable[Exchanger]) -> float:
     """Sum of squares of the exchangers' residuals (update units under momentum correction)."""
     return sum(ex.memory.norm() ** 2 for ex in exchangers)
+
+
+# NOTE [residuals follow the learning rate]: the papers' error feedback (DGC eq. 5-7,
+# gTop-k Algorithm 4, MSTopK's Algorithm 1) keeps the residual in gradient units and the
+# optimiser applies what is sent at the rate of the step that sends it. Under a constant
+# rate that is exactly EF-SGD (Karimireddy et al., ICML 2019; Stich et al., NeurIPS 2018),
+# whose memory holds ``lr * g``: both apply every gradient once at the rate it was computed
+# with. Under a decaying rate they differ: an entry that waits ``T`` steps in the residual
+# is applied at the rate of its sending step, so while a cosine schedule anneals to zero
+# every delayed gradient lands at a fraction of its own rate, and what is still waiting at
+# the end is never applied. At density 0.01 an entry waits ~50-100 steps, a third of a
+# 3-epoch CIFAR-10 run's last epoch. The trainer therefore rescales every residual by
+# ``lr_prev / lr`` before a step whose rate changed (:func:`rescale_residuals`), which keeps
+# the residual equal to EF-SGD's memory divided by the current rate: ``lr * residual`` is
+# carried over unchanged, and each gradient is applied at its own rate (up to the momentum,
+# which stays in gradient units as dense momentum SGD's buffer does). A step at rate 0 keeps
+# the residual as it is. Measured in docs/BENCHMARKS.md (issue 30); the phase switch
+# ``lr_scaled_residuals`` turns it off.
+def rescale_residuals(exchangers: Iterable[Exchanger], factor: float) -> None:
+    """Multiply every exchanger's residual by ``factor`` (NOTE [residuals follow the
+    learning rate]); the momentum of a corrected exchange is left as it is.
+
+    Raises:
+        ValueError: for a factor that is not finite and positive.
+    """
+    if not (0.0 < float(factor) < float("inf")):
+        raise ValueError(f"residual rescale factor must be finite and > 0; got {factor!r}")
+    for ex in exchangers:
+        ex.memory.rescale(float(factor))
 
 
 def drive(stages: Stages) -> torch.Tensor:
