@@ -7,7 +7,6 @@ schedule at fractional epochs; phases change image size, batch size and algorith
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import time
@@ -17,7 +16,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from comm.registry import get_algorithm
 from comm.topk.checks import NonFiniteInput
 from trainer import models
 from trainer.checkpoint import Checkpoints, rng_state, set_rng_state
@@ -31,15 +29,14 @@ from trainer.exchange import topology_for
 from trainer.lookahead import look_ahead
 from trainer.metrics import MetricsLog, TimeBreakdown, epoch_row, fresh_accum
 from trainer.optim import autocast_for, build_optimizer, make_scaler, peak_lr
-from trainer.phase_exchange import carried_residuals, is_sparse, open_exchange
+from trainer.phase_exchange import carried_residuals, follow_schedules, is_sparse, open_exchange
 from trainer.progress import epoch_bar
 from trainer.run_config import RunConfig
 from trainer.run_dir import prepare_out_together
-from trainer.schedules import density_at, lr_at, phase_warmups
+from trainer.schedules import phase_warmups
 
 __all__ = ["train", "run_rank"]
 
-_SPANS = ("warmup_epochs", "warmup_steps")  # resolved in steps (NOTE [warm-ups in steps])
 
 
 class _Run:
@@ -130,22 +127,8 @@ class _Run:
         self.checkpoints.save(shared, local)
 
     def _step(self, images, labels, done: int, times: TimeBreakdown) -> float:
-        position = self.epoch + done / self.steps_per_epoch
-        lr = self._lr_at(position)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         phase = self.recipe.phases[self.phase_index]
-        density = 1.0
-        if get_algorithm(self.comm).sparse:
-            previous = position - 1 / self.steps_per_epoch  # NOTE [residuals follow the learning rate]
-            if phase.lr_scaled_residuals and previous >= self.recipe.phase_start(self.phase_index) and lr > 0:
-                lr_previous = self._lr_at(previous)
-                if lr_previous > 0 and lr_previous != lr:
-                    self.exchanger.rescale_residuals(lr_previous / lr)
-            step = (self.epoch - self.recipe.phase_start(self.phase_index)) * self.steps_per_epoch + done
-            density = density_at(step, density=phase.density, warmup_steps=self.density_warmup,
-                                 schedule=phase.density_schedule, steps_per_epoch=self.steps_per_epoch)
-            self.exchanger.set_density(density)
+        density = follow_schedules(self, phase, done)
         self.accum["density_sum"] = self.accum.get("density_sum", 0.0) + density
         stash = None
         if self.recipe.train.pipeline_exchange:  # timed only then: a part syncs CUDA
@@ -180,12 +163,6 @@ class _Run:
         with times.part("update"):
             self._update(phase, finite, applied)
         return float(loss.detach()) if value is None else value
-
-    def _lr_at(self, position: float) -> float:
-        """The learning rate at fractional epoch ``position`` of the run."""
-        schedule = {k: v for k, v in dataclasses.asdict(self.recipe.schedule).items() if k not in _SPANS}
-        return lr_at(position, lr=self.peak, total_epochs=self.recipe.total_epochs,
-                     warmup_epochs=self.lr_warmup_epochs, **schedule)
 
     def _update(self, phase, finite: bool, applied: bool = True) -> None:
         """The optimiser step on the exchanged ``p.grad`` (none when not ``applied``), then zero them."""

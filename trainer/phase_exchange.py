@@ -9,12 +9,17 @@ comm/residual.py).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from comm.registry import get_algorithm
 from trainer.exchange import build_exchange, saved_residuals
 from trainer.omgs_probe import probing
 from trainer.optim import decay_of, exchange_momentum, take_momentum
+from trainer.schedules import density_at, lr_at
 
-__all__ = ["is_sparse", "carried_residuals", "open_exchange"]
+__all__ = ["is_sparse", "carried_residuals", "open_exchange", "follow_schedules"]
+
+_SPANS = ("warmup_epochs", "warmup_steps")  # resolved in steps (NOTE [warm-ups in steps])
 
 
 def is_sparse(run, comm: str) -> bool:
@@ -60,3 +65,33 @@ def open_exchange(run, index: int, phase, comm: str, carry: dict) -> None:
                                    clip_norm=run.recipe.local_clip_of(phase, sparse), carry=bool(carry))
     run.comm = comm
     run.exchanger.carry_in(carry)
+
+
+def _lr_at(run, position: float) -> float:
+    schedule = {k: v for k, v in dataclasses.asdict(run.recipe.schedule).items() if k not in _SPANS}
+    return lr_at(position, lr=run.peak, total_epochs=run.recipe.total_epochs, warmup_epochs=run.lr_warmup_epochs,
+                 **schedule)
+
+
+def follow_schedules(run, phase, done: int) -> float:
+    """Before step ``done`` of ``run``'s epoch: the learning rate into the optimiser and, on a
+    sparse exchange, its density (warm-up) and its residuals rescaled to the new rate
+    (NOTE [residuals follow the learning rate] in comm/collectives/base.py, with
+    ``phase.lr_scaled_residuals``). Returns the step's density (1 when not sparse)."""
+    position = run.epoch + done / run.steps_per_epoch
+    lr = _lr_at(run, position)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    if not get_algorithm(run.comm).sparse:
+        return 1.0
+    start = run.recipe.phase_start(run.phase_index)
+    previous = position - 1 / run.steps_per_epoch  # the phase's first step has no earlier rate
+    if phase.lr_scaled_residuals and previous >= start and lr > 0:
+        lr_previous = _lr_at(run, previous)
+        if lr_previous > 0 and lr_previous != lr:  # a step at rate 0 keeps the residual as it is
+            run.exchanger.rescale_residuals(lr_previous / lr)
+    density = density_at((run.epoch - start) * run.steps_per_epoch + done, density=phase.density,
+                         warmup_steps=run.density_warmup, schedule=phase.density_schedule,
+                         steps_per_epoch=run.steps_per_epoch)
+    run.exchanger.set_density(density)
+    return density
