@@ -93,7 +93,7 @@ def _listener_pid(path: str) -> int | None:
     """The pid of the process listening on Unix socket ``path`` (``SO_PEERCRED``), or None."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(1.0)
+            s.settimeout(0.5)
             s.connect(path)
             creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
@@ -101,17 +101,8 @@ def _listener_pid(path: str) -> int | None:
     return struct.unpack("3i", creds)[0]
 
 
-def _holds_socket(pid: int, path: str) -> bool:
-    # NOTE [a missed socket entry]: /proc/net/unix is generated in pages while sockets come
-    # and go, so under socket churn a read can miss a live entry, several reads in a row
-    # (seen under load: a server that had just answered PING was "not the process named by
-    # its pid file"; its only socket was missing from the table). A missing entry is then
-    # proven the other way: the kernel's credentials of the socket's listener
-    # (``SO_PEERCRED`` of a connection to it, nothing sent), which name the process that
-    # listens there.
-    inodes = {f"socket:[{i}]" for i in _socket_inodes(path)}
-    if not inodes:
-        return _listener_pid(path) == pid
+def _fds_hold(pid: int, inodes: set[str]) -> bool:
+    """Whether one of ``pid``'s file descriptors is one of the sockets ``inodes``."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -122,6 +113,25 @@ def _holds_socket(pid: int, path: str) -> bool:
                 return True
         except OSError:
             continue
+    return False
+
+
+def _holds_socket(pid: int, path: str, tries: int = 3) -> bool:
+    # NOTE [a missed socket entry]: /proc/net/unix is generated in pages while sockets come
+    # and go, so under socket churn a read can miss a live entry, several reads in a row
+    # (seen under load: a server that had just answered PING was "not the process named by
+    # its pid file"). The table also keeps the entry of a socket whose file was unlinked
+    # (a server stopped and replaced at the same path), so a found inode may be another
+    # process's. Whatever the table says, a socket not found among the pid's descriptors is
+    # proven the other way: the kernel's credentials of the listener on the path
+    # (``SO_PEERCRED`` of a connection to it, nothing sent), which name the process that
+    # listens there. Both are tried ``tries`` times, a little apart, before "not ours".
+    for attempt in range(tries):
+        inodes = {f"socket:[{i}]" for i in _socket_inodes(path)}
+        if (inodes and _fds_hold(pid, inodes)) or _listener_pid(path) == pid:
+            return True
+        if attempt + 1 < tries:
+            time.sleep(0.05 * (attempt + 1))
     return False
 
 
