@@ -90,6 +90,19 @@ def test_a_run_that_fails_is_a_one_line_error_with_exit_1(tmp_path, small_datase
                                          r"2 nodes with the embedded Redis", lines[0]), res.stderr
 
 
+def test_threads_default_to_omp_num_threads_else_the_cores_shared_by_the_workers(monkeypatch):
+    from tools.train import _default_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert (_default_threads(1), _default_threads(4)) == (3, 3)
+    for unset in ("0", "two", ""):
+        monkeypatch.setenv("OMP_NUM_THREADS", unset)
+        assert (_default_threads(1), _default_threads(4), _default_threads(16)) == (8, 2, 1)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert _default_threads(3) == 2
+
+
 def test_checkpoint_from_another_model_is_refused(tmp_path):
     Checkpoints(tmp_path, 0).save({"model_name": "resnet18", "recipe": "demo", "step": 3}, {"x": 1})
     with pytest.raises(ValueError, match="model_name='resnet18' but this run has model_name='resnet50'"):
