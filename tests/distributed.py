@@ -28,9 +28,10 @@ from tests.redis_servers import free_port
 
 __all__ = ["run_distributed", "mp_context", "next_result", "start_ranks"]
 
-# what every rank imports anyway: loaded once in the fork server (NOTE [forkserver ranks])
-_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "numpy", "comm", "trainer", "loaders", "cachepipe",
-            "tests.distributed"]
+# what every rank imports anyway: loaded once in the fork server (NOTE [forkserver ranks]);
+# torch._dynamo: a rank's first optimizer (or DDP) imports it, ~1 s of CPU each time
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "numpy", "comm", "trainer", "loaders",
+            "cachepipe", "tests.distributed"]
 
 
 def mp_context():
