@@ -81,7 +81,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=None, help="nodes in the topology (default: from torchrun's environment)")
     parser.add_argument("--local-size", type=int, default=None, help="workers per node (default: LOCAL_WORLD_SIZE)")
     parser.add_argument("--nprocs", type=int, default=1, help="local worker processes when not under torchrun")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per local worker (0: $OMP_NUM_THREADS if set, else cores / nprocs)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per local worker (0: $OMP_NUM_THREADS if set, else cores / nprocs)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
     parser.add_argument("--ddp", action="store_true",
                         help="exchange inside backward with DDP (sparse algorithms as a DDP comm hook) instead of "
