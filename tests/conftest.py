@@ -8,6 +8,14 @@ from pathlib import Path
 
 import pytest
 
+# NOTE [one intra-op thread in tests]: two xdist workers, their training subprocesses and
+# gloo ranks already keep both cores of a small CI box busy; a second torch thread in each
+# only adds OpenMP barriers that wait for a descheduled thread (NOTE [single-threaded
+# scan]): a tiny training run then takes 2-3x the wall time and twice the CPU. Set before
+# torch is imported; subprocesses inherit it, and ``cachepipe train --threads 0`` reads it.
+# A test about thread counts sets its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _has_cuda() -> bool:
     try:

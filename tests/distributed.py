@@ -28,9 +28,10 @@ from tests.redis_servers import free_port
 
 __all__ = ["run_distributed", "mp_context", "next_result", "start_ranks"]
 
-# what every rank imports anyway: loaded once in the fork server (NOTE [forkserver ranks])
-_PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "numpy", "comm", "trainer", "loaders", "cachepipe",
-            "tests.distributed"]
+# what every rank imports anyway: loaded once in the fork server (NOTE [forkserver ranks]);
+# torch._dynamo: a rank's first optimizer (or DDP) imports it, ~1 s of CPU each time
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "numpy", "comm", "trainer", "loaders",
+            "cachepipe", "tests.distributed"]
 
 
 def mp_context():
@@ -57,6 +58,13 @@ def _worker(rank, world_size, port, fn, args, queue, environ=None):
             # this process, which may have exited before the parent reads them
             # (FileNotFoundError in the parent's get: seen under load).
             queue.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
+        except BaseException:
+            # NOTE [the cause first]: a failed rank's report is in the pipe before its process
+            # group closes, and the closing is what fails the ranks still waiting on it
+            # ("Connection closed by peer"): the parent reads the cause before its echoes.
+            queue.put((rank, False, traceback.format_exc()))
+            queue.close()
+            queue.join_thread()
         finally:
             dist.destroy_process_group()
     except BaseException:

@@ -81,7 +81,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=None, help="nodes in the topology (default: from torchrun's environment)")
     parser.add_argument("--local-size", type=int, default=None, help="workers per node (default: LOCAL_WORLD_SIZE)")
     parser.add_argument("--nprocs", type=int, default=1, help="local worker processes when not under torchrun")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per local worker (0: cores / nprocs)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per local worker (0: $OMP_NUM_THREADS if set, else cores / nprocs)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to train")
     parser.add_argument("--ddp", action="store_true",
                         help="exchange inside backward with DDP (sparse algorithms as a DDP comm hook) instead of "
@@ -165,11 +166,18 @@ def _run_torchrun(cfg) -> list[dict]:
         dist.destroy_process_group()
 
 
+def _default_threads(nprocs: int) -> int:
+    """``OMP_NUM_THREADS`` when set to a positive count (as torch and torchrun read it), else
+    the cores shared by the local workers."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else max(1, (os.cpu_count() or 1) // nprocs)
+
+
 def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
     from trainer.launch import launch_local, stop_on_signals
     from trainer.loop import run_rank
 
-    threads = threads or max(1, (os.cpu_count() or 1) // nprocs)
+    threads = threads or _default_threads(nprocs)
     if nprocs == 1:
         import torch
 

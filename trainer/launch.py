@@ -48,8 +48,9 @@ __all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_sign
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
-# what every rank imports anyway: loaded once, in the fork server (NOTE [forked ranks])
-_PRELOAD = ["torch", "torch.distributed", "comm", "trainer", "loaders", "cachepipe"]
+# what every rank imports anyway: loaded once, in the fork server (NOTE [forked ranks]);
+# torch._dynamo: torch.optim imports it when a rank builds its optimizer, ~1 s of CPU each
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "comm", "trainer", "loaders", "cachepipe"]
 
 
 class WorkerFailed(RuntimeError):

@@ -6,6 +6,7 @@ import torch
 
 from comm.topk import captured_energy, mstopk, mstopk_select, mstopk_thresholds, recall
 from comm.topk.mstopk import resolve_kernel
+from comm.topk.mstopk_torch import SCAN_THREADS
 from tools.bench.topk import DISTRIBUTIONS, make_input
 
 
@@ -152,11 +153,16 @@ def test_subnormal_and_huge_magnitudes(monkeypatch, scale):
 
 
 def test_cpu_path_restores_the_thread_count_even_on_errors():
-    before = torch.get_num_threads()
-    x = make_input("gaussian", 50_000, seed=18)
-    mstopk(x, 50)
-    assert torch.get_num_threads() == before
-    x[7] = float("nan")
-    with pytest.raises(ValueError):
+    ambient = torch.get_num_threads()
+    torch.set_num_threads(SCAN_THREADS + 1)  # not the scan's own count, whatever the session's (conftest: 1)
+    try:
+        before = torch.get_num_threads()
+        x = make_input("gaussian", 50_000, seed=18)
         mstopk(x, 50)
-    assert torch.get_num_threads() == before
+        assert torch.get_num_threads() == before
+        x[7] = float("nan")
+        with pytest.raises(ValueError):
+            mstopk(x, 50)
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(ambient)

@@ -73,11 +73,22 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     (["--data", "{data}", "--recipe", "demo", "--set", "phases.0.density_warmup_epochs=9"],
      r"phases\[0\]: phase density_warmup_epochs must be in \[0, 8\]"),
 ])
-def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match):
-    res = _cli("train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out", tmp_path / "o")
-    assert res.returncode == 2
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and re.search(match, lines[0]), res.stderr
+def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match, capsys):
+    # in this process: ``python -m tools`` is ``sys.exit(main())``, and a subprocess per case
+    # only added an interpreter and torch import (~1.5 s of CPU each); the subprocess tests
+    # below and in tests/faults/test_cli_edges.py check what a real process prints
+    from tools.cli import main
+
+    try:
+        code = main(["train", *[a.format(tmp=tmp_path, data=small_dataset) for a in args], "--out",
+                     str(tmp_path / "o")])
+    except SystemExit as exc:  # argparse's own errors, as in the process
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and re.search(match, lines[0]), err
+    assert not (tmp_path / "o").exists()  # refused before the run started
 
 
 def test_a_run_that_fails_is_a_one_line_error_with_exit_1(tmp_path, small_dataset):
@@ -88,6 +99,19 @@ def test_a_run_that_fails_is_a_one_line_error_with_exit_1(tmp_path, small_datase
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(r"rank \d failed: LocalityError: locality='node' cannot place samples on "
                                          r"2 nodes with the embedded Redis", lines[0]), res.stderr
+
+
+def test_threads_default_to_omp_num_threads_else_the_cores_shared_by_the_workers(monkeypatch):
+    from tools.train import _default_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert (_default_threads(1), _default_threads(4)) == (3, 3)
+    for unset in ("0", "two", ""):
+        monkeypatch.setenv("OMP_NUM_THREADS", unset)
+        assert (_default_threads(1), _default_threads(4), _default_threads(16)) == (8, 2, 1)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert _default_threads(3) == 2
 
 
 def test_checkpoint_from_another_model_is_refused(tmp_path):
