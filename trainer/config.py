@@ -153,9 +153,9 @@ class PhaseConfig:
     the optimiser applies it without momentum; NOTE [momentum correction] in
     comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries; off by
     default, NOTE [momentum masking] in comm/residual.py), ``lr_scaled_residuals``
-    (rescale the residuals by ``lr_prev / lr`` when the rate changes, so that each gradient is
-    applied at its own rate, as EF-SGD; NOTE [residuals follow the learning rate] in
-    comm/collectives/base.py),
+    (off by default: rescale the residuals by ``lr_prev / lr`` when the rate changes, so that
+    each gradient is applied at its own rate, as EF-SGD; NOTE [residuals follow the learning
+    rate] in comm/collectives/base.py),
     ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation),
     ``dense_vectors`` (parameters of at most one dimension travel densely, NOTE [dense
     vectors] in comm/plans/size.py) and density
@@ -177,7 +177,7 @@ class PhaseConfig:
     cache_size: int = 0
     momentum_correction: bool = True
     momentum_masking: bool = False
-    lr_scaled_residuals: bool = True
+    lr_scaled_residuals: bool = False
     local_clipping: bool = True
     dense_vectors: bool = True
     density_warmup_epochs: float | None = None

@@ -218,15 +218,17 @@ def residual_sq(exchangers: Iterable[Exchanger]) -> float:
 # whose memory holds ``lr * g``: both apply every gradient once at the rate it was computed
 # with. Under a decaying rate they differ: an entry that waits ``T`` steps in the residual
 # is applied at the rate of its sending step, so while a cosine schedule anneals to zero
-# every delayed gradient lands at a fraction of its own rate, and what is still waiting at
-# the end is never applied. At density 0.01 an entry waits ~50-100 steps, a third of a
-# 3-epoch CIFAR-10 run's last epoch. The trainer therefore rescales every residual by
-# ``lr_prev / lr`` before a step whose rate changed (:func:`rescale_residuals`), which keeps
-# the residual equal to EF-SGD's memory divided by the current rate: ``lr * residual`` is
-# carried over unchanged, and each gradient is applied at its own rate (up to the momentum,
-# which stays in gradient units as dense momentum SGD's buffer does). A step at rate 0 keeps
-# the residual as it is. Measured in docs/BENCHMARKS.md (issue 30); the phase switch
-# ``lr_scaled_residuals`` turns it off.
+# every delayed gradient lands at a fraction of its own rate (at density 0.01 an entry
+# waits ~50-100 steps, a third of a 3-epoch CIFAR-10 run's last epoch). With the phase
+# switch ``lr_scaled_residuals`` the trainer rescales every residual by ``lr_prev / lr``
+# before a step whose rate changed (:func:`rescale_residuals`), which keeps the residual
+# equal to EF-SGD's memory divided by the current rate: ``lr * residual`` is carried over
+# unchanged, and each gradient is applied at its own rate (up to the momentum, which stays
+# in gradient units as dense momentum SGD's buffer does). A step at rate 0 keeps the
+# residual as it is. Measured on CIFAR-10 (docs/BENCHMARKS.md, issue 30), three seeds: it
+# helps ``gtopk``, whose residual holds 2.3x ``hitopk``'s (+0.75 points at 3 epochs, +0.60
+# at 8), and not ``hitopk`` (+0.32 at 3 epochs, -0.41 at 8, inside the seeds' spread), so
+# it is off by default, as the papers have it.
 def rescale_residuals(exchangers: Iterable[Exchanger], factor: float) -> None:
     """Multiply every exchanger's residual by ``factor`` (NOTE [residuals follow the
     learning rate]); the momentum of a corrected exchange is left as it is.
