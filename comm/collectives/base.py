@@ -227,8 +227,9 @@ def residual_sq(exchangers: Iterable[Exchanger]) -> float:
 # in gradient units as dense momentum SGD's buffer does). A step at rate 0 keeps the
 # residual as it is. Measured on CIFAR-10 (docs/BENCHMARKS.md, issue 30), three seeds: it
 # helps ``gtopk``, whose residual holds 2.3x ``hitopk``'s (+0.75 points at 3 epochs, +0.60
-# at 8), and not ``hitopk`` (+0.32 at 3 epochs, -0.41 at 8, inside the seeds' spread), so
-# it is off by default, as the papers have it.
+# at 8), and not ``hitopk`` (+0.32 at 3 epochs, -0.41 at 8, inside the seeds' spread);
+# neither gains on a 156-step run (-0.29, -0.12), so it is off by default, as the papers
+# have it.
 def rescale_residuals(exchangers: Iterable[Exchanger], factor: float) -> None:
     """Multiply every exchanger's residual by ``factor`` (NOTE [residuals follow the
     learning rate]); the momentum of a corrected exchange is left as it is.
