@@ -87,7 +87,22 @@ def cache_dir(tmp_path):
     EmbeddedRedis(path).stop()
 
 
+# NOTE [slow files first]: ``pytest -n 2 --dist loadfile`` hands whole files to the two
+# workers in collection order, one at a time as each finishes its last. The slowest files
+# (whole ``cachepipe train`` runs, the emulated cluster) sit in tests/tools and
+# tests/trainer, which are collected last, so one worker could still be on a 30-second file
+# while the other has nothing left. Collected first, they run while the short files fill
+# the gaps on the other worker (longest job first). Order within a file is unchanged.
+# The list is the slowest files of ``--durations`` (docs/BENCHMARKS.md, test suite time).
+SLOW_FILES = ("tests/tools/test_bench_train_emulated.py", "tests/faults/test_train_resume_guard.py",
+              "tests/trainer/test_cli.py", "tests/faults/test_train_rank_killed.py",
+              "tests/faults/test_train_checkpoints.py", "tests/comm/test_topk_gpu.py",
+              "tests/tools/test_bench_memory.py", "tests/trainer/test_training.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    first = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is present")
     skip_dali = pytest.mark.skip(reason="needs nvidia-dali: pip install 'cachepipe[dali]'")
     skip_triton = pytest.mark.skip(reason="needs triton (pip install 'cachepipe[dev]') and a CUDA GPU "

@@ -14,21 +14,24 @@ NODES, LOCAL, D, STEPS = 2, 2, 64, 6
 RATES = [0.5 * 0.7 ** t for t in range(STEPS)]  # a decaying rate: every step differs
 
 
-def _rank(rank, world, algorithm, rescale):
+def _rank(rank, world, algorithm):
     from comm import GradientExchanger, SizePlan, Topology
 
     topo = Topology(nodes=NODES, local_size=LOCAL)
-    p = torch.nn.Parameter(torch.zeros(D, dtype=torch.float64))
-    ex = GradientExchanger([p], algorithm, topo, density=0.05, selector="exact", overlap=False,
-                           plan=SizePlan(hybrid_threshold_bytes=0), skip_nonfinite=False)
-    applied = torch.zeros(D, dtype=torch.float64)
-    for step, lr in enumerate(RATES):
-        if rescale and step:
-            ex.rescale_residuals(RATES[step - 1] / lr)
-        p.grad = make_input(rank, step, D)
-        ex.synchronize()
-        applied += lr * p.grad  # what w -= lr * grad moves
-    return portable({"applied": applied, "residual": ex.exchangers[0].placed_residual(D)})
+    out = {}
+    for rescale in (True, False):
+        p = torch.nn.Parameter(torch.zeros(D, dtype=torch.float64))
+        ex = GradientExchanger([p], algorithm, topo, density=0.05, selector="exact", overlap=False,
+                               plan=SizePlan(hybrid_threshold_bytes=0), skip_nonfinite=False)
+        applied = torch.zeros(D, dtype=torch.float64)
+        for step, lr in enumerate(RATES):
+            if rescale and step:
+                ex.rescale_residuals(RATES[step - 1] / lr)
+            p.grad = make_input(rank, step, D)
+            ex.synchronize()
+            applied += lr * p.grad  # what w -= lr * grad moves
+        out[rescale] = {"applied": applied, "residual": ex.exchangers[0].placed_residual(D)}
+    return portable(out)
 
 
 @pytest.mark.parametrize("algorithm", ["topk_ag", "hitopk", "gtopk"])
@@ -38,8 +41,9 @@ def test_each_gradient_is_applied_at_its_own_rate(algorithm):
     fails (the delayed gradients land at a later, smaller rate)."""
     world = NODES * LOCAL
     fed = sum(lr * make_input(r, t, D) for t, lr in enumerate(RATES) for r in range(world)) / world
+    ranks = [restore(r) for r in run_distributed(_rank, world, algorithm)]
     for rescale in (True, False):
-        runs = [restore(r) for r in run_distributed(_rank, world, algorithm, rescale)]
+        runs = [r[rescale] for r in ranks]
         assert all(torch.equal(runs[0]["applied"], r["applied"]) for r in runs)  # one average
         owed = RATES[-1] * sum(r["residual"] for r in runs) / world
         if rescale:
