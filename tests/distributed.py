@@ -22,23 +22,17 @@ import pickle
 import traceback
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tests.redis_servers import free_port
 
 __all__ = ["run_distributed", "mp_context", "next_result", "start_ranks"]
 
-# what every rank imports anyway: loaded once in the fork server (NOTE [forkserver ranks]);
-# torch._dynamo: a rank's first optimizer (or DDP) imports it, ~1 s of CPU each time
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "numpy", "comm", "trainer", "loaders",
-            "cachepipe", "tests.distributed"]
-
-
 def mp_context():
-    """The multiprocessing context for test ranks: a fork server with torch preloaded."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    return ctx
+    """The multiprocessing context for test ranks: the launcher's fork server, which has torch
+    and the project preloaded (``trainer.launch.rank_context``), with this module too."""
+    from trainer.launch import rank_context
+
+    return rank_context("tests.distributed")
 
 
 def _worker(rank, world_size, port, fn, args, queue, environ=None):

@@ -44,13 +44,22 @@ import torch.multiprocessing as mp
 
 from comm.shm_names import start_time
 
-__all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals"]
+__all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals", "rank_context"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 # what every rank imports anyway: loaded once, in the fork server (NOTE [forked ranks]);
 # torch._dynamo: torch.optim imports it when a rank builds its optimizer, ~1 s of CPU each
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "comm", "trainer", "loaders", "cachepipe"]
+_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "comm", "trainer", "loaders", "cachepipe")
+
+
+def rank_context(*extra: str):
+    """The multiprocessing context ranks are started from: a fork server that imported
+    torch and the project once (NOTE [forked ranks]), and ``extra`` modules (those holding
+    the rank functions). One fork server serves a process: the first call's preload counts."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([*_PRELOAD, *extra])
+    return ctx
 
 
 class WorkerFailed(RuntimeError):
@@ -206,8 +215,7 @@ def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads:
     local_size = local_size or nprocs
     if nprocs < 1 or nprocs % local_size:
         raise ValueError(f"need nprocs >= 1 divisible by local_size; got {nprocs=}, {local_size=}")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    ctx = rank_context()
     results = ctx.Queue()
     port = free_port()
     job = (os.getpid(), dict(os.environ), os.getcwd())
