@@ -88,16 +88,18 @@ def cache_dir(tmp_path):
 
 
 # NOTE [slow files first]: ``pytest -n 2 --dist loadfile`` hands whole files to the two
-# workers in collection order, one at a time as each finishes its last. The slowest files
-# (whole ``cachepipe train`` runs, the emulated cluster) sit in tests/tools and
-# tests/trainer, which are collected last, so one worker could still be on a 30-second file
-# while the other has nothing left. Collected first, they run while the short files fill
-# the gaps on the other worker (longest job first). Order within a file is unchanged.
-# The list is the slowest files of ``--durations`` (docs/BENCHMARKS.md, test suite time).
-SLOW_FILES = ("tests/tools/test_bench_train_emulated.py", "tests/faults/test_train_resume_guard.py",
-              "tests/trainer/test_cli.py", "tests/faults/test_train_rank_killed.py",
-              "tests/faults/test_train_checkpoints.py", "tests/comm/test_topk_gpu.py",
-              "tests/tools/test_bench_memory.py", "tests/trainer/test_training.py")
+# workers one at a time as each finishes its last. xdist orders them by their count of
+# tests unless ``--no-loadscope-reorder`` (pyproject's addopts) keeps the collection order,
+# which puts the slowest files first: they run while the short files fill the gaps on the
+# other worker (longest job first), so no worker is still on a 20-second file of a few
+# tests while the other has nothing left. Order within a file is unchanged. The list is
+# the slowest files of ``--durations`` by their total (docs/BENCHMARKS.md, test suite time).
+SLOW_FILES = ("tests/comm/test_topk_gpu.py", "tests/tools/test_bench_train_emulated.py", "tests/trainer/test_cli.py",
+              "tests/faults/test_train_resume_guard.py", "tests/faults/test_train_messages.py",
+              "tests/faults/test_train_rank_killed.py", "tests/faults/test_cli_edges.py",
+              "tests/faults/test_train_checkpoints.py", "tests/trainer/test_training.py",
+              "tests/tools/test_bench_memory.py", "tests/faults/test_train_launcher_signals.py",
+              "tests/loaders/test_bench_loader.py", "tests/loaders/test_dali.py")
 
 
 def pytest_collection_modifyitems(config, items):
