@@ -10,7 +10,9 @@ module puts a workload on them the way a real cluster runs it:
   with torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` on node 0,
   ``GLOO_SOCKET_IFNAME=eth0``). The first rank that fails stops the job (only processes
-  started here are signalled, through their own handles).
+  started here are signalled, through their own handles). A rank that runs a module of
+  this interpreter (``python -m ...``) is forked from a fork server that imported torch
+  once (NOTE [forked emulated ranks] in tools/forked_command.py).
 - :func:`parse_emulate`: the ``--emulate MxN@MBIT`` of every command that runs on the
   emulated cluster, one rule for all (NOTE [emulate flag]), and its links' ``--burst`` (:func:`burst_bytes`).
 - :func:`node_servers`, :func:`warm_node`: a server on every node, and each node's
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.cluster import EmulatedCluster
+from tools.forked_command import ForkedCommand, forkable
 
 __all__ = ["Emulation", "NodeRedis", "JobFailed", "burst_bytes", "launch", "link_bytes", "node_servers",
            "parse_emulate", "redis_flags", "run_on_node", "stop_child", "warm_node"]
@@ -221,7 +224,7 @@ def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
 
 def launch(cluster: EmulatedCluster | None, argv_for_rank: Callable[[int], Sequence[str]], *, local_size: int,
            nodes: int | None = None, port: int = 29500, env: Mapping[str, str] | None = None,
-           timeout: float | None = None, log_dir: str | os.PathLike | None = None) -> list[int]:
+           timeout: float | None = None, log_dir: str | os.PathLike | None = None, fork: bool = True) -> list[int]:
     """Run one rank per process, ``local_size`` per node, and wait for all of them.
 
     Args:
@@ -234,6 +237,9 @@ def launch(cluster: EmulatedCluster | None, argv_for_rank: Callable[[int], Seque
         env: extra environment for every rank.
         timeout: seconds before the whole job is stopped; None = no limit.
         log_dir: each rank's stdout+stderr go to ``rank<R>.log`` there; None = inherited.
+        fork: fork a rank that runs ``python -m MODULE`` from the fork server (NOTE [forked
+            emulated ranks]); False: every rank is a new interpreter, as a measurement of a
+            process's own memory needs.
 
     Returns:
         The exit status of every rank (all 0 on success).
@@ -249,7 +255,7 @@ def launch(cluster: EmulatedCluster | None, argv_for_rank: Callable[[int], Seque
     logs = Path(log_dir) if log_dir is not None else None
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | ForkedCommand] = []
     files = []
     try:
         for rank in range(world):
@@ -262,8 +268,13 @@ def launch(cluster: EmulatedCluster | None, argv_for_rank: Callable[[int], Seque
             if logs is not None:
                 out = open(logs / f"rank{rank}.log", "w")
                 files.append(out)
-            procs.append(subprocess.Popen(cluster.command(node, argv) if cluster else argv, env=_env(rank_env),
-                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT if out else None))
+            if fork and forkable(argv):  # NOTE [forked emulated ranks] in tools/forked_command.py
+                procs.append(ForkedCommand(argv, env=_env(rank_env), netns=cluster.namespaces[node] if cluster else None,
+                                           stdout=out, stderr=out))
+            else:
+                procs.append(subprocess.Popen(cluster.command(node, argv) if cluster else argv, env=_env(rank_env),
+                                              stdin=subprocess.DEVNULL, stdout=out,
+                                              stderr=subprocess.STDOUT if out else None))
         deadline = None if timeout is None else time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,9 +16,10 @@ def netns(test):
     """Needs root and iproute2 for network namespaces."""
     return pytest.mark.netns(pytest.mark.skipif(REASON is not None, reason=str(REASON))(test))
 
-_SHOW_ENV = ("import json, os, sys; keys = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', "
-             "'MASTER_ADDR', 'MASTER_PORT', 'GLOO_SOCKET_IFNAME'); "
-             "open(sys.argv[1], 'w').write(json.dumps({k: os.environ[k] for k in keys}))")
+# a rank as a script (a process of its own) and as a module of this interpreter (forked from
+# the fork server: NOTE [forked emulated ranks] in tools/forked_command.py)
+PROBE = {"script": lambda *a: [sys.executable, str(Path(__file__).with_name("rank_probe.py")), *map(str, a)],
+         "module": lambda *a: [sys.executable, "-m", "tests.tools.rank_probe", *map(str, a)]}
 _SET = ("import redis, sys; r = redis.Redis.from_url(sys.argv[1]); r.set('k', b'x' * int(sys.argv[2])); "
         "assert len(r.get('k')) == int(sys.argv[2])")
 
@@ -49,31 +51,43 @@ def _envs(tmp_path, world):
 
 
 @netns
-def test_ranks_are_node_major_inside_their_namespaces(tmp_path):
+@pytest.mark.parametrize("kind", sorted(PROBE))
+def test_ranks_are_node_major_inside_their_namespaces(tmp_path, monkeypatch, kind):
+    monkeypatch.chdir(tmp_path)
     with EmulatedCluster(nodes=2, inter_mbit=100) as cluster:
-        codes = launch(cluster, lambda r: [sys.executable, "-c", _SHOW_ENV, str(tmp_path / f"env{r}.json")],
-                       local_size=2, port=29612, log_dir=tmp_path / "logs", timeout=60)
+        codes = launch(cluster, lambda r: PROBE[kind](tmp_path / f"env{r}.json"), local_size=2, port=29612,
+                       log_dir=tmp_path / "logs", timeout=60)
         assert codes == [0, 0, 0, 0]
         envs = _envs(tmp_path, 4)
     for r, env in enumerate(envs):
         assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (str(r), "4", "2")
         assert (env["LOCAL_RANK"], env["GROUP_RANK"]) == (str(r % 2), str(r // 2))
         assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["GLOO_SOCKET_IFNAME"]) == (cluster.address(0), "29612", "eth0")
+        assert env["interfaces"] == ["eth0", "lo"]  # the node's namespace, not this host's
+        assert env["cwd"] == str(tmp_path) and env["main"] == "__main__"
+        assert env["argv"][1:] == [str(tmp_path / f"env{r}.json")] and env["argv"][0].endswith("rank_probe.py")
 
 
-def test_loopback_job_without_a_cluster(tmp_path):
-    codes = launch(None, lambda r: [sys.executable, "-c", _SHOW_ENV, str(tmp_path / f"env{r}.json")],
-                   local_size=1, nodes=2, port=29613, timeout=60)
+@pytest.mark.parametrize("kind", sorted(PROBE))
+def test_loopback_job_without_a_cluster(tmp_path, kind):
+    codes = launch(None, lambda r: PROBE[kind](tmp_path / f"env{r}.json"), local_size=1, nodes=2, port=29613,
+                   timeout=60)
     assert codes == [0, 0]
     envs = _envs(tmp_path, 2)
     assert [e["GROUP_RANK"] for e in envs] == ["0", "1"] and envs[0]["MASTER_ADDR"] == "127.0.0.1"
+    assert [e["preloaded"] for e in envs] == [kind == "module"] * 2
 
 
-def test_a_failing_rank_stops_the_job_and_is_named(tmp_path):
+def test_without_fork_every_rank_is_a_new_interpreter(tmp_path):
+    codes = launch(None, lambda r: PROBE["module"](tmp_path / f"env{r}.json"), local_size=2, nodes=1, port=29614,
+                   timeout=60, fork=False)
+    assert codes == [0, 0] and not any(e["preloaded"] for e in _envs(tmp_path, 2))
+
+
+@pytest.mark.parametrize("kind", sorted(PROBE))
+def test_a_failing_rank_stops_the_job_and_is_named(tmp_path, kind):
     def argv(rank):
-        if rank == 1:
-            return [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"]
-        return [sys.executable, "-c", "import time; time.sleep(60)"]
+        return PROBE[kind]("fail" if rank == 1 else "sleep")
 
     start = time.monotonic()
     with pytest.raises(JobFailed, match=r"rank 1 exited with status 3; see .*rank1\.log"):

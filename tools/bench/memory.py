@@ -131,7 +131,7 @@ def _run_case(args, hook: str, density: float | None, limit: float, workdir: Pat
     status = "ok"
     try:
         launch(None, argv, local_size=local, nodes=nodes, port=args.port, timeout=args.timeout,
-               log_dir=workdir / "logs")
+               log_dir=workdir / "logs", fork=False)  # peak RSS of a process of its own
     except JobFailed as e:
         status = f"failed: {e}".split(";")[0]
     results = [json.loads(p.read_text()) for p in sorted(workdir.glob("rank*.json"))]
