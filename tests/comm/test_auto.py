@@ -57,8 +57,10 @@ def test_fit_links_on_real_ranks_agrees_everywhere():
     assert all(link == links[0] for link in links)
     link = links[0]
     assert link.gamma == 1e-9 and link.alpha_inter > 0 and link.alpha_intra > 0
-    # loopback: 32 KiB cost about the latency (beta 0: free bytes), or a rate above 100 Mbit/s
-    assert link.beta_inter == 0 or 8 / link.beta_inter > 1e8
+    # loopback: 32 KiB cost about the latency (beta 0: free bytes), or a rate far above the
+    # emulated links' (a loaded 2-core host measured 99 Mbit/s once; the rate itself is
+    # checked on a real rate-limited link below)
+    assert link.beta_inter == 0 or 8 / link.beta_inter > 1e7
 
 
 _FIT = """
