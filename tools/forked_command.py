@@ -8,7 +8,7 @@ the form ``[sys.executable, "-m", MODULE, *ARGS]`` is now forked from the fork s
 :func:`trainer.launch.rank_context`, which imported all of that once (NOTE [forked
 ranks]), and the child enters the node's network namespace itself with ``setns(2)``
 (``CLONE_NEWNET``) before it opens a socket. It then runs as the command would: the
-launcher's working directory, the rank's whole environment, ``sys.argv`` as ``-m`` sets
+launcher's working directory, umask and the rank's whole environment, ``sys.argv`` as ``-m`` sets
 it, stdin from /dev/null, stdout and stderr to the given descriptors, the module run as
 ``__main__`` and its exit status as the process's (``SystemExit`` included), atexit
 handlers run at the end. What ``ip netns exec`` does beyond the network namespace (a
@@ -67,9 +67,16 @@ def _enter_netns(name: str) -> None:
         os.close(fd)
 
 
-def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd: str, out: int, err: int) -> None:
+def _umask() -> int:
+    with open("/proc/self/status") as f:  # read without setting it, as os.umask would
+        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+
+
+def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd: str, umask: int, out: int,
+                err: int) -> None:
     if netns:
         _enter_netns(netns)  # first: every socket of the rank belongs to its node
+    os.umask(umask)
     os.dup2(out, 1)
     os.dup2(err, 2)
     for fd in {out, err}:
@@ -86,11 +93,11 @@ def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd:
 
 class ForkedCommand:
     """Run ``argv`` (:func:`forkable`) forked from the fork server, inside network namespace
-    ``netns`` (None: this one), with environment ``env`` and stdout/stderr to ``stdout``/
-    ``stderr`` (open files; None: this process's)."""
+    ``netns`` (None: this one), in directory ``cwd`` (None: this one), with environment
+    ``env`` and stdout/stderr to ``stdout``/``stderr`` (open files; None: this process's)."""
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], netns: str | None = None,
-                 stdout=None, stderr=None):
+                 cwd: str | os.PathLike | None = None, stdout=None, stderr=None):
         from trainer.launch import rank_context
 
         if not forkable(argv):
@@ -100,7 +107,8 @@ class ForkedCommand:
         self.args = list(argv)
         self._proc = rank_context().Process(
             target=_run_module, name=f"{argv[2]} (forked)",
-            args=(netns, argv[2], list(argv[3:]), dict(env), os.getcwd(), _Fd(out), _Fd(err)))
+            args=(netns, argv[2], list(argv[3:]), dict(env), os.fspath(cwd or os.getcwd()), _umask(), _Fd(out),
+                  _Fd(err)))
         self._proc.start()
         self.pid = self._proc.pid
 

@@ -11,20 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.forked import run_tools
 from tests.faults.cache_faults import needs_root, tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cli(cwd, *argv, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-m", "tools", *map(str, argv)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return run_tools(*argv, cwd=cwd, timeout=timeout)
 
 
 def _running(pid: int) -> bool:

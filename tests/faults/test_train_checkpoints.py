@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests.forked import run_tools
 from tests.distributed import run_distributed
 from tests.faults.train_faults import copy_dataset, small_recipe, train_dataset  # noqa: F401
 from trainer.checkpoint import Checkpoints
@@ -114,8 +112,7 @@ def test_a_failed_write_on_one_rank_stops_every_rank_with_its_error(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tools", "train", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=os.getcwd())
+    return run_tools("train", *args, timeout=300)
 
 
 def test_used_out_is_refused_and_resume_refuses_changes(train_dataset, tmp_path):

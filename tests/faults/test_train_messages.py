@@ -8,10 +8,10 @@ traceback).
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
+from tests.forked import run_tools
 from tests.faults.cache_faults import needs_root, tmpfs
 from tests.faults.train_faults import train_dataset  # noqa: F401
 
@@ -19,8 +19,7 @@ SECRET = "pw-of-the-l2"
 
 
 def _train(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools", "train", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return run_tools("train", *args, timeout=timeout)
 
 
 def _common(data, loader="memory"):

@@ -10,6 +10,7 @@ import sys
 import time
 
 from comm.shm_names import SHM_DIR
+from tests.forked import run_tools
 from tests.faults.train_faults import train_dataset  # noqa: F401
 from tools.bench.faults import spawned_children
 
@@ -28,8 +29,7 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_result(train_dataset, tmp_pa
     common = ["--data", train_dataset, "--recipe", "demo", "--loader", "memory", "--epochs", 6, "--batch-size", 4,
               "--size", 32, "--set", "train.eval_size=32", "--set", "schedule.warmup_epochs=1", "--device", "cpu",
               "--nprocs", 2, "--nodes", 1, "--ckpt-every", 3, "--threads", 1]
-    straight = subprocess.run(_train(*common, "--out", tmp_path / "straight"), capture_output=True, text=True,
-                              timeout=300)
+    straight = run_tools("train", *common, "--out", tmp_path / "straight", timeout=300)
     assert straight.returncode == 0, straight.stderr[-2000:]
     out = tmp_path / "broken"
     job = subprocess.Popen(_train(*common, "--out", out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -47,6 +47,6 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_result(train_dataset, tmp_pa
     assert job.returncode == 1 and "killed by signal SIGKILL" in err, err[-2000:]
     assert len(_rows(out)) < 6
     assert not [n for n in os.listdir(SHM_DIR) if f".p{victim}.t" in n]
-    resumed = subprocess.run(_train(*common, "--resume", out), capture_output=True, text=True, timeout=300)
+    resumed = run_tools("train", *common, "--resume", out, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert _rows(out) == _rows(tmp_path / "straight")  # bit-identical on CPU

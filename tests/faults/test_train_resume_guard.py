@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
+from tests.forked import run_tools
 from tests.faults.train_faults import train_dataset  # noqa: F401
 from trainer.checkpoint import Checkpoints
 
 
 def _train(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools", "train", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return run_tools("train", *args, timeout=timeout)
 
 
 def _common(data):

@@ -10,19 +10,21 @@ import time
 
 import pytest
 
+from tests.forked import run_tools
 from trainer.checkpoint import Checkpoints
 from trainer.launch import WorkerFailed, launch_local
 
 
 def _cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "tools", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=os.getcwd())
+    return run_tools(*args, timeout=timeout)
 
 
 def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
     demo = tmp_path / "demo"
-    res = _cli("train", "--demo", "--demo-dir", demo, "--demo-classes", 4, "--demo-per-class", 16,
-               "--demo-val-per-class", 4, "--epochs", 2, "--batch-size", 8)
+    # the README's main command, in a new interpreter as a user starts it
+    argv = ["train", "--demo", "--demo-dir", demo, "--demo-classes", 4, "--demo-per-class", 16,
+            "--demo-val-per-class", 4, "--epochs", 2, "--batch-size", 8]
+    res = subprocess.run([sys.executable, "-m", "tools", *map(str, argv)], capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "2 nodes x 2" in res.stdout and "top1" in res.stdout and "demo: final top-1" in res.stdout
     rows = [json.loads(line) for line in (demo / "run/metrics.jsonl").read_text().splitlines()]
