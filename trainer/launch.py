@@ -169,14 +169,19 @@ _PEER_SYMPTOMS = ("Connection reset", "Connection closed", "Broken pipe", "conne
 
 
 def _root_cause(procs, results, values: dict, reports: list, grace: float = 2.0) -> WorkerFailed:
-    """After a first failure, collect reports for ``grace`` seconds and blame the root cause:
-    a rank that died without a report (crash, kill), else one whose error is not a lost
-    peer connection, else the first report."""
+    """After a first failure, collect reports for up to ``grace`` seconds (until every rank
+    has reported or ended) and blame the root cause: a rank that died without a report
+    (crash, kill), else one whose error is not a lost peer connection, else the first report."""
     end = time.monotonic() + grace
     while time.monotonic() < end:
         try:
             rank, ok, value = results.get(timeout=0.1)
         except queue.Empty:
+            # an ended rank's report is in the pipe before its exit (the queue's feeder is
+            # joined at exit), so an empty queue with every rank accounted for is final
+            accounted = set(values) | {r for r, _ in reports}
+            if all(r in accounted or p.exitcode is not None for r, p in enumerate(procs)):
+                break
             continue
         if ok:
             values[rank] = value
