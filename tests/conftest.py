@@ -94,12 +94,11 @@ def cache_dir(tmp_path):
 # other worker (longest job first), so no worker is still on a 20-second file of a few
 # tests while the other has nothing left. Order within a file is unchanged. The list is
 # the slowest files of ``--durations`` by their total (docs/BENCHMARKS.md, test suite time).
-SLOW_FILES = ("tests/comm/test_topk_gpu.py", "tests/tools/test_bench_train_emulated.py", "tests/trainer/test_cli.py",
-              "tests/faults/test_train_resume_guard.py", "tests/faults/test_train_messages.py",
-              "tests/faults/test_train_rank_killed.py", "tests/faults/test_cli_edges.py",
-              "tests/faults/test_train_checkpoints.py", "tests/trainer/test_training.py",
-              "tests/tools/test_bench_memory.py", "tests/faults/test_train_launcher_signals.py",
-              "tests/loaders/test_bench_loader.py", "tests/loaders/test_dali.py")
+SLOW_FILES = ("tests/comm/test_topk_gpu.py", "tests/trainer/test_training.py", "tests/faults/test_train_rank_killed.py",
+              "tests/trainer/test_cli.py", "tests/tools/test_bench_train_emulated.py",
+              "tests/faults/test_train_launcher_signals.py", "tests/faults/test_cache_server.py",
+              "tests/tools/test_emulated_job.py", "tests/tools/test_bench_memory.py", "tests/loaders/test_dali.py",
+              "tests/comm/test_auto.py", "tests/cachepipe/test_placement.py")
 
 
 def pytest_collection_modifyitems(config, items):
