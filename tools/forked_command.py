@@ -13,7 +13,10 @@ it, stdin from /dev/null, stdout and stderr to the given descriptors, the module
 ``__main__`` and its exit status as the process's (``SystemExit`` included), atexit
 handlers run at the end. What ``ip netns exec`` does beyond the network namespace (a
 private /sys, /etc/netns files) is not needed by a rank. Any other command, and a
-platform without ``setns``, keeps a real ``subprocess.Popen``.
+platform without ``setns``, keeps a real ``subprocess.Popen``. One difference shows in the
+logs: what torch reads from the environment when it loads (``TORCH_CPP_LOG_LEVEL``) was
+read in the fork server, so a rank's log may start with c10d's warning that a peer's
+hostname cannot be resolved inside a namespace, which ``ip netns exec`` ranks silenced.
 
 :class:`ForkedCommand` has the part of ``Popen``'s surface the launcher uses (``poll``,
 ``returncode``, ``wait``, ``terminate``, ``kill``): the child is signalled only through
