@@ -57,7 +57,9 @@ def test_bench_topk_kernel_rows_report_candidates_passes_and_syncs(tmp_path):
         assert {"distribution", "numel", "k", "candidates_per_k", "read_passes", "launches", "host_syncs"} <= set(r)
         assert r["candidates_per_k"] > 1 and r["recall"] >= 0.95
         if r["impl"] == "gpu":
-            assert 1 < r["read_passes"] <= 2 and r["launches"] <= 6 and r["host_syncs"] <= 2
+            assert r["launches"] <= 6 and r["host_syncs"] <= 2
+            # compiled kernels' loads cannot be counted (None); the interpreter's can
+            assert r["read_passes"] is None if device == "cuda" else 1 < r["read_passes"] <= 2
             assert r["full_size_ops"] == 0
         else:
             assert 1 <= r["read_passes"] < 1.1  # one scan plus the sample

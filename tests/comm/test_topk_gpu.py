@@ -245,7 +245,11 @@ def test_a_misleading_sample_costs_one_more_pass_and_sync():
     step = _plan(x, 1000).step  # the sample reads every step-th entry
     x[::step // 4] *= 1e3
     counts = mstopk_counts(x, 1000, "gpu", _gen())
-    assert counts["host_syncs"] == 2 and 2 < counts["read_passes"] <= 3
+    assert counts["host_syncs"] == 2  # one per pass
+    if x.is_cuda:  # compiled kernels' loads cannot be counted: the row says so
+        assert counts["read_passes"] is None
+    else:
+        assert 2 < counts["read_passes"] <= 3
     _same_as_torch(x, 1000)
 
 
