@@ -114,7 +114,7 @@ def filter_kernel(x_ptr, n, stride, tiles, per_prog, sample_ptr, G, explicit_a, 
         count = tl.reduce(keep, 0, SUM)
         base = 0
         if count > 0:
-            base = tl.atomic_add(counters + CAND, count)
+            base = tl.atomic_add(counters + CAND, count, sem="relaxed")
         pos = base + tl.associative_scan(keep, 0, SUM) - 1
         ok = cand & (pos < cap)
         tl.store(cand_idx_ptr + pos, offs.to(tl.int32), mask=ok)
@@ -124,13 +124,19 @@ def filter_kernel(x_ptr, n, stride, tiles, per_prog, sample_ptr, G, explicit_a, 
         above += (cand & (bits >= b_bits)).to(tl.int32)
         win = cand & (bits < b_bits)
         b = tl.where(win, (bits - a_bits) >> sh, 0)
-        slot = tl.atomic_add(hist + b, 1, mask=win)
-        tl.atomic_xchg(bucket_ptr + b * CAP_B + slot, bits, mask=win & (slot < CAP_B))
-        tl.atomic_min(bmin + b, bits, mask=win)
-        tl.atomic_max(bmax + b, bits, mask=win)
+        slot = tl.atomic_add(hist + b, 1, mask=win, sem="relaxed")
+        tl.atomic_xchg(bucket_ptr + b * CAP_B + slot, bits, mask=win & (slot < CAP_B), sem="relaxed")
+        tl.atomic_min(bmin + b, bits, mask=win, sem="relaxed")
+        tl.atomic_max(bmax + b, bits, mask=win, sem="relaxed")
     tl.atomic_xchg(psum_ptr + pid, tl.reduce(acc, 0, SUM).to(tl.int64, bitcast=True))
     tl.atomic_add(counters + ABOVE, tl.reduce(above, 0, SUM))
     tl.atomic_max(counters + GMAX, tl.reduce(mx, 0, MAX))
+    # NOTE [relaxed atomics]: the loop's atomics only need to be atomic. Triton's default,
+    # acq_rel, orders each one against every memory access around it; with it this pass took
+    # 407 us at 16M entries on an H100 (a read of x takes ~30 us) and grew with the
+    # candidates (docs/topk.md). The last program still sees them all: bar.sync orders every
+    # thread's atomics before thread 0's acq_rel ticket, which the last program acquires
+    # (causality order in the PTX memory model is transitive; CUDA's grid sync relies on it).
     tl.debug_barrier()  # every thread's atomics are issued before the ticket is taken
     if tl.atomic_add(counters + TICKET, 1) == tl.num_programs(0) - 1:  # the last program
         finalize(ctrl_ptr, bucket_ptr, psum_ptr, summary_ptr, n, k, cap, iters, inv_steps, steps,
