@@ -70,3 +70,15 @@ def test_bench_topk_kernel_gpu_without_a_gpu_or_interpreter_says_so(monkeypatch,
     assert cli_main(["bench", "topk", "--device", "cpu", "--kernel", "gpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--kernel gpu needs triton" in err[0]
+
+
+def test_op_times_name_the_ops_a_call_spends_its_time_in():
+    # On CUDA the same function reads the kernels' device time (bench topk's op_us).
+    import torch
+
+    from tools.bench.topk_counts import op_times_us
+
+    x = torch.randn(1 << 16)
+    times = op_times_us(lambda: torch.topk(x.abs(), 100), 3, torch.device("cpu"))
+    assert "aten::topk" in times and "aten::abs" in times and all(t > 0 for t in times.values())
+    assert list(times.values()) == sorted(times.values(), reverse=True)

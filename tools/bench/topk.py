@@ -14,7 +14,8 @@ read, counted at the loads, / its size), ``launches`` (Triton kernels plus torch
 are not views) and ``host_syncs``. ``--kernel gpu`` compares the Triton kernel with the
 torch path on the heavy-tailed distributions; without a GPU it runs in Triton's
 interpreter (``TRITON_INTERPRET=1 cachepipe bench topk --device cpu --kernel gpu``),
-which shows the counts, not GPU times.
+which shows the counts, not GPU times. On CUDA the ``mstopk`` rows add ``op_us``: per
+kernel, its device time per call (``torch.profiler``), to say where the time goes.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch
 from comm.topk import captured_energy, get_selector, k_for, recall
 from comm.topk.mstopk import gpu_kernel_available, interpreter_enabled
 from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.topk_counts import mstopk_counts
+from tools.bench.topk_counts import mstopk_counts, op_times_us
 from trainer.atomic_file import write_atomic
 
 __all__ = ["configure", "main", "make_input", "DISTRIBUTIONS", "parse_size", "run"]
@@ -160,6 +161,15 @@ def _median_time(fn, repeats: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
+def _op_times(fn, device: torch.device) -> dict:
+    """Where the call's time goes, per kernel; a profiler that cannot start here (no CUPTI)
+    costs only this column, never the row."""
+    try:
+        return op_times_us(fn, 5, device)
+    except Exception as e:  # any profiler failure: say it, keep the timings
+        return {f"profiler failed: {type(e).__name__}: {e}": 0.0}
+
+
 def _available(impl: str, device: torch.device) -> bool:
     if not impl.endswith(":gpu"):
         return True
@@ -193,12 +203,16 @@ def run(sizes: list[int], densities: list[float], device: torch.device, repeats:
                                recall=recall(x, idx, k), energy=captured_energy(x, idx, k))
                     if name == "mstopk" and kernel in ("torch", "gpu"):  # bisect: N passes by definition
                         row.update(mstopk_counts(x, k, kernel, torch.Generator().manual_seed(seed)))
+                        if device.type == "cuda":
+                            row["op_us"] = _op_times(fn, device)
                     if read_s is not None:
                         nbytes = n * x.element_size()
                         row.update(eff_GBps=nbytes / median_s / 1e9, read_pass_s=read_s,
                                    time_in_read_passes=median_s / read_s)
                     rows.append(row)
-                    print(f"  {dist} n={n} k={k} {impl}: {median_s * 1e3:.3f} ms", flush=True)
+                    where = ", ".join(f"{op} {us:g}" for op, us in list(row.get("op_us", {}).items())[:4])
+                    print(f"  {dist} n={n} k={k} {impl}: {median_s * 1e3:.3f} ms"
+                          + (f" (us per call: {where})" if where else ""), flush=True)
             del x
     return rows
 

@@ -18,6 +18,9 @@ call) and reports:
   arguments or results (an allocation's result is untouched and does not count).
 - ``host_syncs``: reads of device values into Python by ``comm/`` code (``HostSyncCounter``).
 
+``op_times_us`` says where a call's time goes (``torch.profiler``): per kernel its device
+time on CUDA (the filter pass of the MSTopK kernel, say), per op its CPU time on CPU.
+
 NOTE [counted, not modelled]: the counts come from the code that runs, not from a model of
 it, so a change that adds a pass or a launch shows up here. Without a GPU the Triton kernels
 run in the interpreter, which loads through one function (patched here) on CPU tensors; on
@@ -37,7 +40,7 @@ from torch.utils._pytree import tree_leaves
 
 from comm.topk import mstopk
 
-__all__ = ["HostSyncCounter", "LaunchCounter", "XReadCounter", "mstopk_counts"]
+__all__ = ["HostSyncCounter", "LaunchCounter", "XReadCounter", "mstopk_counts", "op_times_us"]
 
 _COMM_DIR = str(Path(__file__).resolve().parents[2] / "comm")
 _GATHERS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_select.default, torch.ops.aten.gather.default,
@@ -252,3 +255,20 @@ def _candidates_seen(kernel: str, seen: dict):
         yield
     finally:
         torch_path.scan = orig_scan
+
+
+def op_times_us(fn, calls: int, device: torch.device) -> dict[str, float]:
+    """Microseconds per call of ``fn`` in each kernel (CUDA: device time, copies included)
+    or each op (CPU: its own CPU time), largest first; ``fn`` runs once before, untimed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    fn()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    times = {e.key: getattr(e, attr, 0) / calls for e in prof.key_averages()}
+    return {key: round(t, 1) for key, t in sorted(times.items(), key=lambda kv: -kv[1]) if t > 0}
