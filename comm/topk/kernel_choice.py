@@ -26,7 +26,7 @@ __all__ = ["TABLE", "KERNEL_VERSION", "kernel_beats_topk", "timings_entry", "dev
 
 TABLE = Path(__file__).with_name("kernel_timings.json")
 KERNEL_VERSION = 3  # 1: the three-pass radix histogram kernel (slower than torch.topk on an H200);
-# 2: one read with fenced (acq_rel) atomics, 1.3-3.7x slower than torch.topk on an H100 (docs/topk.md);
+# 2: one read with fenced (acq_rel) atomics, 1.2-3.7x slower than torch.topk on an H100 (docs/topk.md);
 # 3: the filter pass's atomics relaxed (NOTE [relaxed atomics])
 SIZE_REACH, DENSITY_REACH = 2.0, 3.0
 
