@@ -13,7 +13,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Algorithm", "NoOptions"]
+__all__ = ["Algorithm", "NoOptions", "DEFAULT_DENSITY"]
+
+DEFAULT_DENSITY = 0.01  # a training phase's density unless its algorithm or recipe says otherwise
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,18 @@ class Algorithm:
             :class:`comm.GradientExchanger` and the layout that rebuilds it on resume.
         ddp_hook: ``ddp_hook(ddp_model, options) -> hook state`` for an algorithm that runs
             only as a DDP comm hook (PowerSGD).
+        density, lr_scaled_residuals: a sparse algorithm's training defaults, what a
+            training phase (``trainer.config.PhaseConfig``) uses where its recipe and flags
+            leave these unset: its density (``DEFAULT_DENSITY``) and whether its residuals
+            follow the learning rate (NOTE [residuals follow the learning rate] in
+            comm/collectives/base.py; off). ``gtopk`` sets both (NOTE [gtopk's training
+            defaults] in comm/collectives/gtopk.py). The library's exchangers take no
+            default: they are given a density.
 
     Raises:
         ValueError: for an empty name, options that are not a frozen dataclass, not
-            exactly one way to run, or an ``auto`` candidate without a cost formula.
+            exactly one way to run, an ``auto`` candidate without a cost formula, or a
+            density outside (0, 1].
     """
 
     name: str
@@ -56,6 +66,8 @@ class Algorithm:
     auto: bool = False
     build: Callable | None = None
     ddp_hook: Callable | None = None
+    density: float = DEFAULT_DENSITY
+    lr_scaled_residuals: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -69,6 +81,8 @@ class Algorithm:
                              f"says sparse={self.exchanger.sparse}")
         if self.auto and self.cost is None:
             raise ValueError(f"algorithm {self.name}: an --comm auto candidate needs a cost formula")
+        if not 0 < self.density <= 1:
+            raise ValueError(f"algorithm {self.name}: density must be in (0, 1]; got {self.density}")
 
     @classmethod
     def of(cls, exchanger: type, **kw) -> Algorithm:

@@ -42,7 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--comm", default=None, metavar="NAME",  # checked by the recipe: one line listing the names
                        help=f"gradient exchange of every phase: {', '.join(ALGORITHMS)} ({inside_ddp}), {AUTO} "
                             "(chosen per phase from the cost model after its first steps; not with --ddp)")
-    group.add_argument("--density", type=float, default=None, help="top-k density of every phase, in (0, 1]")
+    group.add_argument("--density", type=float, default=None,
+                       help="top-k density of every phase, in (0, 1] (default: the recipe's, else each algorithm's "
+                            "own: 0.01, gtopk 0.02)")
     group.add_argument("--powersgd-rank", type=int, default=None,
                        help="matrix approximation rank of --comm powersgd, every phase (default: the recipe's, 2)")
     from comm.topk import SELECTORS

@@ -106,7 +106,8 @@ def after_step(run, compute_s: float, done: int) -> None:
         return
     start = time.perf_counter()
     rest = range(step, run.steps_per_epoch * phase.epochs)
-    mean = sum(density_at(s, density=phase.density, warmup_steps=run.density_warmup, schedule=phase.density_schedule,
+    mean = sum(density_at(s, density=phase.sparse_density, warmup_steps=run.density_warmup,
+                          schedule=phase.density_schedule,
                           steps_per_epoch=run.steps_per_epoch) for s in rest) / max(len(rest), 1)
     numel = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
     comm = run.auto.decide(run.topology, numel=numel, mean_density=mean)

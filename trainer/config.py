@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from comm.algorithm import NoOptions
+from comm.algorithm import DEFAULT_DENSITY, NoOptions
 from comm.registry import ALGORITHMS, DENSE, get_algorithm, names
 from comm.topk import SELECTORS
 from loaders.locality import DEFAULT_EXCHANGE_FRACTION, LOCALITIES
@@ -147,15 +147,19 @@ class PhaseConfig:
     ``cache_size``: shorter side of the cached samples
     this phase reads (0 = ``train.cache_size``); see NOTE [cache size per phase].
 
+    ``density``: the share of entries a sparse exchange sends once warmed up; unset (None),
+    the algorithm's training default (:attr:`sparse_density`; NOTE [gtopk's training
+    defaults] in comm/collectives/gtopk.py).
+
     Sparse exchanges (``comm.registry.names(sparse=True)``; not under ``--ddp``)
     take Deep Gradient Compression's techniques, each switchable for ablation:
     ``momentum_correction`` (the residual accumulates the momentum-corrected update and
     the optimiser applies it without momentum; NOTE [momentum correction] in
     comm/residual.py), ``momentum_masking`` (clear the momentum of sent entries; off by
     default, NOTE [momentum masking] in comm/residual.py), ``lr_scaled_residuals``
-    (off by default: rescale the residuals by ``lr_prev / lr`` when the rate changes, so that
-    each gradient is applied at its own rate, as EF-SGD; NOTE [residuals follow the learning
-    rate] in comm/collectives/base.py),
+    (rescale the residuals by ``lr_prev / lr`` when the rate changes, so that each gradient
+    is applied at its own rate, as EF-SGD; NOTE [residuals follow the learning rate] in
+    comm/collectives/base.py; unset: the algorithm's default, on for ``gtopk`` only),
     ``local_clipping`` (with ``optim.clip_norm``: clip before accumulation),
     ``dense_vectors`` (parameters of at most one dimension travel densely, NOTE [dense
     vectors] in comm/plans/size.py) and density
@@ -171,13 +175,13 @@ class PhaseConfig:
     size: int = 224
     batch_size: int = 256
     comm: str = DENSE
-    density: float = 0.01
+    density: float | None = None
     selector: str = "mstopk"
     hybrid_bytes: int = 2**20
     cache_size: int = 0
     momentum_correction: bool = True
     momentum_masking: bool = False
-    lr_scaled_residuals: bool = False
+    lr_scaled_residuals: bool | None = None
     local_clipping: bool = True
     dense_vectors: bool = True
     density_warmup_epochs: float | None = None
@@ -206,9 +210,26 @@ class PhaseConfig:
         object.__setattr__(self, "options", kind() if self.options is None else self.options)
         _need(isinstance(self.options, kind),
               f"phase options of comm {self.comm} must be {kind.__name__}; got {type(self.options).__name__}")
-        _need(0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
+        _need(self.density is None or 0 < self.density <= 1, f"phase density must be in (0, 1]; got {self.density}")
         _need(self.hybrid_bytes >= 0, f"phase hybrid_bytes must be >= 0; got {self.hybrid_bytes}")
         _need(self.selector in SELECTORS, f"phase selector {self.selector!r} is unknown; valid: {sorted(SELECTORS)}")
+
+    @property
+    def sparse_density(self) -> float:
+        """The density the phase's sparse exchange settles at: ``density``, or where the
+        recipe leaves it unset, the algorithm's training default (``comm.Algorithm.density``:
+        0.01, ``gtopk`` 0.02; ``auto`` the shared 0.01)."""
+        if self.density is not None:
+            return self.density
+        return ALGORITHMS[self.comm].density if self.comm in ALGORITHMS else DEFAULT_DENSITY
+
+    @property
+    def residuals_follow_lr(self) -> bool:
+        """``lr_scaled_residuals``, or where unset the algorithm's training default
+        (``comm.Algorithm.lr_scaled_residuals``: off, ``gtopk`` on)."""
+        if self.lr_scaled_residuals is not None:
+            return self.lr_scaled_residuals
+        return self.comm in ALGORITHMS and ALGORITHMS[self.comm].lr_scaled_residuals
 
 
 @dataclass(frozen=True)

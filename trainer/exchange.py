@@ -280,7 +280,7 @@ def build_exchange(comm: str, model: nn.Module, topology, phase, *, ddp: bool = 
         return _ddp_exchange(algorithm, options, model, topology, phase, carry)
     # NOTE [skipped steps keep residuals clean] in trainer.loop decides about overflow
     # before the exchange, so the exchanger's own check is off.
-    engine = {"density": phase.density, "selector": phase.selector, "momentum": momentum,
+    engine = {"density": phase.sparse_density, "selector": phase.selector, "momentum": momentum,
               "masking": phase.momentum_masking, "weight_decay": weight_decay, "clip_norm": clip_norm,
               "overlap": overlap, "pipeline": pipeline, "skip_nonfinite": False}
     if algorithm.build is not None:
@@ -310,7 +310,7 @@ def _ddp_exchange(algorithm, options, model: nn.Module, topology, phase, carry: 
         return DDPExchange(ddp)
     from comm import register_sparse_hook
 
-    return DDPExchange(ddp, register_sparse_hook(ddp, algorithm.name, topology, density=phase.density,
+    return DDPExchange(ddp, register_sparse_hook(ddp, algorithm.name, topology, density=phase.sparse_density,
                                                  selector=phase.selector, options=options))
 
 

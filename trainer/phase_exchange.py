@@ -77,7 +77,7 @@ def follow_schedules(run, phase, done: int) -> float:
     """Before step ``done`` of ``run``'s epoch: the learning rate into the optimiser and, on a
     sparse exchange, its density (warm-up) and its residuals rescaled to the new rate
     (NOTE [residuals follow the learning rate] in comm/collectives/base.py, with
-    ``phase.lr_scaled_residuals``). Returns the step's density (1 when not sparse)."""
+    ``phase.residuals_follow_lr``). Returns the step's density (1 when not sparse)."""
     position = run.epoch + done / run.steps_per_epoch
     lr = _lr_at(run, position)
     for group in run.optimizer.param_groups:
@@ -86,11 +86,11 @@ def follow_schedules(run, phase, done: int) -> float:
         return 1.0
     start = run.recipe.phase_start(run.phase_index)
     previous = position - 1 / run.steps_per_epoch  # the phase's first step has no earlier rate
-    if phase.lr_scaled_residuals and previous >= start and lr > 0:
+    if phase.residuals_follow_lr and previous >= start and lr > 0:
         lr_previous = _lr_at(run, previous)
         if lr_previous > 0 and lr_previous != lr:  # a step at rate 0 keeps the residual as it is
             run.exchanger.rescale_residuals(lr_previous / lr)
-    density = density_at((run.epoch - start) * run.steps_per_epoch + done, density=phase.density,
+    density = density_at((run.epoch - start) * run.steps_per_epoch + done, density=phase.sparse_density,
                          warmup_steps=run.density_warmup, schedule=phase.density_schedule,
                          steps_per_epoch=run.steps_per_epoch)
     run.exchanger.set_density(density)

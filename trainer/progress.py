@@ -89,7 +89,7 @@ def describe_run(recipe, *, workers: str, loader: str, why: str = "") -> str:
     comms = []
     for p in phases:
         sparse = p.comm == AUTO or get_algorithm(p.comm).sparse  # auto: if it chooses its sparse candidate
-        text = p.comm + (f" (density {p.density}, {p.selector})" if sparse else "")
+        text = p.comm + (f" (density {p.sparse_density:g}, {p.selector})" if sparse else "")
         if text not in comms:
             comms.append(text)
     line = (f"{recipe.model.name} (recipe {recipe.name}), {recipe.total_epochs} epochs at {sizes}, batch "

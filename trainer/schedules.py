@@ -131,7 +131,7 @@ def phase_warmups(recipe, index: int, steps_per_epoch: int) -> tuple[int, float]
     density = warmup_steps(f"phases[{index}].density_warmup", epochs=phase.density_warmup_epochs,
                            steps=phase.density_warmup_steps, steps_per_epoch=steps_per_epoch,
                            run_steps=steps_per_epoch * phase.epochs, share=DENSITY_WARMUP_SHARE,
-                           min_steps=math.ceil(DENSITY_WARMUP_CYCLES / phase.density))
+                           min_steps=math.ceil(DENSITY_WARMUP_CYCLES / phase.sparse_density))
     lr = warmup_steps("schedule.warmup", epochs=s.warmup_epochs, steps=s.warmup_steps, steps_per_epoch=steps_per_epoch,
                       run_steps=steps_per_epoch * recipe.total_epochs)
     return density, lr / steps_per_epoch

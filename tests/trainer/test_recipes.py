@@ -23,7 +23,7 @@ def test_cifar10_recipe_trains_resnet_small_on_native_32px_photos_every_phase_sp
 
     r = load_recipe("cifar10")
     assert r.model.name == "resnet_small" and r.total_epochs >= 8
-    assert {(p.size, r.cache_size_of(p), p.comm, p.density, p.hybrid_bytes) for p in r.phases} == {
+    assert {(p.size, r.cache_size_of(p), p.comm, p.sparse_density, p.hybrid_bytes) for p in r.phases} == {
         (32, 32, "auto", 0.01, 0)}
     assert r.train.eval_size == 32
     # momentum correction without masking, the default density warm-up (NOTE [warm-ups in steps])
@@ -44,6 +44,35 @@ def test_overrides_apply_to_every_phase_and_single_fields():
     assert [p.epochs for p in r.phases] == [2, 2, 2, 2] and {p.comm for p in r.phases} == {"gtopk"}
     assert {p.density for p in r.phases} == {0.05} and r.optim.lr == 0.5
     assert r.phases[1].size == 112 and r.schedule.decay == "cosine"
+
+
+def test_each_sparse_algorithm_trains_at_its_own_defaults_unless_the_recipe_or_a_flag_says():
+    """NOTE [gtopk's training defaults]: gtopk at 0.02 with rate-following residuals, the
+    others at 0.01 in gradient units; a given value wins, and an unset one follows --comm."""
+    from trainer.schedules import phase_warmups
+
+    base = load_recipe("cifar10")
+    assert base.phases[0].density is None and base.phases[0].lr_scaled_residuals is None
+    defaults = {c: (p.sparse_density, p.residuals_follow_lr)
+                for c in ("hitopk", "topk_ag", "gtopk", "dense", "auto")
+                for p in override(base, comm=c).phases}
+    assert defaults == {"hitopk": (0.01, False), "topk_ag": (0.01, False), "gtopk": (0.02, True),
+                        "dense": (0.01, False), "auto": (0.01, False)}
+    given = override(base, comm="gtopk", density=0.01, sets=["phases.0.lr_scaled_residuals=false"]).phases[0]
+    assert (given.sparse_density, given.residuals_follow_lr) == (0.01, False)
+    switched = override(override(base, comm="gtopk"), comm="hitopk").phases[0]  # unset stays unset
+    assert (switched.sparse_density, switched.residuals_follow_lr) == (0.01, False)
+    # the warm-up's floor follows the density: 1.5 / 0.02 = 75 steps on a 156-step phase
+    assert phase_warmups(override(base, comm="gtopk", epochs=4), 0, steps_per_epoch=39)[0] == 75
+    assert phase_warmups(override(base, comm="hitopk", epochs=4), 0, steps_per_epoch=39)[0] == 150
+
+
+def test_an_algorithm_with_an_impossible_training_density_is_refused():
+    from comm.algorithm import Algorithm
+    from comm.collectives.gtopk import GTopKExchanger
+
+    with pytest.raises(ValueError, match=r"algorithm gtopk: density must be in \(0, 1\]; got 0"):
+        Algorithm.of(GTopKExchanger, density=0)
 
 
 @pytest.mark.parametrize("text, match", [

@@ -34,7 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     shared.add_argument("--recipe", default=None, help="training recipe, shipped name or .yaml path (default: demo)")
     shared.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="recipe override for every run, as cachepipe train --set (repeatable; default: none)")
-    shared.add_argument("--density", type=float, default=0.01, help="density of the sparse algorithms")
+    shared.add_argument("--density", type=float, default=None,
+                        help="density of the sparse algorithms (default: each algorithm's own, 0.01; gtopk 0.02)")
     shared.add_argument("--epochs", type=int, default=None,
                         help="epochs of every phase (default: the recipe's; with --emulate NOTE [emulate defaults])")
     train_convergence.configure(parser.add_argument_group("convergence comparison (instead of throughput)"))

@@ -1,7 +1,8 @@
 """``cachepipe bench train --convergence DIR``: accuracy per epoch of exchange algorithms.
 
-Trains ``--recipe`` (default ``demo``) once per ``--comm`` algorithm at ``--density``,
-same seed and data, on 4 processes as 2 nodes x 2 (``tools.bench.convergence``), then once per
+Trains ``--recipe`` (default ``demo``) once per ``--comm`` algorithm at ``--density`` (default:
+each algorithm's own, NOTE [gtopk's training defaults] in comm/collectives/gtopk.py), same
+seed and data, on 4 processes as 2 nodes x 2 (``tools.bench.convergence``), then once per
 ``--variant`` and sparse algorithm: ``--variant NAME:SET[,SET...]`` adds a row
 ``<comm>-<NAME>`` with extra recipe overrides (``section.field=value``, as ``--set``), for
 ablations such as ``--variant nomc:comm.momentum_correction=false``. Dense runs once, as
@@ -50,7 +51,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name.strip(), [s.strip() for s in _NEXT_SET.split(sets) if s.strip()]
 
 
-def build_runs(base, comms: list[str], *, density: float, epochs: int | None, sets: list[str],
+def build_runs(base, comms: list[str], *, density: float | None, epochs: int | None, sets: list[str],
                variants: list[tuple[str, list[str]]]) -> list:
     """The comparison's runs: each of ``comms`` with ``sets``, then each variant of every
     sparse algorithm in ``comms`` with its own sets after them.
@@ -116,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
         comms = parse_comms(args.comm or DEFAULT_COMMS)
         if args.epochs is not None and args.epochs < 1:
             raise ValueError(f"--epochs {args.epochs}: must be >= 1")
-        if not 0 < args.density <= 1:
+        if args.density is not None and not 0 < args.density <= 1:
             raise ValueError(f"--density {args.density:g}: must be in (0, 1]")
         variants = [parse_variant(v) for v in args.variant]
         base = load_recipe(args.recipe or "demo")

@@ -138,11 +138,12 @@ def _train_argv(args, comm: str, locality: str, pipeline: bool, data: Path, run_
     argv = [sys.executable, "-m", "tools", "train", "--data", str(data), "--recipe", _recipe(args),
             "--out", str(run_dir), "--overwrite", "--loader", "torch", "--cache-dir", str(cache_dir), "--device", "cpu",
             "--comm", comm, "--locality", locality, "--epochs", str(run["epochs"]), "--size", str(run["size"]),
-            "--batch-size", str(run["batch_size"]), "--density", str(args.density),
-            "--powersgd-rank", str(args.powersgd_rank),
+            "--batch-size", str(run["batch_size"]), "--powersgd-rank", str(args.powersgd_rank),
             "--set", f"train.cache_size={run['cache_size']}", "--set", f"train.eval_size={run['size']}"]
     if args.model:
         argv += ["--model", args.model]
+    if args.density is not None:
+        argv += ["--density", str(args.density)]
     if pipeline:
         argv.append("--pipeline-exchange")
     argv += redis_flags(urls)
@@ -297,7 +298,8 @@ def main(args: argparse.Namespace) -> int:
     plot = plot_top1_vs_time({name: r["metrics"] for name, r in done.items()}, target, args.plot or out / "top1_vs_time.png",
                              title)
     print(f"\n{machine_description()}; {title}, batch {args.resolved['batch_size']}/process, "
-          f"density {args.density} (sparse), powersgd rank {args.powersgd_rank}; one Redis per node")
+          f"density {args.density or 'of each algorithm'} (sparse), powersgd rank {args.powersgd_rank}; "
+          "one Redis per node")
     print(format_table(rows, COLUMNS))
     print(f"plot: {plot}")
     write_json(out / "rows.json", rows)
