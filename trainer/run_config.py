@@ -91,7 +91,7 @@ class RunConfig:
         """What decides the run's result and must not change silently on resume: the recipe
         (epochs, lr, density, comm, ... of every phase), the data root, the loader, DDP and
         ``follow_external_links`` when set."""
-        out = {"recipe": self.recipe.to_dict(), "data": os.path.abspath(self.data), "loader": self.loader,
+        out = {"recipe": _effective(self.recipe), "data": os.path.abspath(self.data), "loader": self.loader,
                "ddp": self.ddp}
         if getattr(self.cache, "follow_external_links", False):  # it changes which files are the data
             out["follow_external_links"] = True
@@ -126,9 +126,21 @@ def _current_form(saved: dict) -> dict:
     from trainer.recipes import recipe_from_dict
 
     try:
-        return dict(saved, recipe=recipe_from_dict(saved["recipe"], "saved").to_dict())
+        return dict(saved, recipe=_effective(recipe_from_dict(saved["recipe"], "saved")))
     except (KeyError, TypeError, ValueError):
         return saved
+
+
+def _effective(recipe) -> dict:
+    """``recipe.to_dict()`` with each phase's density and ``lr_scaled_residuals`` as the
+    phase uses them (an unset one is its algorithm's default, NOTE [gtopk's training
+    defaults] in comm/collectives/gtopk.py): a resume compares what decides the result, so
+    a checkpoint that wrote ``density: 0.01`` and a recipe that leaves it unset agree for
+    ``hitopk`` and differ for ``gtopk``."""
+    data = recipe.to_dict()
+    for phase, row in zip(recipe.phases, data["phases"]):
+        row.update(density=phase.sparse_density, lr_scaled_residuals=phase.residuals_follow_lr)
+    return data
 
 
 def _flatten(value, prefix: str = "") -> dict:

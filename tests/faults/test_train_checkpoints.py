@@ -146,3 +146,17 @@ def test_changes_are_listed_by_key():
     assert cfg.changes(saved) == ["ddp: True -> False", "recipe.optim.lr: 0.8 -> 0.4",
                                   "recipe.phases.0.epochs: 1 -> 2"]
     assert cfg.changes(cfg.settings()) == []
+
+
+@pytest.mark.parametrize("comm, changes", [
+    ("hitopk", []),
+    ("gtopk", ["recipe.phases.0.density: 0.01 -> 0.02", "recipe.phases.0.lr_scaled_residuals: False -> True"])])
+def test_resume_compares_the_density_a_phase_uses_not_how_it_was_written(comm, changes):
+    """A checkpoint from before NOTE [gtopk's training defaults] wrote ``density: 0.01`` and
+    ``lr_scaled_residuals: false`` in every phase; the recipes now leave them unset."""
+    saved = RunConfig(recipe=small_recipe(comm=comm), data="d", out="o").settings()
+    for row in saved["recipe"]["phases"]:
+        row.update(density=0.01, lr_scaled_residuals=False)
+    cfg = RunConfig(recipe=small_recipe(comm=comm), data="d", out="o")
+    assert cfg.recipe.phases[0].density is None
+    assert cfg.changes(saved) == changes

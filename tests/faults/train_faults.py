@@ -19,10 +19,11 @@ def train_dataset(tmp_path_factory) -> Path:
                         size=40, seed=0)
 
 
-def small_recipe(epochs: int = 1, **sets):
-    """The demo recipe shrunk for tests: batch 4, 32 px crops from a 36 px cache, dense exchange."""
+def small_recipe(epochs: int = 1, comm: str = "dense", **sets):
+    """The demo recipe shrunk for tests: batch 4, 32 px crops from a 36 px cache, dense exchange
+    unless ``comm`` says otherwise."""
     extra = [f"{k}={v}" for k, v in sets.items()]
-    return override(load_recipe("demo"), epochs=epochs, comm="dense", batch_size=4, size=32,
+    return override(load_recipe("demo"), epochs=epochs, comm=comm, batch_size=4, size=32,
                     sets=["train.cache_size=36", "train.eval_size=32", "schedule.warmup_epochs=0", *extra])
 
 
