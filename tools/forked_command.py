@@ -17,6 +17,10 @@ platform without ``setns``, keeps a real ``subprocess.Popen``. One difference sh
 logs: what torch reads from the environment when it loads (``TORCH_CPP_LOG_LEVEL``) was
 read in the fork server, so a rank's log may start with c10d's warning that a peer's
 hostname cannot be resolved inside a namespace, which ``ip netns exec`` ranks silenced.
+The same holds for ``OMP_NUM_THREADS``, which sizes torch's intra-op pool, so a forked
+child applies its own with ``torch.set_num_threads``: without it every rank of a 2 x 2
+job on 2 cores ran the server's 2 threads, and OpenMP's spinning workers made a sparse
+step up to 10x slower (``gtopk``: 0.70 s of compute a step against 0.06).
 
 :class:`ForkedCommand` has the part of ``Popen``'s surface the launcher uses (``poll``,
 ``returncode``, ``wait``, ``terminate``, ``kill``): the child is signalled only through
@@ -87,11 +91,20 @@ def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    _apply_thread_count(env)
     sys.argv = [module, *args]  # run_module sets argv[0] to the module's file, as -m does
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     finally:
         atexit._run_exitfuncs()  # multiprocessing ends its children with os._exit
+
+
+def _apply_thread_count(env: dict) -> None:
+    """The intra-op threads a new interpreter would take from ``env``'s ``OMP_NUM_THREADS``
+    (torch read the fork server's when it loaded: NOTE [forked emulated ranks])."""
+    count = env.get("OMP_NUM_THREADS", "").strip()
+    if count.isdigit() and int(count) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(count))
 
 
 class ForkedCommand:

@@ -1,7 +1,7 @@
 """A rank of tests/tools/test_emulated_job.py, run as ``python -m tests.tools.rank_probe``.
 
-``rank_probe OUT``: writes its torchrun environment, network interfaces, working directory
-and ``sys.argv`` to OUT as JSON; ``rank_probe fail``: prints ``boom`` and exits 3;
+``rank_probe OUT``: writes its torchrun environment, network interfaces, working directory,
+``sys.argv`` and (forked) torch's thread count to OUT as JSON; ``rank_probe fail``: prints ``boom`` and exits 3;
 ``rank_probe sleep``: sleeps for a minute.
 """
 import json
@@ -22,4 +22,5 @@ else:
     with open(sys.argv[1], "w") as f:
         json.dump({**{k: os.environ[k] for k in KEYS}, "interfaces": sorted(n for _, n in socket.if_nameindex()),
                    "cwd": os.getcwd(), "argv": sys.argv, "main": __name__,
-                   "preloaded": "torch" in sys.modules}, f)  # forked from the fork server, which imported it
+                   "preloaded": "torch" in sys.modules,  # forked from the fork server, which imported it
+                   "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None}, f)

@@ -78,6 +78,15 @@ def test_loopback_job_without_a_cluster(tmp_path, kind):
     assert [e["preloaded"] for e in envs] == [kind == "module"] * 2
 
 
+def test_a_forked_rank_runs_the_thread_count_of_its_environment(tmp_path):
+    """torch sized its pool in the fork server; the rank's OMP_NUM_THREADS must still decide
+    (NOTE [forked emulated ranks]): 3 is nobody's default here."""
+    codes = launch(None, lambda r: PROBE["module"](tmp_path / f"env{r}.json"), local_size=1, nodes=2, port=29615,
+                   env={"OMP_NUM_THREADS": "3"}, timeout=60)
+    assert codes == [0, 0]
+    assert [(e["preloaded"], e["threads"]) for e in _envs(tmp_path, 2)] == [(True, 3)] * 2
+
+
 def test_without_fork_every_rank_is_a_new_interpreter(tmp_path):
     codes = launch(None, lambda r: PROBE["module"](tmp_path / f"env{r}.json"), local_size=2, nodes=1, port=29614,
                    timeout=60, fork=False)
