@@ -36,7 +36,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ForkedCommand", "forkable"]
+__all__ = ["ForkedCommand", "forkable", "omp_threads"]
 
 _CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"  # where `ip netns add` keeps a namespace's handle
@@ -99,12 +99,19 @@ def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd:
         atexit._run_exitfuncs()  # multiprocessing ends its children with os._exit
 
 
+def omp_threads(env: Mapping[str, str]) -> int | None:
+    """``env``'s ``OMP_NUM_THREADS`` when it is a positive count (as torch and torchrun read
+    it), else None."""
+    count = env.get("OMP_NUM_THREADS", "").strip()
+    return int(count) if count.isdigit() and int(count) > 0 else None
+
+
 def _apply_thread_count(env: dict) -> None:
     """The intra-op threads a new interpreter would take from ``env``'s ``OMP_NUM_THREADS``
     (torch read the fork server's when it loaded: NOTE [forked emulated ranks])."""
-    count = env.get("OMP_NUM_THREADS", "").strip()
-    if count.isdigit() and int(count) > 0 and "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(int(count))
+    count = omp_threads(env)
+    if count is not None and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(count)
 
 
 class ForkedCommand:

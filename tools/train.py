@@ -171,8 +171,9 @@ def _run_torchrun(cfg) -> list[dict]:
 def _default_threads(nprocs: int) -> int:
     """``OMP_NUM_THREADS`` when set to a positive count (as torch and torchrun read it), else
     the cores shared by the local workers."""
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(env) if env.isdigit() and int(env) > 0 else max(1, (os.cpu_count() or 1) // nprocs)
+    from tools.forked_command import omp_threads
+
+    return omp_threads(os.environ) or max(1, (os.cpu_count() or 1) // nprocs)
 
 
 def _run_local(cfg, nprocs: int, threads: int) -> list[dict]:
