@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from comm.algorithm import DEFAULT_DENSITY, NoOptions
 from comm.registry import ALGORITHMS, DENSE, get_algorithm, names
 from comm.topk import SELECTORS
+from trainer.schedules import check_warmup_span
 from loaders.locality import DEFAULT_EXCHANGE_FRACTION, LOCALITIES
 
 __all__ = ["AUTO", "AMP_MODES", "ModelConfig", "OptimConfig", "ScheduleConfig", "PhaseConfig", "TrainConfig", "Recipe",
@@ -47,17 +48,6 @@ def option_keys() -> dict[str, tuple[str, dataclasses.Field]]:
 def _need(ok: bool, msg: str) -> None:
     if not ok:
         raise ValueError(msg)
-
-
-def _check_span(prefix: str, name: str, epochs: float | None, steps: int | None, most_epochs: float) -> None:
-    """A warm-up given in epochs or in steps (NOTE [warm-ups in steps] in trainer/schedules.py):
-    not both, not negative, not more epochs than ``most_epochs``. Steps are checked against
-    the run's length when it is known (``trainer.schedules.warmup_steps``)."""
-    _need(epochs is None or steps is None,
-          f"{prefix}{name}_epochs and {name}_steps exclude each other: give the warm-up in epochs or in steps")
-    _need(steps is None or steps >= 0, f"{prefix}{name}_steps must be >= 0; got {steps}")
-    _need(epochs is None or 0 <= epochs <= most_epochs,
-          f"{prefix}{name}_epochs must be in [0, {most_epochs:g}] (the epochs it can span); got {epochs}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +115,7 @@ class ScheduleConfig:
 
         object.__setattr__(self, "milestones", tuple(float(m) for m in self.milestones))
         _need(self.decay in DECAYS, f"schedule.decay {self.decay!r} is unknown; valid: {sorted(DECAYS)}")
-        _check_span("schedule.", "warmup", self.warmup_epochs, self.warmup_steps, float("inf"))
+        check_warmup_span("schedule.", "warmup", self.warmup_epochs, self.warmup_steps, float("inf"))
         _need(0 <= self.warmup_start <= 1, f"schedule.warmup_start must be in [0, 1]; got {self.warmup_start}")
         _need(self.final_lr >= 0, f"schedule.final_lr must be >= 0; got {self.final_lr}")
         _need(self.power > 0, f"schedule.power must be > 0; got {self.power}")
@@ -147,10 +137,7 @@ class PhaseConfig:
     ``cache_size``: shorter side of the cached samples
     this phase reads (0 = ``train.cache_size``); see NOTE [cache size per phase].
 
-    ``density``: the share of entries a sparse exchange sends once warmed up; unset (None),
-    the algorithm's training default (:attr:`sparse_density`; NOTE [gtopk's training
-    defaults] in comm/collectives/gtopk.py).
-
+    ``density`` (None: the algorithm's own, :attr:`sparse_density`).
     Sparse exchanges (``comm.registry.names(sparse=True)``; not under ``--ddp``)
     take Deep Gradient Compression's techniques, each switchable for ablation:
     ``momentum_correction`` (the residual accumulates the momentum-corrected update and
@@ -194,7 +181,8 @@ class PhaseConfig:
         _need(all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 < d <= 1
                   for d in self.density_schedule),
               f"phase density_schedule must list densities in (0, 1], one per epoch; got {list(self.density_schedule)}")
-        _check_span("phase ", "density_warmup", self.density_warmup_epochs, self.density_warmup_steps, self.epochs)
+        check_warmup_span("phase ", "density_warmup", self.density_warmup_epochs, self.density_warmup_steps,
+                          self.epochs)
         _need(not (self.density_schedule and (self.density_warmup_epochs or self.density_warmup_steps)),
               "phase density_schedule and density_warmup_epochs/density_warmup_steps exclude each other; set one")
         _need(len(self.density_schedule) <= self.epochs,
@@ -216,20 +204,19 @@ class PhaseConfig:
 
     @property
     def sparse_density(self) -> float:
-        """The density the phase's sparse exchange settles at: ``density``, or where the
-        recipe leaves it unset, the algorithm's training default (``comm.Algorithm.density``:
-        0.01, ``gtopk`` 0.02; ``auto`` the shared 0.01)."""
-        if self.density is not None:
-            return self.density
-        return ALGORITHMS[self.comm].density if self.comm in ALGORITHMS else DEFAULT_DENSITY
+        """The density the sparse exchange settles at: ``density``, or where unset the
+        algorithm's training default (``comm.Algorithm.density``: 0.01, ``gtopk`` 0.02; NOTE
+        [gtopk's training defaults] in comm/collectives/gtopk.py; ``auto`` 0.01)."""
+        return self.density if self.density is not None else self._default("density", DEFAULT_DENSITY)
 
     @property
     def residuals_follow_lr(self) -> bool:
-        """``lr_scaled_residuals``, or where unset the algorithm's training default
-        (``comm.Algorithm.lr_scaled_residuals``: off, ``gtopk`` on)."""
-        if self.lr_scaled_residuals is not None:
-            return self.lr_scaled_residuals
-        return self.comm in ALGORITHMS and ALGORITHMS[self.comm].lr_scaled_residuals
+        """``lr_scaled_residuals``, or where unset the algorithm's default (off; ``gtopk`` on)."""
+        chosen = self.lr_scaled_residuals
+        return chosen if chosen is not None else self._default("lr_scaled_residuals", False)
+
+    def _default(self, name: str, fallback):
+        return getattr(ALGORITHMS[self.comm], name) if self.comm in ALGORITHMS else fallback
 
 
 @dataclass(frozen=True)

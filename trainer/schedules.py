@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Sequence
 
 __all__ = ["DECAYS", "DENSITY_WARMUP_START", "DENSITY_WARMUP_SHARE", "DENSITY_WARMUP_CYCLES", "density_at",
-           "lr_at", "check_warmup_steps", "phase_warmups", "warmup_steps"]
+           "lr_at", "check_warmup_span", "check_warmup_steps", "phase_warmups", "warmup_steps"]
 
 # Deep Gradient Compression's first warm-up density (25 %, then 6.25 %, 1.5625 %, 0.4 %).
 DENSITY_WARMUP_START = 0.25
@@ -92,6 +92,24 @@ def lr_at(epoch: float, *, lr: float, total_epochs: float, warmup_epochs: float 
     span = max(total_epochs - warmup_epochs, 1e-12)
     t = min(max((epoch - warmup_epochs) / span, 0.0), 1.0)
     return DECAYS[decay](t, epoch, lr, final_lr, power, milestones, gamma)
+
+
+def check_warmup_span(prefix: str, name: str, epochs: float | None, steps: int | None, most_epochs: float) -> None:
+    """A warm-up given in epochs or in steps: not both, not negative, not more epochs than
+    ``most_epochs``; a recipe section checks its fields with it. Steps are checked against
+    the run's length when it is known (:func:`warmup_steps`).
+
+    Raises:
+        ValueError: naming the field (``prefix`` + ``name`` + ``_epochs``/``_steps``).
+    """
+    if epochs is not None and steps is not None:
+        raise ValueError(f"{prefix}{name}_epochs and {name}_steps exclude each other: give the warm-up in epochs "
+                         f"or in steps")
+    if steps is not None and steps < 0:
+        raise ValueError(f"{prefix}{name}_steps must be >= 0; got {steps}")
+    if epochs is not None and not 0 <= epochs <= most_epochs:
+        raise ValueError(f"{prefix}{name}_epochs must be in [0, {most_epochs:g}] (the epochs it can span); "
+                         f"got {epochs}")
 
 
 def warmup_steps(field: str, *, epochs: float | None, steps: int | None, steps_per_epoch: int, run_steps: int,
