@@ -152,6 +152,20 @@ def test_generated_data_is_kept_per_size_and_count(tmp_path):
     assert _prepare_data(argparse.Namespace(data=str(tmp_path / "mine")), tmp_path) == tmp_path / "mine"
 
 
+def test_each_exchange_trains_its_own_epochs_where_comm_epochs_says(tmp_path):
+    """NOTE [epochs per exchange]: --comm-epochs gives the named runs their own epochs."""
+    from tools.bench.train_emulated import _train_argv, parse_comm_epochs
+
+    assert parse_comm_epochs(" hitopk=10, auto=12 ", ["dense", "hitopk", "auto"]) == {"hitopk": 10, "auto": 12}
+    assert parse_comm_epochs("", ["dense"]) == {}
+    args = argparse.Namespace(resolved={"epochs": 8, "size": 32, "batch_size": 32, "cache_size": 32},
+                              comm_epochs={"hitopk": 10}, recipe="cifar10", powersgd_rank=2, model=None,
+                              density=None, set=[])
+    epochs = {comm: _train_argv(args, comm, "node", False, tmp_path, tmp_path / comm, tmp_path, ["redis://h:1/0"])
+              for comm in ("dense", "hitopk")}
+    assert {comm: argv[argv.index("--epochs") + 1] for comm, argv in epochs.items()} == {"dense": "8", "hitopk": "10"}
+
+
 def test_real_photos_train_at_their_own_size_within_the_step_budget(tmp_path):
     """NOTE [emulate on real photos]: 32 px photos train at 32 px, batch 32, for at most 8 epochs
     and STEP_BUDGET steps; flags win; larger photos keep the recorded default."""
@@ -198,6 +212,9 @@ def test_real_photos_train_at_their_own_size_within_the_step_budget(tmp_path):
      r"default target is the dense run's final top-1 .* or pass --target-top1"),
     (["--emulate", "2x2", "--comm", "hitopk", "--locality", "node"], "include dense in --comm"),
     (["--emulate", "2x2", "--burst", "1"], "--burst 1: the tbf bucket must hold one packet"),
+    (["--emulate", "2x2", "--comm", "dense,hitopk", "--comm-epochs", "gtopk=10"],
+     r"--comm-epochs 'gtopk=10': 'gtopk' is not in --comm \['dense', 'hitopk'\]"),
+    (["--emulate", "2x2", "--comm-epochs", "hitopk=0"], "--comm-epochs 'hitopk=0': expected COMM=N with N >= 1"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):
     code = cli(["bench", "train", *argv, "--out", str(tmp_path / "o")])
