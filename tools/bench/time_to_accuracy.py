@@ -26,6 +26,7 @@ breakdown] in tools/bench/overlap.py).
 """
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -151,7 +152,7 @@ def plot_top1_vs_time(runs: Mapping[str, Sequence[Mapping]], target_top1: float,
     ax.set_xlabel("training wall-clock time (s)")
     ax.set_ylabel("validation top-1 (%)")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(textwrap.fill(title, 95), fontsize=9)  # long titles wrap, not clip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
