@@ -119,7 +119,7 @@ def _seconds_per_byte(group, size: int, shm, active: bool, alpha: float) -> floa
     """Steady-state seconds per byte a member receives, from back-to-back all-gathers of
     ``STREAM_BYTES``: the median of the last four, after ``STREAM_S`` or ``STREAM_MAX``
     messages. Back to back, an emulated link's burst credit (NOTE [tbf burst] in
-    tools/cluster.py) is spent within the first messages, so the rate is the link's. The
+    tools/bench/harness/cluster.py) is spent within the first messages, so the rate is the link's. The
     first member's payload carries the stop flag, so all members run the same count."""
     beta = torch.zeros(1, dtype=torch.float64)
     if active:

@@ -36,20 +36,22 @@ if HAS_TRITON and not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from cachepipe.server.embedded import EmbeddedRedis
-from tests.redis_servers import RedisServer
+from tests.redis_servers import private_redis
 from tools.demo_dataset import make_dataset
 
 
 @pytest.fixture
 def redis_servers(tmp_path):
-    """Factory: ``redis_servers(n, maxmemory=None)`` -> list of started RedisServer.
+    """Factory: ``redis_servers(n, maxmemory=None, policy="noeviction")`` -> ``n`` started
+    servers on 127.0.0.1 (:class:`cachepipe.server.process.RedisProcess`: ``url``,
+    ``port``, ``client()``, ``kill()``, ``start()`` again after a kill).
 
     Every server is killed at teardown.
     """
-    started: list[RedisServer] = []
+    started: list = []
 
-    def start(n: int = 1, **kwargs) -> list[RedisServer]:
-        new = [RedisServer(tmp_path / f"redis{len(started) + i}", **kwargs) for i in range(n)]
+    def start(n: int = 1, **kwargs) -> list:
+        new = [private_redis(tmp_path / f"redis{len(started) + i}", **kwargs) for i in range(n)]
         started.extend(new)
         return new
 

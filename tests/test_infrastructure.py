@@ -14,7 +14,7 @@ def test_redis_server_kill_and_restart(redis_server):
     redis_server.kill()
     with pytest.raises(redis.ConnectionError):
         redis_server.client().ping()
-    redis_server.restart()
+    redis_server.start()
     assert redis_server.client().get("k") is None  # persistence is off
 
 

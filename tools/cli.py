@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("tools.stats", "show cache coverage per level"),
     "drop": ("tools.drop", "free the L2 keys and cache dir entries of older versions of a source"),
     "server": ("tools.server", "start, stop or inspect the embedded Redis server"),
-    "bench": ("tools.bench", "run a benchmark: cache, loader, l2, feed, topk, comm, overlap, omgs, train, memory, faults"),
+    "bench": ("tools.bench", "run a benchmark (cachepipe bench --help lists them) or redraw the benchmark pages"),
     "train": ("tools.train", "train an image model end to end from the cache"),
     "report": ("tools.report", "plot training curves and time breakdowns of runs"),
     "doctor": ("tools.doctor", "check redis-server, /dev/shm, DALI, CUDA, NCCL, triton; --gpu runs the GPU checks"),

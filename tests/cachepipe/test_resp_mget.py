@@ -66,7 +66,7 @@ def test_dead_server_then_restart(redis_server):
     redis_server.kill()
     with pytest.raises(redis.ConnectionError):
         conn.mget(["a"])
-    redis_server.restart()
+    redis_server.start()
     redis_server.client().set("a", b"w")
     assert conn.mget(["a"]) == [b"w"]
 

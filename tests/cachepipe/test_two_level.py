@@ -94,7 +94,7 @@ def test_single_copy_shard_down_falls_back_to_l1(source, cache_dir, redis_server
         assert st["l1_hits"] > 0 and st["source_reads"] == n and st["l2_hits"] + st["l1_hits"] == n
         for a, b in zip(expected, got):
             np.testing.assert_array_equal(a, b)
-        servers[0].restart()
+        servers[0].start()
         cache._store.health[0].retry_at = 0  # skip the backoff wait: the shard is back
         cache.get_many(range(n))
         assert cache._store.health[0].failures == 0

@@ -81,8 +81,8 @@ def test_fit_links_measures_an_emulated_links_rate_past_its_burst_credit(tmp_pat
     back-to-back stream spends the credit and measures the rate (NOTE [tbf burst])."""
     import sys
 
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
-    from tools.emulated_job import launch
+    from tools.bench.harness.cluster import EmulatedCluster, netns_unavailable_reason
+    from tools.bench.harness.jobs import launch
 
     if netns_unavailable_reason():
         pytest.skip(netns_unavailable_reason())

@@ -1,14 +1,12 @@
 """The emulated cluster and ``cachepipe bench comm`` end to end (needs root + iproute2)."""
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 
 import pytest
 
-from tools.cluster import EmulatedCluster, netns_unavailable_reason
+from tools.bench.harness.cluster import EmulatedCluster, netns_unavailable_reason
 
 REASON = netns_unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(REASON is not None, reason=str(REASON))]
@@ -47,15 +45,13 @@ def test_cluster_is_removed_when_setup_fails():
 
 
 def test_bench_comm_runs_on_namespaces_and_writes_rows(tmp_path):
-    from tools.bench import comm as bench
+    from tools.bench.harness.output import read_rows
+    from tools.cli import main
 
-    parser = argparse.ArgumentParser()
-    bench.configure(parser)
     out = tmp_path / "rows.json"
-    args = parser.parse_args(["--nodes", "2", "--local-size", "1", "--sizes", "20000", "--reps", "1",
-                              "--algorithms", "dense", "hitopk", "--port", "29611", "--json", str(out)])
-    assert bench.main(args) == 0
-    rows = json.loads(out.read_text())
+    assert main(["bench", "comm", "--emulate", "2x1@200", "--sizes", "20000", "--reps", "1", "--algorithms",
+                 "dense", "hitopk", "--json", str(out)]) == 0
+    rows = read_rows(out)
     assert [r["algorithm"] for r in rows] == ["dense", "hitopk"]
     for r in rows:
         for key in ("nodes", "local_size", "inter_mbit", "numel", "density", "median_s", "predicted_s"):

@@ -1,6 +1,6 @@
 """Working memory of the exchanges at density 1 (issue 32, item 18), in a real 2-process
 gloo group: bytes of tensors allocated and alive at once, counted by
-``tools.bench.live_bytes.LiveBytes`` (NOTE [exchange working memory] in
+``tools.bench.harness.live_bytes.LiveBytes`` (NOTE [exchange working memory] in
 comm/collectives/base.py, NOTE [in-flight budget] in comm/in_flight.py).
 
 Bounds, in units of the fp32 bucket (``4 d`` bytes), for 2 workers:
@@ -28,7 +28,7 @@ PAIRS_BOUND = {"topk_ag": 6, "hitopk": 6, "gtopk": 8}
 def _exchange_peaks(rank, world):
     """Peak bytes of one exchange per algorithm and layout, in buckets."""
     from comm import Topology, build_exchanger
-    from tools.bench.live_bytes import LiveBytes
+    from tools.bench.harness.live_bytes import LiveBytes
 
     peaks = {}
     for nodes, local in ((1, 2), (2, 1)):
@@ -121,7 +121,7 @@ def _hook_peaks(rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from comm import Topology, register_sparse_hook
-    from tools.bench.live_bytes import LiveBytes
+    from tools.bench.harness.live_bytes import LiveBytes
 
     topo = Topology(nodes=1, local_size=2)
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(rank))

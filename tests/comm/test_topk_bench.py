@@ -7,6 +7,7 @@ import pytest
 
 from comm.topk import k_for
 from tools.cli import main as cli_main
+from tools.bench.harness.output import read_rows
 
 
 def test_bench_topk_writes_rows_and_plot(tmp_path, capsys):
@@ -14,7 +15,7 @@ def test_bench_topk_writes_rows_and_plot(tmp_path, capsys):
     rc = cli_main(["bench", "topk", "--sizes", "4K,16K", "--density", "0.01,0.1", "--repeats", "1",
                    "--dist", "gaussian,sparse", "--json", str(out), "--plot", str(png)])
     assert rc == 0
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     impls = {(r["selector"], r["impl"]) for r in rows}
     assert impls == {("exact", "torch"), ("dgc", "torch"), ("mstopk", "torch"), ("mstopk", "bisect")}
     assert len(rows) == 2 * 2 * 2 * 4  # dists x sizes x densities x impls (no GPU here)
@@ -37,7 +38,7 @@ def test_bench_topk_writes_rows_and_plot(tmp_path, capsys):
 def test_bench_topk_rejects_bad_arguments_with_exit_2(flags, message, capsys):
     assert cli_main(["bench", "topk", *flags]) == 2  # a bad flag, as everywhere
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("cachepipe bench: error: ") and message in err[0]
+    assert len(err) == 1 and err[0].startswith("cachepipe bench topk: error: ") and message in err[0]
 
 
 @pytest.mark.triton
@@ -50,7 +51,7 @@ def test_bench_topk_kernel_rows_report_candidates_passes_and_syncs(tmp_path):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     assert cli_main(["bench", "topk", "--device", device, "--kernel", "gpu", "--sizes", "100K",
                      "--density", "0.001,0.01", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert {(r["distribution"], r["impl"]) for r in rows} == {
         (d, i) for d in ("gaussian", "student_t3", "cauchy", "lognormal") for i in ("torch", "gpu")}
     for r in rows:
@@ -76,7 +77,7 @@ def test_op_times_name_the_ops_a_call_spends_its_time_in():
     # On CUDA the same function reads the kernels' device time (bench topk's op_us).
     import torch
 
-    from tools.bench.topk_counts import op_times_us
+    from tools.bench.parts.topk_counts import op_times_us
 
     x = torch.randn(1 << 16)
     times = op_times_us(lambda: torch.topk(x.abs(), 100), 3, torch.device("cpu"))

@@ -23,7 +23,7 @@ def _exchange_syncs(rank, world, device="cpu"):
 
     import comm.topk.mstopk_triton as kernels
     from comm import GradientExchanger, SizePlan, Topology
-    from tools.bench.topk_counts import HostSyncCounter
+    from tools.bench.parts.topk_counts import HostSyncCounter
 
     mstopk_module = importlib.import_module("comm.topk.mstopk")  # the package's name is the function
     resolve = mstopk_module.resolve_kernel

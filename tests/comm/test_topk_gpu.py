@@ -16,7 +16,7 @@ import torch
 from comm.topk import SELECTORS, captured_energy, k_for, mstopk, mstopk_select, recall
 from comm.topk.mstopk import resolve_kernel
 from tools.bench.topk import DISTRIBUTIONS, make_input
-from tools.bench.topk_counts import HostSyncCounter, mstopk_counts
+from tools.bench.parts.topk_counts import HostSyncCounter, mstopk_counts
 
 pytestmark = [pytest.mark.triton]
 

@@ -8,12 +8,10 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from cachepipe.server.redis_binary import find_redis_server
 
 NOBODY = 65534
 
@@ -47,20 +45,14 @@ def _cont(pid: int) -> None:
 
 @contextlib.contextmanager
 def redis_on_socket(path: Path, workdir: Path):
-    """A real redis-server (our child) listening on the Unix socket ``path``."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([find_redis_server(), "--port", "0", "--unixsocket", str(path),
-                             "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """A real redis-server (our child) listening on the Unix socket ``path``; yields its process."""
+    from tools.bench.harness.redis import private_redis
+
+    server = private_redis(workdir, tcp=False, unix_socket=path)
     try:
-        deadline = time.monotonic() + 10
-        while not path.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
-        yield proc
+        yield server.proc
     finally:
-        proc.kill()
-        proc.wait()
+        server.kill()
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from tools.demo_dataset import make_dataset
 
 def test_an_evicting_shard_is_named_and_coverage_is_what_is_there(tmp_path, redis_servers):
     src = make_dataset(tmp_path / "data", classes=4, per_class=10, val_per_class=0, size=64) / "train"
-    server = redis_servers(1, maxmemory="3mb", maxmemory_policy="allkeys-lru")[0]
+    server = redis_servers(1, maxmemory="3mb", policy="allkeys-lru")[0]
     other = server.client()
     junk = iter(range(1000))
 

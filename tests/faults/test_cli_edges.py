@@ -101,12 +101,12 @@ def test_output_paths_on_a_read_only_file_system_are_refused_before_the_work(tin
 
 
 def test_an_output_that_fails_after_the_check_is_one_line(tmp_path):
-    from tools.bench.table import write_json
+    from tools.bench.harness.output import write_document
     from tools.cli import UsageError
 
     (tmp_path / "in-the-way").write_text("a file where a folder should be")
     with pytest.raises(UsageError, match=r"--json .*/rows\.json: cannot write it \(File exists: .*in-the-way\)"):
-        write_json(tmp_path / "in-the-way" / "rows.json", [{"a": 1}])
+        write_document(tmp_path / "in-the-way" / "rows.json", {"rows": [{"a": 1}]})
 
 
 def test_report_reads_rows_without_val_top1_and_names_a_bad_row(tmp_path):

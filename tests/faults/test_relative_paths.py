@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 
 from cachepipe.server.embedded import EmbeddedRedis
-from cachepipe.server.redis_binary import find_redis_server
-from tools.bench.tcp_redis import TcpRedis
-from tools.cluster import EmulatedCluster, netns_unavailable_reason
-from tools.emulated_job import NodeRedis
+from tools.bench.harness.cluster import EmulatedCluster, netns_unavailable_reason
+from tools.bench.harness.redis import private_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 NETNS = netns_unavailable_reason()
@@ -27,10 +25,10 @@ NETNS = netns_unavailable_reason()
 
 def test_the_benchmark_tcp_server_starts_from_a_relative_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    server = TcpRedis(find_redis_server(), Path("rel") / "tcp")
+    server = private_redis(Path("rel") / "tcp")
     try:
-        assert server.client.ping()
-        assert (tmp_path / "rel" / "tcp" / f"redis-{server.port}.log").is_file()
+        assert server.client().ping()
+        assert (tmp_path / "rel" / "tcp" / "redis.log").is_file()
     finally:
         server.stop()
 
@@ -40,8 +38,8 @@ def test_the_benchmark_tcp_server_starts_from_a_relative_dir(tmp_path, monkeypat
 def test_an_emulated_nodes_server_starts_from_a_relative_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with EmulatedCluster(nodes=1, inter_mbit=100) as cluster:
-        with NodeRedis(cluster, 0, Path("rel") / "node0", maxmemory="16mb", port=6417) as server:
-            assert server.log == tmp_path / "rel" / "node0" / "redis-node0.log" and server.log.is_file()
+        with private_redis(Path("rel") / "node0", cluster=cluster, node=0, maxmemory="16mb", port=6417) as server:
+            assert server.log == tmp_path / "rel" / "node0" / "redis.log" and server.log.is_file()
 
 
 def test_bench_loader_with_relative_paths(tiny_dataset, tmp_path):

@@ -1,6 +1,6 @@
 """``cachepipe bench faults`` (tools/bench/faults.py): only its argument check here; the
 scenarios it runs are each covered by a test of their own in tests/faults/ (a full run
-takes minutes; docs/BENCHMARKS.md has its table)."""
+takes minutes; docs/benchmarks/faults.md has its table)."""
 from __future__ import annotations
 
 import os

@@ -1,14 +1,13 @@
 """`cachepipe bench loader` runs end to end on a tiny dataset and writes the documented rows."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from loaders import dali_available
+from tools.bench.harness.output import read_rows
 from tools.cli import main
-from tools.cluster import netns_unavailable_reason
+from tools.bench.harness.cluster import netns_unavailable_reason
 
 NETNS = netns_unavailable_reason()
 
@@ -22,9 +21,9 @@ def test_bench_loader_writes_rows(source, cache_dir, tmp_path):
                "--loaders", kinds, "--json", str(out)])
     torch.set_num_threads(threads)
     assert rc == 0
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert [r["loader"] for r in rows] == kinds.split(",")
-    assert rows[0]["l2"] == "-" and rows[1]["l2"].startswith("unix socket, embedded (redis ")
+    assert rows[0]["l2"] == "-" and rows[1]["l2"].startswith("embedded: 1 server(s) on Unix sockets (redis ")
     assert rows[2]["l2"].startswith("tcp 127.0.0.1 (redis ")  # a real redis-server over TCP, bundled by default
     for r in rows:
         assert r["workers"] == 1 and r["size"] == 24 and r["images_per_s"] > 0
@@ -41,7 +40,7 @@ def test_bench_loader_emulated_compares_node_and_global(source, tmp_path):
                "--locality", "node,global", "--exchange-fraction", "0", "--workers", "0", "--size", "24",
                "--cache-size", "64", "--batch-size", "4", "--epochs", "1", "--rounds", "1", "--json", str(out)])
     assert rc == 0
-    rows = {r["locality"]: r for r in json.loads(out.read_text())}
+    rows = {r["locality"]: r for r in read_rows(out)}
     assert set(rows) == {"node", "global"}
     for r in rows.values():
         assert r["images_per_s"] > 0 and r["l2_hit_rate"] == 1.0  # each node's warm-up filled L2
@@ -52,9 +51,9 @@ def test_bench_loader_emulated_compares_node_and_global(source, tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--emulate", "2x@200"], "--emulate '2x@200': expected MxN@MBIT"),
-    (["--emulate", "2x2"], "--emulate '2x2': expected MxN@MBIT"),
-    (["--emulate", "2x2@200", "--locality", "rack"], "--locality wants a comma-separated subset of node,global"),
+    (["--emulate", "2x@200"], r"--emulate '2x@200': expected MxN\[@MBIT\]"),
+    (["--emulate", "2x2@200", "--locality", "rack"], r"--locality 'rack': unknown \['rack'\]; valid: \['node', 'global'\]"),
+    (["--emulate", "2x2@200", "--redis", "redis://127.0.0.1:1/0"], "--emulate starts one Redis per node"),
     (["--emulate", "2x2@200", "--exchange-fraction", "1.5"], r"--exchange-fraction must be in \[0, 1\]"),
 ])
 def test_bench_loader_emulated_bad_flags_are_one_line_errors(source, tmp_path, capsys, args, match):

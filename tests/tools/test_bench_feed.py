@@ -5,6 +5,7 @@ import json
 
 from tools.bench.feed import BUDGETS
 from tools.cli import main as cli_main
+from tools.bench.harness.output import read_rows
 
 FIELDS = ("output", "main_thread_ms_per_image", "other_threads_ms_per_image", "worker_ms_per_image",
           "redis_ms_per_image", "faults_per_batch", "l1_reads", "source_reads", "images_per_s")
@@ -15,7 +16,7 @@ def test_feed_writes_a_row_per_output_with_every_stage(source, cache_dir, tmp_pa
     assert cli_main(["bench", "feed", str(source), "--cache-dir", str(cache_dir), "--batch-size", "4", "--size", "32",
                      "--cache-size", "40", "--batches", "3", "--rounds", "1", "--step-ms", "1",
                      "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert [r["output"] for r in rows] == ["uint8", "float32"]
     for row in rows:
         assert all(f in row for f in FIELDS)

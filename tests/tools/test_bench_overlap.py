@@ -6,9 +6,10 @@ import json
 import pytest
 
 from tools.bench.overlap import summarize
-from tools.bench.overlap_rank import plan_options
+from tools.bench.ranks.overlap import plan_options
 from tools.cli import main as cli
-from tools.cluster import netns_unavailable_reason
+from tools.bench.harness.cluster import netns_unavailable_reason
+from tools.bench.harness.output import read_rows
 
 REASON = netns_unavailable_reason()
 
@@ -68,7 +69,7 @@ def test_a_tiny_run_on_the_emulated_cluster_gives_one_row_per_plan(tmp_path):
     out = tmp_path / "rows.json"
     assert cli(["bench", "overlap", "--emulate", "2x2@100", "--plans", "size", "size:256", "omgs", "--rounds", "1",
                 "--steps", "2", "--warmup", "0", "--size", "32", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert [(r["plan"], r["buckets"]) for r in rows[:2]] == [("size", 1), ("size:256", 2)]
     assert rows[2]["plan"] == "omgs" and rows[2]["buckets"] >= 1
     for r in rows:

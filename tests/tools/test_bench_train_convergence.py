@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from tools.bench.train_convergence import build_runs, parse_variant
+from tools.bench.parts.train_convergence import build_runs, parse_variant
 from tools.cli import main as cli
-from tools.bench.convergence import add_dense_reference
+from tools.bench.parts.train_convergence_runs import add_dense_reference
 from trainer.recipes import load_recipe
+from tools.bench.harness.output import read_rows
 
 
 @pytest.mark.parametrize("text, want", [
@@ -96,7 +97,7 @@ def test_cli_tiny_real_run_with_a_variant(tmp_path, capsys):
                 "--epochs", "1", *(a for s in sets for a in ("--set", s)),
                 "--variant", "lowlr:optim.lr=0.05,optim.scale_lr=false", "--json", str(rows_json)])
     assert code == 0
-    rows = json.loads(rows_json.read_text())
+    rows = read_rows(rows_json)
     assert [r["name"] for r in rows] == ["hitopk", "hitopk-lowlr"]
     assert [r["density"] for r in rows] == [0.01, 0.01]
     for r in rows:

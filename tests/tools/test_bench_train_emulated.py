@@ -8,10 +8,11 @@ import re
 
 import pytest
 
-from tools.bench.time_to_accuracy import breakdown, build_rows, time_to_target
-from tools.bench.train_emulated import run_kinds
+from tools.bench.parts.train_tta import breakdown, build_rows, time_to_target
+from tools.bench.parts.train_emulated import run_kinds
 from tools.cli import main as cli
-from tools.cluster import netns_unavailable_reason
+from tools.bench.harness.cluster import netns_unavailable_reason
+from tools.bench.harness.output import read_rows
 
 REASON = netns_unavailable_reason()
 
@@ -127,7 +128,7 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
     code = cli(["bench", "train", "--emulate", "2x2@10", "--comm", "dense,hitopk", "--locality", "global", "--out",
                 str(out), "--reuse", "--json", str(tmp_path / "rows.json")])
     assert code == 0, capsys.readouterr().err
-    rows = json.loads((tmp_path / "rows.json").read_text())
+    rows = read_rows((tmp_path / "rows.json"))
     assert [(r["comm"], r["seconds_to_target"]) for r in rows] == [("dense", 30.0), ("hitopk", 6.0)]
     for key in ("comm", "final_top1", "target_top1", "seconds_to_target", "seconds", "step_s",
                 "inter_node_bytes_per_step"):
@@ -139,7 +140,7 @@ def test_cli_reuse_combines_recorded_runs_into_json_and_plot(tmp_path, capsys):
 def test_generated_data_is_kept_per_size_and_count(tmp_path):
     from PIL import Image
 
-    from tools.bench.train_emulated import _prepare_data
+    from tools.bench.parts.train_emulated import _prepare_data
 
     def prepare(size, per_class):
         return _prepare_data(argparse.Namespace(data=None, per_class=per_class, resolved={"cache_size": size}), tmp_path)
@@ -154,7 +155,7 @@ def test_generated_data_is_kept_per_size_and_count(tmp_path):
 
 def test_each_exchange_trains_its_own_epochs_where_comm_epochs_says(tmp_path):
     """NOTE [epochs per exchange]: --comm-epochs gives the named runs their own epochs."""
-    from tools.bench.train_emulated import _train_argv, parse_comm_epochs
+    from tools.bench.parts.train_emulated import _train_argv, parse_comm_epochs
 
     assert parse_comm_epochs(" hitopk=10, auto=12 ", ["dense", "hitopk", "auto"]) == {"hitopk": 10, "auto": 12}
     assert parse_comm_epochs("", ["dense"]) == {}
@@ -171,7 +172,7 @@ def test_real_photos_train_at_their_own_size_within_the_step_budget(tmp_path):
     and STEP_BUDGET steps; flags win; larger photos keep the recorded default."""
     from PIL import Image
 
-    from tools.bench.train_emulated import STEP_BUDGET, settings
+    from tools.bench.parts.train_emulated import STEP_BUDGET, settings
 
     def resolved(data, **flags):
         args = dict(data=str(data) if data else None, size=None, cache_size=None, batch_size=None, epochs=None)
@@ -199,7 +200,7 @@ def test_real_photos_train_at_their_own_size_within_the_step_budget(tmp_path):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--emulate", "2x2@fast"], "--emulate '2x2@fast': expected MxN@MBIT"),
+    (["--emulate", "2x2@fast"], "--emulate '2x2@fast': expected MxN\\[@MBIT\\]"),
     (["--emulate", "2x2", "--comm", "dense,ring"], r"--comm 'dense,ring': unknown \['ring'\]; valid: \['dense'"),
     (["--emulate", "2x2", "--comm", "dense", "--powersgd-rank", "0"], "--powersgd-rank must be >= 1"),
     (["--emulate", "2x2", "--per-class", "0"], "--per-class must be >= 1"),
@@ -230,7 +231,7 @@ def test_emulated_cluster_end_to_end_tiny(tmp_path, monkeypatch):
     harness runs real ``cachepipe train`` ranks, counts link bytes and cleans up its namespaces."""
     import subprocess
 
-    from tools.cluster import EmulatedCluster
+    from tools.bench.harness.cluster import EmulatedCluster
 
     made, init = [], EmulatedCluster.__init__  # this run's clusters (another run may have its own)
     monkeypatch.setattr(EmulatedCluster, "__init__", lambda self, *a, **k: (init(self, *a, **k), made.append(self))[0])
@@ -240,7 +241,7 @@ def test_emulated_cluster_end_to_end_tiny(tmp_path, monkeypatch):
                 "--per-class", "8", "--batch-size", "8", "--size", "16", "--cache-size", "20", "--out", str(out),
                 "--json", str(tmp_path / "rows.json"), "--set", "schedule.warmup_epochs=0"])
     assert code == 0
-    rows = json.loads((tmp_path / "rows.json").read_text())
+    rows = read_rows((tmp_path / "rows.json"))
     assert [(r["comm"], r["locality"], r["pipeline"]) for r in rows] == [
         ("dense", "global", False), ("dense", "global", True), ("dense", "node", False), ("dense", "node", True),
         ("powersgd", "global", False), ("powersgd", "node", False)]

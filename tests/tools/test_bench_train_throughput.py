@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from tools.cli import main as cli
+from tools.bench.harness.output import read_rows
 
 
 def _bench(tmp_path, tiny_dataset, *flags):
@@ -12,7 +13,7 @@ def _bench(tmp_path, tiny_dataset, *flags):
                 "--device", "cpu", "--model", "resnet_small", "--size", "32", "--cache-size", "48",
                 "--batch-size", "4", "--workers", "0", "--steps", "1", "--warmup-steps", "1", "--rounds", "1",
                 "--json", str(out), *flags])
-    return code, (json.loads(out.read_text()) if out.exists() else None)
+    return code, (read_rows(out) if out.exists() else None)
 
 
 def test_synthetic_and_the_cached_loader_through_a_redis_shard(tmp_path, tiny_dataset, redis_server, capsys):

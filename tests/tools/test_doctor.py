@@ -63,10 +63,8 @@ def test_doctor_rejects_a_bad_time_budget(capsys):
 
 def test_the_feed_step_is_a_valid_bench_train_command(tmp_path):
     """The feed step runs only on a GPU: its command line is checked here, where the flags are."""
-    import argparse
-
     from tools import doctor_feed
-    from tools.bench import train
+    from tools.bench.harness.runner import bench_parser
 
     seen = {}
 
@@ -77,8 +75,7 @@ def test_the_feed_step_is_a_valid_bench_train_command(tmp_path):
 
     step = doctor_feed.feed_step(run, tmp_path, 10_000)
     assert seen["argv"][1:5] == ["-m", "tools", "bench", "train"] and seen["limit"] == doctor_feed.FEED_SECONDS
-    parser = argparse.ArgumentParser()
-    train.configure(parser)
+    parser, _ = bench_parser("train")
     args = parser.parse_args(seen["argv"][5:])
     assert args.sources == ["synthetic", "torch", "torch-gpu", "dali"] and args.device == "cuda"
     assert (args.model, args.amp, args.size, args.batch_size) == ("resnet50", "bf16", 224, 128)

@@ -1,4 +1,5 @@
-"""Jobs on the emulated cluster: per-node Redis servers, torchrun-style ranks, link counters."""
+"""Jobs on the emulated cluster (tools/bench/harness): per-node Redis servers, torchrun-style
+ranks, link counters, the ``--emulate`` flag."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tools.cluster import EmulatedCluster, netns_unavailable_reason
-from tools.emulated_job import Emulation, JobFailed, NodeRedis, launch, link_bytes, parse_emulate, run_on_node
+from tools.bench.harness.cluster import EmulatedCluster, netns_unavailable_reason
+from tools.bench.harness.emulate import Emulation, parse_emulate
+from tools.bench.harness.jobs import JobFailed, launch, link_bytes, run_on_node
+from tools.bench.harness.redis import private_redis
 
 REASON = netns_unavailable_reason()
 def netns(test):
@@ -30,20 +33,20 @@ def test_parse_emulate(text, want):
     assert parse_emulate(text, default_mbit=25.0) == want
 
 
-@pytest.mark.parametrize("text, match", [("2by2@10", "expected MxN@MBIT"), ("2x2@", "expected MxN@MBIT"),
-                                         ("2x2@-5", "expected MxN@MBIT"), ("2x2@0", "MBIT must be > 0"),
+@pytest.mark.parametrize("text, match", [("2by2@10", r"expected MxN\[@MBIT\]"), ("2x2@", r"expected MxN\[@MBIT\]"),
+                                         ("2x2@-5", r"expected MxN\[@MBIT\]"), ("2x2@0", "MBIT must be > 0"),
                                          ("0x2@10", "1 <= M <= 250"), ("1x1@10", "at least 2 processes"),
-                                         ("2x0@10", "N >= 1"), ("251x1@10", "M <= 250"), ("", "expected MxN@MBIT")])
+                                         ("2x0@10", "N >= 1"), ("251x1@10", "M <= 250"), ("", r"expected MxN\[@MBIT\]")])
 def test_parse_emulate_rejects_bad_values_naming_the_flag(text, match):
     with pytest.raises(ValueError, match=match) as info:
         parse_emulate(text, default_mbit=10.0)
     assert str(info.value).startswith("--emulate ")
 
 
-def test_parse_emulate_wants_the_rate_where_the_command_has_no_default():
+def test_parse_emulate_without_a_rate_or_a_default_is_loopback():
     assert parse_emulate("2x1@200") == Emulation(2, 1, 200.0)
-    with pytest.raises(ValueError, match=r"^--emulate '2x2': expected MxN@MBIT"):
-        parse_emulate("2x2")
+    assert parse_emulate("2x2") == Emulation(2, 2, None)  # NOTE [emulate flag]: no namespaces
+    assert Emulation(2, 2, None).describe() == "2x2 on loopback (no rate limit)"
 
 
 def _envs(tmp_path, world):
@@ -119,7 +122,7 @@ def test_bad_layout_is_refused():
 @netns
 def test_node_redis_is_reached_across_the_link_and_counted(tmp_path):
     with EmulatedCluster(nodes=2, inter_mbit=200) as cluster:
-        with NodeRedis(cluster, 1, tmp_path / "redis", maxmemory="64mb") as server:
+        with private_redis(tmp_path / "redis", cluster=cluster, node=1, maxmemory="64mb") as server:
             assert server.url == f"redis://{cluster.address(1)}:6379/0"
             before = link_bytes(cluster)
             size = 1 << 20
@@ -168,7 +171,7 @@ def test_node_local_validation_sends_no_sample_across_the_link(tiny_dataset, tmp
     root = tiny_dataset / "train"  # 24 samples of 48 x 48 px: 6.9 KB each in L2
     received = {"node": 0, "global": 0}
     with EmulatedCluster(nodes=2, inter_mbit=100) as cluster:
-        servers = [NodeRedis(cluster, i, tmp_path / f"redis{i}", maxmemory="64mb") for i in range(2)]
+        servers = [private_redis(tmp_path / f"redis{i}", cluster=cluster, node=i, maxmemory="64mb") for i in range(2)]
         try:
             for rank, steps in ((1, "warm,node"), (0, "warm,node,global"), (1, "global")):
                 done = run_on_node(cluster, rank, [sys.executable, "-c", _VALIDATE, str(root), str(tmp_path / f"c{rank}"),

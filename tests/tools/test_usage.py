@@ -33,20 +33,20 @@ def test_train_bad_flags_exit_2_with_one_line(argv, message, capsys):
 
 def test_bench_loader_unknown_loader_exits_2(tmp_path, capsys):
     assert main(["bench", "loader", str(tmp_path), "--cache-dir", str(tmp_path / "c"), "--loaders", "plain,x"]) == 2
-    assert "unknown loaders ['x']" in capsys.readouterr().err
+    assert "--loaders: unknown ['x']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_bench_json_gets_the_umask_mode(tmp_path, umask):
-    from tools.bench.table import write_json
+    from tools.bench.harness.output import write_document
 
     old = os.umask(umask)
     try:
-        write_json(tmp_path / "rows.json", [{"a": 1}])
+        write_document(tmp_path / "rows.json", {"rows": [{"a": 1}]})
     finally:
         os.umask(old)
     assert (tmp_path / "rows.json").stat().st_mode & 0o777 == 0o666 & ~umask
-    assert json.loads((tmp_path / "rows.json").read_text()) == [{"a": 1}]
+    assert json.loads((tmp_path / "rows.json").read_text()) == {"rows": [{"a": 1}]}
 
 
 def test_bench_loader_missing_tcp_server_exits_2(source, tmp_path, capsys):

@@ -1,61 +1,68 @@
 """``cachepipe bench NAME``: benchmarks that measure a thing against its baseline side by side.
 
-Each benchmark is a module here with ``configure(parser)`` and ``main(args) -> int``; it
-prints a table and, with ``--json PATH``, writes a list of row dicts. Timing targets live
-in the benchmarks and ``docs/BENCHMARKS.md``, never in tests.
+Each benchmark is one module here (``configure(parser)``, ``run(args) -> Result``) and one
+:func:`register_benchmark` line below (NOTE [benchmark registry] in
+``tools/bench/harness/registry.py``); what they share is ``tools/bench/harness/``, their
+rank entry points ``tools/bench/ranks/``, pieces of one benchmark too large for its module
+``tools/bench/parts/``. ``cachepipe bench render`` redraws the benchmark pages
+(``docs/benchmarks/``) from their result documents. Timing targets live in the benchmarks
+and their pages, never in tests.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-from tools.cli import HelpFormatter, UsageError, refuse_empty
-from tools.writable import check_writable
+from tools.bench.harness.emulate import ClusterFlags
+from tools.bench.harness.registry import BENCHMARKS, register_benchmark
 
-__all__ = ["BENCHMARKS", "configure", "main"]
+__all__ = ["BENCHMARKS", "configure", "main", "register_benchmark"]
 
-# name -> (module, one-line help)
-BENCHMARKS: dict[str, tuple[str, str]] = {
-    "cache": ("tools.bench.cache", "source vs L1 vs L2 read throughput"),
-    "loader": ("tools.bench.loader", "plain DataLoader vs cached_dataloader vs DALI"),
-    "l2": ("tools.bench.l2", "Redis CPU per GB served: one server vs several vs io-threads"),
-    "topk": ("tools.bench.topk", "top-k selectors: time, recall, captured energy"),
-    "comm": ("tools.bench.comm", "gradient exchange algorithms on an emulated cluster"),
-    "overlap": ("tools.bench.overlap", "a sparse step with and without overlap vs max(compute, exchange)"),
-    "omgs": ("tools.bench.omgs", "OMGS merged-layer planning vs LAGS / TopK-SGD / fusion"),
-    "feed": ("tools.bench.feed", "CPU per image of each serial stage of feeding a GPU (the CPU proxy)"),
-    "train": ("tools.bench.train", "training throughput: synthetic vs cached loaders"),
-    "memory": ("tools.bench.memory", "peak memory per process of the sparse DDP hook vs torch's all-reduce hook"),
-    "faults": ("tools.bench.faults", "the demo trained while faults are injected vs a fault-free run"),
-}
+RENDER = "render"  # not a benchmark: redraws docs/benchmarks/ from docs/benchmarks/results/
+
+register_benchmark("cache", "tools.bench.cache", "source vs L1 vs L2 read throughput")
+register_benchmark("loader", "tools.bench.loader", "plain DataLoader vs cached_dataloader vs DALI; --emulate: "
+                   "node-local vs global sampling", cluster=ClusterFlags(default=None, rate=200.0))
+register_benchmark("l2", "tools.bench.l2", "Redis CPU per GB served: one server vs several vs io-threads")
+register_benchmark("feed", "tools.bench.feed", "CPU per image of each serial stage of feeding a GPU (the CPU proxy)")
+register_benchmark("topk", "tools.bench.topk", "top-k selectors: time, recall, captured energy", plot=True)
+register_benchmark("comm", "tools.bench.comm", "gradient exchange algorithms on an emulated cluster vs the cost model",
+                   cluster=ClusterFlags(default="2x2@200", rate=200.0, timeout=3600.0, loopback=True), plot=True)
+register_benchmark("overlap", "tools.bench.overlap", "a sparse step with and without overlap vs max(compute, exchange)",
+                   cluster=ClusterFlags(default="2x2@4", rate=4.0))
+register_benchmark("omgs", "tools.bench.omgs", "OMGS merged-layer planning vs LAGS / TopK-SGD / fusion",
+                   cluster=ClusterFlags(default="2x2@200", rate=200.0, burst_kib=32, loopback=True))
+register_benchmark("train", "tools.bench.train", "training throughput: synthetic vs cached loaders; --convergence: "
+                   "accuracy per epoch; --emulate: time to accuracy on an emulated cluster",
+                   cluster=ClusterFlags(default=None, rate=4.0), plot=True)
+register_benchmark("memory", "tools.bench.memory", "peak memory per process of the sparse DDP hook vs torch's "
+                   "all-reduce hook", cluster=ClusterFlags(default="1x2", rate=None))
+register_benchmark("faults", "tools.bench.faults", "the demo trained while faults are injected vs a fault-free run")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = "benchmarks:\n" + "\n".join(f"  {n:<8} {h}" for n, (_, h) in BENCHMARKS.items())
+    width = max(map(len, BENCHMARKS)) + 2
+    parser.epilog = ("benchmarks:\n" + "\n".join(f"  {n:<{width}} {b.help}" for n, b in BENCHMARKS.items())
+                     + f"\n\n  {RENDER:<{width}} redraw docs/benchmarks/ from its result documents (--check: "
+                       "only compare)")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("bench", nargs="?", choices=sorted(BENCHMARKS), metavar="NAME",
+    parser.add_argument("bench", nargs="?", choices=sorted([*BENCHMARKS, RENDER]), metavar="NAME",
                         help="which benchmark (below)")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="that benchmark's flags (NAME --help)")
     parser.set_defaults(print_help=parser.print_help)
 
 
 def main(args: argparse.Namespace) -> int:
-    """Parse the chosen benchmark's own flags and run it (only that module is imported);
-    without a NAME print the list of benchmarks (as ``--help``) and return 2."""
+    """Run the chosen benchmark (only its module is imported); without a NAME print the
+    list of benchmarks (as ``--help``) and return 2."""
     if args.bench is None:
         args.print_help()
         return 2
-    module_name, help_text = BENCHMARKS[args.bench]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"cachepipe bench {args.bench}", description=help_text,
-                                     formatter_class=HelpFormatter)
-    module.configure(parser)
-    bench_args = parser.parse_args(args.bench_args)
-    try:
-        refuse_empty(parser, bench_args)
-        check_writable(getattr(bench_args, "json", None), "--json")  # NOTE [output paths checked first]
-    except UsageError as exc:
-        print(f"cachepipe bench {args.bench}: error: {exc}", file=sys.stderr)
-        return 2
-    return int(module.main(bench_args) or 0)
+    if args.bench == RENDER:
+        from tools.bench.harness.render import render_main
+
+        return render_main(args.bench_args, BENCHMARKS)
+    from tools.bench.harness.runner import run_benchmark
+
+    return run_benchmark(args.bench, args.bench_args, getattr(args, "command_line", ["cachepipe", "bench",
+                                                                                     args.bench, *args.bench_args]))

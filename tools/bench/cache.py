@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import sys
 import time
 
-__all__ = ["configure", "main"]
+from tools.bench.harness import Result
+from tools.bench.harness.stats import median_run
+from tools.cli import UsageError
+
+__all__ = ["configure", "run"]
 
 LEVELS = ("source", "l1", "l2")
 _CACHE = None
@@ -36,7 +39,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rounds; levels are interleaved round-robin and the median is kept")
     parser.add_argument("--warm-source", action="store_true",
                         help="let source reads hit the OS page cache (otherwise each file is evicted first)")
-    parser.add_argument("--json", metavar="PATH", default=None, help="write the rows as JSON")
 
 
 def _init(cache) -> None:
@@ -86,38 +88,30 @@ def _measure(pool, cache, level: str, batches: list, cold: bool) -> dict:
             "out_mb_per_s": out_bytes / 2**20 / dt}
 
 
-def main(args: argparse.Namespace) -> int:
-    from tools.cache_flags import cache_from_args, cache_sizes_from_args
+def run(args: argparse.Namespace) -> Result:
     from cachepipe.warmup import warmup
-    from tools.bench.table import format_table, machine_description, write_json
+    from tools.bench.harness.l2 import describe_l2
+    from tools.cache_flags import cache_from_args, cache_sizes_from_args
 
     try:
         workers = sorted({int(w) for w in args.workers.split(",")})
         if min(workers) < 1:
             raise ValueError
     except ValueError:
-        print(f"cachepipe bench cache: error: --workers wants positive ints, got {args.workers!r}",
-              file=sys.stderr)
-        return 2
+        raise UsageError(f"--workers wants positive ints, got {args.workers!r}") from None
     try:
         if len(cache_sizes_from_args(args)) > 1:
             raise ValueError(f"--cache-size {args.cache_size}: the benchmark takes one size")
-    except ValueError as exc:
-        print(f"cachepipe bench cache: error: {exc}", file=sys.stderr)
-        return 2
-    try:
         cache = cache_from_args(args)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"cachepipe bench cache: error: {exc}", file=sys.stderr)
-        return 3
+        raise UsageError(str(exc)) from None
     if not cache.config.l2.enabled:
-        print("cachepipe bench cache: error: the benchmark needs an L2 (drop --no-l2)", file=sys.stderr)
-        return 2
+        raise UsageError("the benchmark needs an L2 (drop --no-l2)")
     n = min(args.samples, len(cache))
-    print(f"warming the cache for {n} of {len(cache)} samples ...", file=sys.stderr)
+    print(f"warming the cache for {n} of {len(cache)} samples ...", flush=True)
     warmup(cache, workers=max(workers), progress=False, limit=n, require_full=True)
     batches = [list(range(s, min(n, s + args.batch_size))) for s in range(0, n, args.batch_size)]
-    l2 = list(cache.config.l2.urls) or ["embedded " + u for u in cache.embedded_group().urls]
+    l2 = describe_l2(cache.config)
     rows = []
     ctx = multiprocessing.get_context("spawn")
     for w in workers:
@@ -133,22 +127,19 @@ def main(args: argparse.Namespace) -> int:
             for _ in range(max(1, args.repeat)):  # interleaved: load changes hit every level alike
                 for level in LEVELS:
                     runs[level].append(_measure(pool, cache, level, batches, not args.warm_source))
-            by_level = {lv: sorted(r, key=lambda x: x["samples_per_s"])[len(r) // 2] for lv, r in runs.items()}
+            by_level = {lv: median_run(r, "samples_per_s") for lv, r in runs.items()}
             for level in LEVELS:
-                row = {"level": level, "workers": w, **by_level[level]}
+                row = {"level": level, "workers": w, **by_level[level], "cache_size": cache.config.cache_size,
+                       "l2": l2}
                 row["speedup_vs_source"] = row["samples_per_s"] / by_level["source"]["samples_per_s"]
                 rows.append(row)
         finally:
             if pool is not None:
                 pool.close()
                 pool.join()
-    cols = ["level", "workers", "samples_per_s", "mb_per_s", "out_mb_per_s", "speedup_vs_source"]
-    print(format_table(rows, cols))
-    print(f"\n{n} samples, cache_size {cache.config.cache_size}, L2 {', '.join(l2)}, source "
-          f"{'page-cached' if args.warm_source else 'evicted from the page cache before each read'}; "
-          f"{machine_description()}")
-    if args.json:
-        write_json(args.json, [dict(r, cache_size=cache.config.cache_size, l2=", ".join(l2),
-                                    machine=machine_description()) for r in rows])
     cache.close()
-    return 0
+    best = max((r for r in rows if r["level"] == "l2"), key=lambda r: r["workers"])
+    source = "page-cached" if args.warm_source else "evicted from the page cache before each read"
+    return Result(rows, ["level", "workers", "samples_per_s", "mb_per_s", "out_mb_per_s", "speedup_vs_source"],
+                  notes=[f"{n} samples, cache_size {cache.config.cache_size}, L2 {l2}, source {source}"],
+                  headline=f"L2 {best['speedup_vs_source']:.1f}x source decode + resize at {best['workers']} workers")

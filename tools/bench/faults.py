@@ -10,10 +10,10 @@ fault from here, on processes and files this benchmark made:
 - ``rank``: SIGKILL a rank after a few checkpoints, then ``--resume``;
 - ``launcher``: SIGTERM ``cachepipe train`` itself after a few checkpoints, then ``--resume``;
 - ``other_out``: resume a stopped run into another run's ``--out`` (refused, that run
-  untouched), then into its own (``tools.bench.faults_launcher``);
+  untouched), then into its own (``tools.bench.parts.faults_launcher``);
 - ``l1``: truncate L1's ``data.mdb`` to 16 KiB and empty L2 before the run, so reads go to L1;
 - ``fifo``, ``huge``, ``replaced``: a FIFO, a 40 GB sparse file, a same-size same-mtime
-  replacement in a copy of the source (``tools/bench/fault_sources.py``).
+  replacement in a copy of the source (``tools/bench/parts/faults_sources.py``).
 
 Per scenario: whether the fault was injected and the run finished (``survived``), epochs,
 steps and samples seen per epoch against the baseline (``samples_lost``: fewer samples
@@ -32,19 +32,18 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tools.bench.fault_sources import SOURCE_FAULTS, source_fault
-from tools.bench.faults_launcher import other_out, spawned_children, stop_launcher
-from tools.bench.table import format_table, machine_description, write_json
-from trainer.launch import free_port
+from tools.bench.harness import Result
+from tools.bench.parts.faults_launcher import other_out, spawned_children, stop_launcher
+from tools.bench.parts.faults_sources import SOURCE_FAULTS, source_fault
+from tools.cli import UsageError
 
-__all__ = ["configure", "main", "spawned_children"]
+__all__ = ["configure", "run", "spawned_children"]
 
 SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "launcher", "other_out", *SOURCE_FAULTS,
              "l1"]  # l1 last: it damages the shared cache
@@ -62,43 +61,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work-dir", default=None, help="where data, caches and runs go (default: a temporary dir)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a run may take before it is killed (a hang does not survive)")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
-
-
-class _Shard:
-    """A redis-server this benchmark started (persistence off); killed and restarted by it."""
-
-    def __init__(self, workdir: Path):
-        from cachepipe.server.redis_binary import find_redis_server
-
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.argv = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                     "--appendonly", "no", "--dir", str(workdir)]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = None
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(200):
-            if self.proc.poll() is not None:
-                break
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server on port {self.port} did not start ({' '.join(self.argv)})")
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def flush(self) -> None:
-        import redis
-
-        redis.Redis(port=self.port).flushall()
 
 
 _MARK = "CACHEPIPE_BENCH_FAULTS_RUN"  # in the environment of every process of a run
@@ -142,6 +104,7 @@ def _shm() -> set[str]:
 class _Bench:
     def __init__(self, args, work: Path):
         from cachepipe import CacheConfig
+        from tools.bench.harness.redis import private_redis
         from tools.demo import prepare_cache
         from tools.demo_dataset import make_dataset
 
@@ -149,7 +112,7 @@ class _Bench:
         (work / "logs").mkdir(parents=True, exist_ok=True)
         self.data = make_dataset(work / "data", classes=args.classes, per_class=args.per_class,
                                  val_per_class=max(args.per_class // 4, 1), size=64, seed=0)
-        self.shards = [_Shard(work / f"shard{i}") for i in range(2)]
+        self.shards = [private_redis(work / f"shard{i}") for i in range(2)]
         self.urls = [s.url for s in self.shards]
         self.cache = work / "cache"
         prepare_cache(CacheConfig(self.data, self.cache, self.urls, 64))
@@ -256,7 +219,7 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
         for mdb in bench.cache.rglob("data.mdb"):
             os.truncate(mdb, 16384)
         for shard in bench.shards:
-            shard.flush()
+            shard.client().flushall()
         return (*bench.run(bench.train_argv(out)), out)
     code, injected = bench.run(bench.train_argv(out), _kill_rank(out))  # rank
     if code == 0:
@@ -278,11 +241,9 @@ def _row(name: str, code: int, injected: bool, out: Path, base: list[dict], batc
             "shm_left": len(_shm() - shm), "exit": code}
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> Result:
     if args.epochs < 2:
-        print("cachepipe bench faults: error: --epochs must be >= 2 (faults are injected between epochs)",
-              file=sys.stderr)
-        return 2
+        raise UsageError("--epochs must be >= 2 (faults are injected between epochs)")
     work = Path(args.work_dir).absolute() if args.work_dir else Path(tempfile.mkdtemp(prefix="cachepipe-faults-"))
     bench = _Bench(args, work)
     results, base = [], []
@@ -306,8 +267,7 @@ def main(args: argparse.Namespace) -> int:
             shard.kill()
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    print(format_table(results, COLUMNS))
-    print(f"samples per epoch (baseline): {results[0]['samples_per_epoch']}; machine: {machine_description()}")
-    if args.json:
-        write_json(args.json, results)
-    return 0
+    survived = sum(r["survived"] == "yes" for r in results[1:])
+    lost = sum(r["samples_lost"] for r in results[1:])
+    return Result(results, COLUMNS, notes=[f"samples per epoch (baseline): {results[0]['samples_per_epoch']}"],
+                  headline=f"{survived} of {len(results) - 1} faults survived, {lost} samples lost")

@@ -29,9 +29,12 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
-__all__ = ["configure", "main", "OUTPUTS", "BUDGETS"]
+from tools.bench.harness import Result
+from tools.bench.harness.stats import median_run
+from tools.cli import UsageError
+
+__all__ = ["configure", "run", "OUTPUTS", "BUDGETS"]
 
 OUTPUTS = ("uint8", "float32")
 # per-image budgets (ms) of the serial stages, and faults per batch (NOTE [feed proxy])
@@ -42,13 +45,10 @@ COLUMNS = ("output", "main_thread_ms_per_image", "other_threads_ms_per_image", "
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("src", metavar="SRC", help="ImageFolder root (<SRC>/<class>/<image>); "
-                        "a dataset root holding train/ uses SRC/train")
-    parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
-    parser.add_argument("--redis", action="append", default=None, metavar="URL",
-                        help="L2 shard URL, repeatable; none given: the embedded server in --cache-dir")
-    parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
-                        help="embedded redis-server processes (NOTE [a node's L2]); unset: one per 8 cores")
+    from tools.bench.harness.data import add_dataset_flags
+    from tools.cache_flags import add_cache_arguments
+
+    add_cache_arguments(parser)  # SRC (a dataset root holding train/ uses SRC/train), --cache-dir, the L2 ...
     parser.add_argument("--step-ms", type=float, default=29.0,
                         help="model step the consumer keeps its thread busy for after each batch (ResNet-50 bf16, "
                              "batch 128 on an H200: 29)")
@@ -56,38 +56,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="loader worker processes")
     parser.add_argument("--batch-size", type=int, default=128, help="batch size")
     parser.add_argument("--size", type=int, default=224, help="crop size")
-    parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
     parser.add_argument("--batches", type=int, default=30, help="timed batches per output and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median round is reported")
-    parser.add_argument("--make-dataset", type=int, default=0, metavar="PER_CLASS",
-                        help="when SRC does not exist, write a demo dataset of 10 classes with this many "
-                             "~320 px JPEGs per class first (0: don't)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
+    add_dataset_flags(parser, image_px=320)
 
 
 def _check(args) -> None:
-    from tools.cli import UsageError
+    from tools.cache_flags import cache_sizes_from_args
 
+    try:
+        (args.cache_size,) = cache_sizes_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not args.step_ms >= 0:
         raise UsageError(f"--step-ms must be >= 0 (milliseconds of model step per batch), got {args.step_ms:g}")
     for flag in ("workers", "batch_size", "size", "cache_size", "batches", "rounds"):
         if getattr(args, flag) < (0 if flag == "workers" else 1):
             raise UsageError(f"--{flag.replace('_', '-')} must be >= {0 if flag == 'workers' else 1}, "
                              f"got {getattr(args, flag)}")
-    outputs = [o.strip() for o in args.outputs.split(",") if o.strip()]
-    if not outputs or set(outputs) - set(OUTPUTS):
-        raise UsageError(f"--outputs {args.outputs!r}: valid outputs are {list(OUTPUTS)}")
-    args.outputs = outputs
+    from tools.bench.harness.flags import choices
 
-
-def _proc_stat(pid: int) -> tuple[float, int]:
-    """(CPU seconds, minor faults) of process ``pid`` (0, 0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0, 0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+    args.outputs = choices("--outputs", args.outputs, OUTPUTS)
 
 
 class Probe:
@@ -101,14 +90,14 @@ class Probe:
         return [w.pid for w in getattr(it, "_workers", ())]
 
     def take(self) -> dict:
-        cpu, faults = 0.0, _proc_stat(os.getpid())[1]
+        from tools.bench.harness.l2 import server_cpu_seconds
+        from tools.bench.harness.procs import proc_stat
+
+        cpu, faults = 0.0, proc_stat(os.getpid())[1]
         for pid in self._workers():
-            c, f = _proc_stat(pid)
+            c, f = proc_stat(pid)
             cpu, faults = cpu + c, faults + f
-        redis_cpu = 0.0
-        for client in self.redis_clients:
-            info = client.info("cpu")
-            redis_cpu += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        redis_cpu = server_cpu_seconds(self.redis_clients)
         hits = self.loader.cache_hits
         return {"process": time.process_time(), "thread": time.thread_time(), "workers": cpu, "faults": faults,
                 "redis": redis_cpu, "l1": hits["l1_hits"], "source": hits["source_reads"],
@@ -128,15 +117,6 @@ def _busy(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-def epochs(loader):
-    """The batches of ``loader``, epoch after epoch (``set_epoch`` before each), forever."""
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
 
 
 def measure(batches_iter, probe: Probe, batches: int, step_s: float) -> dict:
@@ -175,26 +155,24 @@ def _verdicts(row: dict, args) -> dict:
     return {k: ("ok" if row[k] <= b else "OVER") for k, b in budgets.items()}
 
 
-def main(args: argparse.Namespace) -> int:
-    import redis
+def run(args: argparse.Namespace) -> Result:
     import torch
 
     from cachepipe import TwoLevelCache
-    from tools.bench.loader import _warm
-    from tools.bench.table import format_table, machine_description, write_json
-    from tools.demo_dataset import make_dataset
+    from tools.bench.harness.data import epochs, source_root, warm
+    from tools.bench.harness.l2 import l2_server_clients
+    from tools.cache_flags import cache_config
 
     _check(args)
     torch.set_num_threads(1)  # the consumer as a GPU training thread: one intra-op thread
-    src = Path(args.src)
-    if not src.exists() and args.make_dataset:
-        print(f"writing a demo dataset to {src}: 10 classes x {args.make_dataset} images of ~320 px")
-        make_dataset(src, classes=10, per_class=args.make_dataset, val_per_class=0, size=320)
-    root = src / "train" if (src / "train").is_dir() else src
-    cache = TwoLevelCache(root, args.cache_dir, args.redis, args.cache_size, l2_servers=args.l2_servers)
-    _warm(cache)
-    clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
-               else [s.client() for s in cache.embedded_group().servers])
+    root = source_root(args)
+    try:
+        config = cache_config(args, root, args.cache_size)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cache = TwoLevelCache(config)
+    warm(cache)
+    clients = l2_server_clients(config)
     print(f"dataset {root}: {len(cache)} images; L2 warm ({cache.stats()['l2_writes']} writes); "
           f"{len(clients)} Redis server(s)")
     cache.close()
@@ -214,20 +192,20 @@ def main(args: argparse.Namespace) -> int:
             loader.close()
     rows = []
     for o, results in runs.items():
-        median = sorted(results, key=lambda m: m["main_thread_ms_per_image"])[len(results) // 2]
-        row = {"output": o, **median, "workers": args.workers, "batch_size": args.batch_size, "size": args.size,
-               "cache_size": args.cache_size, "step_ms": args.step_ms, "rounds": args.rounds,
-               "redis_servers": len(clients), "load_average": os.getloadavg()[0]}
+        row = {"output": o, **median_run(results, "main_thread_ms_per_image"), "workers": args.workers,
+               "batch_size": args.batch_size, "size": args.size, "cache_size": args.cache_size,
+               "step_ms": args.step_ms, "rounds": args.rounds, "redis_servers": len(clients),
+               "load_average": os.getloadavg()[0]}
         row["verdict"] = _verdicts(row, args)
         rows.append(row)
-    print(format_table(rows, COLUMNS))
-    print("budgets: " + ", ".join(f"{k} <= {v:g}" for k, v in
-                                  dict(BUDGETS, worker_ms_per_image=args.workers * args.step_ms
-                                       / args.batch_size).items()))
+    budgets = dict(BUDGETS, worker_ms_per_image=args.workers * args.step_ms / args.batch_size)
+    notes = ["budgets: " + ", ".join(f"{k} <= {v:g}" for k, v in budgets.items())]
     for row in rows:
         over = [k for k, v in row["verdict"].items() if v != "ok"]
-        print(f"{row['output']}: " + ("every stage within budget" if not over else "OVER budget: " + ", ".join(over)))
-    print(f"machine: {machine_description()}; load average {os.getloadavg()[0]:.2f}")
-    if args.json:
-        write_json(args.json, rows)
-    return 0
+        notes.append(f"{row['output']}: " + ("every stage within budget" if not over else "OVER budget: "
+                                             + ", ".join(over)))
+    notes.append(f"load average {os.getloadavg()[0]:.2f}")
+    first = rows[0]
+    return Result(rows, COLUMNS, notes=notes,
+                  headline=f"consumer thread {first['main_thread_ms_per_image']:.3f} ms/image ({first['output']}; "
+                           f"budget 0.08)")

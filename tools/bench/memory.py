@@ -2,8 +2,9 @@
 all-reduce hook, on the model of torch's ``test_is_last_hook``.
 
 For every case (torch's ``allreduce_hook`` first, then every algorithm at every density)
-it starts a fresh 2-process gloo job (``tools/bench/memory_rank.py``, ranks on this
-host's loopback, ``--topology`` nodes x workers per node) that builds ``Linear(2, W)``
+it starts a fresh gloo job (``tools/bench/ranks/memory.py``; ``--emulate MxN``, default 1x2:
+``comm.Topology`` of M nodes x N workers, ranks on this host's loopback unless ``@MBIT``
+puts them in emulated nodes) that builds ``Linear(2, W)``
 and ``L`` times ``Linear(W, W)`` without bias (W = 4000, L = 10: 160M parameters, 640 MB
 of fp32 gradients, DDP buckets of one layer each), registers the hook and runs
 ``--steps`` forward/backward passes. Each rank reports its peak RSS (``getrusage``: the
@@ -14,40 +15,23 @@ instead of driving the machine into its OOM killer.
 
 NOTE [hook working memory]: RSS mixes the model, DDP's buckets and the interpreter with
 what the exchange allocates. ``--live-bytes`` runs backward inside
-:class:`tools.bench.live_bytes.LiveBytes` and also reports ``hook_peak_mib``: the most
+:class:`tools.bench.harness.live_bytes.LiveBytes` and also reports ``hook_peak_mib``: the most
 bytes of tensors allocated during backward (gradients and DDP's copies included) alive at
 once, which tells the exchange's own share apart from the rest.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-from tools.bench.table import format_table, machine_description, write_json
+from tools.bench.harness import Result
 
-__all__ = ["configure", "main", "parse_topology"]
+__all__ = ["configure", "run"]
 
 ALGORITHMS = ["hitopk", "topk_ag", "gtopk", "hier", "2dtar", "dense"]
 COLUMNS = ["hook", "density", "status", "peak_rss_mib", "vs_allreduce", "start_rss_mib", "grad_mib", "hook_peak_mib"]
-
-
-def parse_topology(text: str) -> tuple[int, int]:
-    """``"MxN"`` -> ``(M, N)`` with ``M * N == 2``.
-
-    Raises:
-        argparse.ArgumentTypeError: for anything else.
-    """
-    try:
-        nodes, local = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--topology must be NODESxWORKERS, got {text!r}") from None
-    if nodes * local != 2 or nodes < 1:
-        raise argparse.ArgumentTypeError(f"--topology must hold 2 processes (1x2 or 2x1), got {text!r}")
-    return nodes, local
 
 
 def _density(text: str) -> float:
@@ -67,41 +51,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--densities", nargs="+", type=_density, default=[1.0, 0.25, 0.01],
                         help="densities of the sparse algorithms (default 1.0 0.25 0.01)")
     parser.add_argument("--selector", default="mstopk", help="top-k selector (default mstopk)")
-    parser.add_argument("--topology", type=parse_topology, default=(1, 2),
-                        help="NODESxWORKERS of comm.Topology for the 2 processes (default 1x2, what "
-                             "Topology.from_env() gives 2 local processes; 2x1 runs inter-node code paths)")
     parser.add_argument("--limit-gb", type=float, default=None,
-                        help="RLIMIT_AS per process in GiB (default: 60%% of this machine's RAM over the 2 processes)")
+                        help="RLIMIT_AS per process in GiB (default: 60%% of this machine's RAM over the processes)")
     parser.add_argument("--live-bytes", action="store_true",
                         help="also count the bytes of tensors allocated in backward (NOTE [hook working memory])")
-    parser.add_argument("--port", type=int, default=29591, help="rendezvous port on 127.0.0.1 (default 29591)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before a case is stopped (default 1800)")
-    parser.add_argument("--json", default=None, help="write the rows as JSON here")
 
 
-def main(args: argparse.Namespace) -> int:
-    limit = args.limit_gb if args.limit_gb is not None else _default_limit_gb()
+def run(args: argparse.Namespace) -> Result:
+    from tools.bench.harness.cluster import maybe_cluster
+
+    emu = args.emulation
+    limit = args.limit_gb if args.limit_gb is not None else _default_limit_gb(emu.world)
     cases = [("allreduce", None)] + [(a, d) for a in args.algorithms for d in
                                      (args.densities if _sparse(a) else [None])]
     params = args.width * 2 + args.width * args.width * args.layers
-    print(f"# {machine_description()}\n# model: Linear(2, {args.width}) + {args.layers} x Linear({args.width}, "
-          f"{args.width}), {params / 1e6:.1f}M parameters; topology {args.topology[0]}x{args.topology[1]}; "
-          f"RLIMIT_AS {limit:.1f} GiB per process", flush=True)
+    print(f"# model: Linear(2, {args.width}) + {args.layers} x Linear({args.width}, {args.width}), "
+          f"{params / 1e6:.1f}M parameters; {emu.describe()}; RLIMIT_AS {limit:.1f} GiB per process", flush=True)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="cachepipe-bench-memory-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="cachepipe-bench-memory-") as tmp, maybe_cluster(emu, "me") as cluster:
         for i, (hook, density) in enumerate(cases):
-            rows.append(_run_case(args, hook, density, limit, Path(tmp) / f"case{i}"))
+            rows.append(_run_case(args, cluster, hook, density, limit, Path(tmp) / f"case{i}"))
             print(f"  {hook:9s} density={density} {rows[-1]['status']} peak {rows[-1]['peak_rss_mib']} MiB",
                   flush=True)
     base = rows[0]["peak_rss_mib"] if rows[0]["status"] == "ok" else None
     for r in rows:
         r["vs_allreduce"] = round(r["peak_rss_mib"] / base, 2) if base and r["peak_rss_mib"] else None
-        r.update(width=args.width, layers=args.layers, topology=f"{args.topology[0]}x{args.topology[1]}",
-                 limit_gb=limit, selector=args.selector)
-    print(format_table(rows, COLUMNS if args.live_bytes else COLUMNS[:-1]))
-    if args.json:
-        write_json(args.json, rows)
-    return 0
+        r.update(width=args.width, layers=args.layers, topology=f"{emu.nodes}x{emu.local_size}", limit_gb=limit,
+                 selector=args.selector)
+    worst = max((r for r in rows[1:] if r["vs_allreduce"]), key=lambda r: r["vs_allreduce"], default=None)
+    return Result(rows, COLUMNS if args.live_bytes else COLUMNS[:-1],
+                  notes=[f"{emu.describe()}; {params / 1e6:.1f}M parameters; RLIMIT_AS {limit:.1f} GiB per process"],
+                  headline=(f"sparse hook peak RSS at most {worst['vs_allreduce']:.2f}x torch's all-reduce hook "
+                            f"({worst['hook']}, density {worst['density']})" if worst else None))
 
 
 def _sparse(algorithm: str) -> bool:
@@ -110,31 +91,26 @@ def _sparse(algorithm: str) -> bool:
     return registry[algorithm].sparse
 
 
-def _default_limit_gb() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 * 0.6 / 2
+def _default_limit_gb(processes: int) -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 * 0.6 / processes
 
 
-def _run_case(args, hook: str, density: float | None, limit: float, workdir: Path) -> dict:
-    from tools.emulated_job import JobFailed, launch
+def _run_case(args, cluster, hook: str, density: float | None, limit: float, workdir: Path) -> dict:
+    from tools.bench.harness.jobs import JobFailed, launch
+    from tools.bench.harness.ranks import rank_argv, read_rank_results
 
-    nodes, local = args.topology
-
-    def argv(rank: int) -> list[str]:
-        cmd = [sys.executable, "-m", "tools.bench.memory_rank", "--hook", hook, "--width", str(args.width),
-               "--layers", str(args.layers), "--steps", str(args.steps), "--nodes", str(nodes),
-               "--local-size", str(local), "--selector", args.selector, "--limit-gb", str(limit),
-               "--out", str(workdir / f"rank{rank}.json")]
-        if density is not None:
-            cmd += ["--density", str(density)]
-        return cmd + (["--live-bytes"] if args.live_bytes else [])
-
+    emu = args.emulation
+    spec = {"hook": hook, "density": density, "width": args.width, "layers": args.layers, "steps": args.steps,
+            "nodes": emu.nodes, "local_size": emu.local_size, "selector": args.selector, "limit_gb": limit,
+            "live_bytes": args.live_bytes}
+    argv = rank_argv("tools.bench.ranks.memory", spec, workdir)
     status = "ok"
     try:
-        launch(None, argv, local_size=local, nodes=nodes, port=args.port, timeout=args.timeout,
+        launch(cluster, lambda rank: argv, local_size=emu.local_size, nodes=emu.nodes, timeout=emu.timeout,
                log_dir=workdir / "logs", fork=False)  # peak RSS of a process of its own
     except JobFailed as e:
         status = f"failed: {e}".split(";")[0]
-    results = [json.loads(p.read_text()) for p in sorted(workdir.glob("rank*.json"))]
+    results = read_rank_results(workdir, per_rank=True)
     if any(r.get("status") == "out of memory" for r in results):
         status = "out of memory"
     mib = lambda key: max((r[key] for r in results if r.get(key) is not None), default=None)

@@ -2,8 +2,8 @@
 
 1. Measures ResNet-50's per-layer backward times on this CPU (one process, real model).
 2. Compares the paper's greedy planner with the optimal one on random layer profiles.
-3. On the emulated cluster of tools/cluster.py (2 nodes x 2 workers, ``--rate-mbit``
-   between nodes) every rank replays the measured backward (NOTE [emulated backward]),
+3. On the emulated cluster (``--emulate``, default 2x2@200 with a 32 KiB tbf bucket; one
+   node or ``--loopback``: all on loopback) every rank replays the measured backward (NOTE [emulated backward]),
    fits alpha, beta, gamma in place, plans, and times each mode with the real engine
    (``comm.GradientExchanger``, topk_ag on each plan's merged layers); the table puts
    each measured iteration time next to the model's prediction.
@@ -11,23 +11,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["configure", "main", "greedy_vs_optimal"]
+from tools.bench.harness import Result
+
+__all__ = ["configure", "run", "greedy_vs_optimal"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=2, choices=[1, 2], help="emulated nodes")
-    parser.add_argument("--workers-per-node", type=int, default=2, help="worker processes per node")
-    parser.add_argument("--rate-mbit", type=float, default=200.0, help="inter-node bandwidth, Mbit/s")
-    parser.add_argument("--no-netns", action="store_true", help="run all workers on loopback (no rate limit)")
     parser.add_argument("--density", type=float, default=0.001, help="fraction of gradients sent (rho)")
     parser.add_argument("--selector", default="exact", help="top-k selector (comm.topk.SELECTORS)")
     parser.add_argument("--batch", type=int, default=2, help="ResNet-50 batch for the backward profile")
@@ -41,7 +37,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=8, help="timed iterations per mode (interleaved)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations per mode")
     parser.add_argument("--random-profiles", type=int, default=100, help="random profiles for greedy vs optimal")
-    parser.add_argument("--json", default=None, help="write rows (and the fitted model) to this JSON file")
 
 
 def greedy_vs_optimal(count: int, seed: int = 0) -> list[dict]:
@@ -122,85 +117,74 @@ def _resnet_profile(args) -> tuple[list[float], list[int]]:
     return prof.tb, prof.d
 
 
-def _launch(spec: dict, args, tmp: Path) -> tuple[dict, str]:
-    from tools.cluster import EmulatedCluster, netns_unavailable_reason
-    from tools.emulated_job import launch
-    from trainer.launch import free_port
+def _launch(spec: dict, emu, tmp: Path) -> dict:
+    from tools.bench.harness.cluster import maybe_cluster
+    from tools.bench.harness.jobs import launch
+    from tools.bench.harness.ranks import rank_argv, read_rank_results
 
-    world = args.nodes * args.workers_per_node
-    spec_path, out_path = tmp / "spec.json", tmp / "result.json"
-    spec_path.write_text(json.dumps(spec))
     # NOTE [bench allocator]: with glibc's defaults every large tensor is a fresh mmap
     # whose pages fault in on first touch, a cost a GPU caching allocator does not have;
     # keeping freed memory in the heap makes repeated large buffers cheap for every mode.
     env = dict(PYTHONPATH=str(_ROOT), OMP_NUM_THREADS="1", MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_=str(2**40))
-    argv = [sys.executable, "-m", "tools.omgs.worker", str(spec_path), str(out_path)]
-
-    def start(cluster) -> dict:
-        launch(cluster, lambda rank: argv, local_size=args.workers_per_node, nodes=args.nodes, port=free_port(),
-               env=env, timeout=1800)
-        return json.loads(out_path.read_text())
-
-    reason = "requested" if args.no_netns or args.nodes == 1 else netns_unavailable_reason()
-    if reason:
-        return start(None), f"loopback gloo, {world} workers, no rate limit ({reason})"
-    with EmulatedCluster(args.nodes, args.rate_mbit, burst_bytes=32 * 1024) as cluster:
-        return start(cluster), (f"netns cluster: {args.nodes} nodes x {args.workers_per_node} workers, "
-                                f"{args.rate_mbit:g} Mbit/s tbf between nodes")
+    argv = rank_argv("tools.bench.ranks.omgs", spec, tmp)
+    with maybe_cluster(emu if emu.nodes > 1 else _loopback(emu), "og") as cluster:
+        launch(cluster, lambda rank: argv, local_size=emu.local_size, nodes=emu.nodes, env=env, timeout=emu.timeout)
+    return read_rank_results(tmp)
 
 
-def main(args: argparse.Namespace) -> int:
+def _loopback(emu):
+    import dataclasses
+
+    return dataclasses.replace(emu, mbit=None)  # one node: nothing crosses a link
+
+
+def run(args: argparse.Namespace) -> Result:
     from comm.omgs import predict_iteration_time
-    from tools.bench.table import format_table, machine_description, write_json
 
+    emu = args.emulation
     print(f"ResNet-50 backward profile (batch {args.batch}, {args.resolution}px"
           f"{', from ' + args.profile_in if args.profile_in else ''}) ...", flush=True)
     tb, d = _resnet_profile(args)
     print(f"  {len(d)} tensors, {sum(d):,} parameters, backward {1e3 * sum(tb):.1f} ms", flush=True)
     gvo = greedy_vs_optimal(args.random_profiles)
-    print("paper (greedy) plan's modelled time / optimal plan's, on random profiles:")
-    print(format_table(gvo, ["family", "profiles", "mean", "median", "p90", "p99", "max", "worse_1pct",
-                             "above_no_merge", "above_no_merge_1pct"]), flush=True)
     spec = dict(tb=tb, d=d, density=args.density, selector=args.selector, fusion_mb=args.fusion_mb,
                 iters=args.iters, warmup=args.warmup, profile_repeats=args.profile_repeats,
                 fit_repeats=args.fit_repeats)
     with tempfile.TemporaryDirectory(prefix="omgs-bench-") as tmp:
-        result, where = _launch(spec, args, Path(tmp))
+        result = _launch(spec, emu, Path(tmp))
     rows, c = result["rows"], result["coeffs"]
     lags = next(r["measured_ms"] for r in rows if r["mode"].startswith("lags"))
     fastest = min(r["measured_ms"] for r in rows if r["groups"])
     for r in rows:
         r["vs_lags"] = lags / r["measured_ms"] if r["groups"] else ""
         r["meas/pred"] = r["measured_ms"] / r["predicted_ms"]
-    print(f"\n{where}; density {args.density}, selector {args.selector}")
-    print(f"fitted: alpha {1e3 * c['alpha']:.3f} ms, beta {1e9 * c['beta']:.3f} ns/B "
-          f"({8e-6 / max(c['beta'], 1e-15):.1f} Mbit/s per-worker payload), gamma {c['gamma']:.3e}, "
-          f"ts0 {1e3 * c['ts0']:.3f} ms/group, decompression tu {1e3 * result['tu0']:.1f} ms + "
-          f"{1e3 * result['tu1']:.3f} ms/group (gamma, ts0, tu refitted on the baselines' timed iterations)")
     pw = result["planned_with"]
-    print(f"plans made with (calibration run): gamma {pw['gamma']:.3e}, ts0 {1e3 * pw['ts0']:.3f} ms + "
-          f"decompression {1e3 * pw['tu1']:.3f} ms per group, tu0 {1e3 * pw['tu0']:.1f} ms")
-    print(format_table(rows, ["mode", "groups", "measured_ms", "min_ms", "max_ms", "predicted_ms",
-                              "meas/pred", "planned_pred_ms", "vs_lags", "compress_ms", "wait_ms", "sync_ms"]))
     opt = next(r for r in rows if r["mode"] == "omgs optimal")
     t_res = [predict_iteration_time(result["tb_effective"], d, plan, **c,
                                     tu=result["tu0"] + result["tu1"] * (len(d) - sum(plan)))
              for plan in (result["plans"]["omgs paper"], result["plans"]["omgs optimal"])]
-    print(f"on this ResNet-50 profile the paper plan's modelled time is {t_res[0] / t_res[1]:.3f}x the optimum's")
     targets = {
         "optimal fastest or within 5%": opt["measured_ms"] <= 1.05 * fastest,
         ">= 1.2x faster than LAGS": lags / opt["measured_ms"] >= 1.2,
         "measured within 25% of prediction": abs(opt["meas/pred"] - 1) <= 0.25,
     }
-    for name, ok in targets.items():
-        print(f"  target {name}: {'met' if ok else 'NOT met'}")
     wi = what_if(result, d, args.fusion_mb)
-    print("\nmodel only (what if top-k were cheaper), predicted ms:")
-    print(format_table(wi, list(wi[0])))
-    print(f"machine: {machine_description()}")
-    if args.json:
-        write_json(args.json, [dict(r, setup=where, machine=machine_description(), **{f"fit_{k}": v for k, v in c.items()})
-                               for r in rows] + [dict(mode="greedy_vs_optimal_random", **g) for g in gvo]
-                   + [dict(mode="greedy_vs_optimal_resnet50", ratio=t_res[0] / t_res[1])]
-                   + [dict(mode="what_if", **w) for w in wi])
-    return 0
+    notes = [f"{emu.describe()}; density {args.density}, selector {args.selector}",
+             f"fitted: alpha {1e3 * c['alpha']:.3f} ms, beta {1e9 * c['beta']:.3f} ns/B "
+             f"({8e-6 / max(c['beta'], 1e-15):.1f} Mbit/s per-worker payload), gamma {c['gamma']:.3e}, "
+             f"ts0 {1e3 * c['ts0']:.3f} ms/group, decompression tu {1e3 * result['tu0']:.1f} ms + "
+             f"{1e3 * result['tu1']:.3f} ms/group (gamma, ts0, tu refitted on the baselines' timed iterations)",
+             f"plans made with (calibration run): gamma {pw['gamma']:.3e}, ts0 {1e3 * pw['ts0']:.3f} ms + "
+             f"decompression {1e3 * pw['tu1']:.3f} ms per group, tu0 {1e3 * pw['tu0']:.1f} ms",
+             f"on this ResNet-50 profile the paper plan's modelled time is {t_res[0] / t_res[1]:.3f}x the optimum's",
+             *(f"  target {name}: {'met' if ok else 'NOT met'}" for name, ok in targets.items())]
+    rows = [dict(r, setup=emu.describe(), greedy_vs_optimal_resnet50=t_res[0] / t_res[1],
+                 **{f"fit_{k}": v for k, v in c.items()}) for r in rows]
+    return Result(rows, ["mode", "groups", "measured_ms", "min_ms", "max_ms", "predicted_ms", "meas/pred",
+                              "planned_pred_ms", "vs_lags", "compress_ms", "wait_ms", "sync_ms"],
+                  notes=notes, headline=f"OMGS optimal plan {lags / opt['measured_ms']:.2f}x LAGS, measured "
+                                        f"{opt['meas/pred']:.2f}x its prediction",
+                  tables=[("paper (greedy) plan's modelled time / optimal plan's, on random profiles:", gvo,
+                           ["family", "profiles", "mean", "median", "p90", "p99", "max", "worse_1pct",
+                            "above_no_merge", "above_no_merge_1pct"]),
+                          ("model only (what if top-k were cheaper), predicted ms:", wi, list(wi[0]))])

@@ -2,8 +2,8 @@
 on an emulated slow cluster.
 
 The question (issue 14): with overlap, does a sparse step take at most
-``max(compute, exchange)`` + 15 %? Ranks run inside ``tools.cluster`` namespaces
-(``--emulate MxN@MBIT``, as ``bench train``) on the model of ``bench train --emulate``'s
+``max(compute, exchange)`` + 15 %? Ranks run inside emulated nodes
+(``--emulate MxN[@MBIT]``, default 2x2@4, as ``bench train --emulate``) on the model of ``bench train --emulate``'s
 defaults with one fixed synthetic batch (no data loading: the claim is about compute and
 exchange), and time every mode in interleaved rounds.
 
@@ -49,26 +49,24 @@ bucket, and ``select_in_backward``, the top-k selection), ``sync`` (after backwa
 time is far above its CPU time waits for the link or for other ranks to be scheduled.
 
 ``--burst`` sets the tbf bucket of the emulated links (NOTE [tbf burst] in
-tools/cluster.py): the default bucket of 256 KiB passes a whole sparse exchange at once,
+tools/bench/harness/cluster.py): the default bucket of 256 KiB passes a whole sparse exchange at once,
 so only a smaller one makes every byte pay the link rate, as on a real slow link.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import tempfile
-import uuid
 from pathlib import Path
 
-from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.train_emulated import DEFAULTS
+from tools.bench.harness import Result
+from tools.bench.harness.workload import DEFAULTS
+from tools.bench.ranks.overlap import plan_options
+from tools.cli import UsageError
 
-__all__ = ["configure", "main", "summarize"]
+__all__ = ["configure", "run", "summarize"]
 
 _ROOT = Path(__file__).resolve().parents[2]
-_EMULATE = f"2x2@{DEFAULTS['mbit']:g}"  # NOTE [emulate defaults] in tools/bench/train_emulated.py
 COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap_ms", "overlap_ms", "overlap_vs_max",
            "pipeline_ms", "pipeline_vs_max", "first_ready_ms", "bound_ms", "overlap_vs_bound", "backward_ms",
            "launch_in_backward_ms", "select_in_backward_ms", "sync_ms", "blocked_ms", "launch_in_sync_ms",
@@ -76,12 +74,6 @@ COLUMNS = ["plan", "buckets", "compute_ms", "exchange_ms", "max_ms", "no_overlap
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--emulate", default=_EMULATE, metavar="MxN@MBIT",
-                        help=f"M emulated nodes x N processes, MBIT Mbit/s between nodes (default: {_EMULATE}, "
-                             "bench train --emulate's defaults); needs root and iproute2")
-    parser.add_argument("--burst", type=int, default=None, metavar="KIB",
-                        help="tbf bucket of the emulated links in KiB, at least 2 (default: 256 KiB or more, "
-                             "NOTE [tbf burst]); a smaller one makes a sparse exchange pay the link rate")
     parser.add_argument("--comm", default="hitopk", help="exchange algorithm (comm.ALGORITHMS; default: hitopk)")
     parser.add_argument("--density", type=float, default=0.01, help="density of sparse algorithms (default: 0.01)")
     parser.add_argument("--selector", default="mstopk", help="top-k selector (default: mstopk)")
@@ -97,8 +89,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="interleaved rounds: every mode runs in each (default: 30)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per mode and round (default: 2)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per mode and round (default: 1)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
-    parser.add_argument("--json", default=None, help="write the rows as JSON here")
 
 
 def _median_ms(rows: list[dict], key: str) -> float:
@@ -129,49 +119,36 @@ def summarize(modes: dict[str, list[dict]], plans: list[str], buckets: dict[str,
     return rows
 
 
-def main(args: argparse.Namespace) -> int:
-    from tools.bench.overlap_rank import plan_options
-    from tools.cluster import EmulatedCluster, require_netns
-    from tools.emulated_job import JobFailed, burst_bytes, launch, parse_emulate
+def run(args: argparse.Namespace) -> Result:
+    from tools.bench.harness.cluster import maybe_cluster
+    from tools.bench.harness.jobs import launch
+    from tools.bench.harness.ranks import rank_argv, read_rank_results
 
+    emu = args.emulation
     try:
-        emu = parse_emulate(args.emulate, 10.0)
         for spec in args.plans:
             plan_options(spec)
-        for flag in ("rounds", "steps", "batch", "size"):
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag} must be >= 1; got {getattr(args, flag)}")
-        burst = burst_bytes(args.burst)
-        require_netns()
     except ValueError as exc:
-        print(f"cachepipe bench overlap: error: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
+    for flag in ("rounds", "steps", "batch", "size"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} must be >= 1; got {getattr(args, flag)}")
+    if emu.mbit is None:
+        raise UsageError("--emulate: the exchange needs a link; give MxN@MBIT")
+    spec = {key: getattr(args, key) for key in ("batch", "size", "rounds", "steps", "warmup", "comm", "density",
+                                                "selector", "model", "plans")}
+    spec.update(nodes=emu.nodes, local_size=emu.local_size)
     with tempfile.TemporaryDirectory(prefix="cachepipe-bench-overlap-") as tmp:
-        out = Path(tmp) / "times.json"
-
-        def argv(rank: int) -> list[str]:
-            return [sys.executable, "-m", "tools.bench.overlap_rank", "--nodes", str(emu.nodes),
-                    "--local-size", str(emu.local_size), "--batch", str(args.batch), "--size", str(args.size),
-                    "--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                    "--comm", args.comm, "--density", str(args.density), "--selector", args.selector,
-                    "--model", args.model, "--plans", *args.plans, "--out", str(out)]
-
-        with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14o{uuid.uuid4().hex[:3]}", burst_bytes=burst) as cluster:
-            try:
-                launch(cluster, argv, local_size=emu.local_size, timeout=args.timeout, log_dir=Path(tmp) / "logs",
-                       env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(_ROOT)})
-            except JobFailed as exc:
-                logs = "".join(p.read_text()[-2000:] for p in sorted((Path(tmp) / "logs").glob("rank*.log")))
-                print(f"cachepipe bench overlap: error: {exc}\n{logs}", file=sys.stderr)
-                return 1
-        result = json.loads(out.read_text())
-    buckets = result["buckets"]
-    rows = summarize(result["modes"], args.plans, buckets)
-    link = f"{emu.mbit:g} Mbit/s" + (f" (tbf burst {args.burst} KiB)" if args.burst else "")
-    print(f"\n{machine_description()}; {emu.nodes}x{emu.local_size} @ {link}, {args.model} "
-          f"batch {args.batch} at {args.size} px, {args.comm} density {args.density} {args.selector}; "
-          f"medians of {args.rounds} x {args.steps} steps per mode (slowest rank per step)")
-    print(format_table(rows, COLUMNS))
-    if args.json:
-        write_json(args.json, rows)
-    return 0
+        argv = rank_argv("tools.bench.ranks.overlap", spec, tmp)
+        with maybe_cluster(emu, "ov") as cluster:
+            launch(cluster, lambda rank: argv, local_size=emu.local_size, timeout=emu.timeout,
+                   log_dir=Path(tmp) / "logs", env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(_ROOT)})
+        result = read_rank_results(tmp)
+    rows = summarize(result["modes"], args.plans, result["buckets"])
+    best = min(rows, key=lambda r: r["overlap_vs_max"])
+    return Result(rows, COLUMNS,
+                  notes=[f"{emu.describe()}, {args.model} batch {args.batch} at {args.size} px, {args.comm} density "
+                         f"{args.density} {args.selector}; medians of {args.rounds} x {args.steps} steps per mode "
+                         "(slowest rank per step)"],
+                  headline=f"overlap {best['overlap_vs_max']:.2f}x max(compute, exchange) ({best['plan']} plan), "
+                           f"pipeline {best['pipeline_vs_max']:.2f}x")

@@ -9,7 +9,7 @@ like Figure 6 of the MLSys 2021 paper. Runs standalone on a GPU box:
 ``python -m tools bench topk --device cuda --json topk_gpu.json --plot topk_gpu.png``.
 
 Every ``mstopk`` row also reports, from one extra instrumented call
-(``tools/bench/topk_counts.py``), ``candidates_per_k``, ``read_passes`` (elements of ``x``
+(``tools/bench/parts/topk_counts.py``), ``candidates_per_k``, ``read_passes`` (elements of ``x``
 read, counted at the loads, / its size), ``launches`` (Triton kernels plus torch ops that
 are not views) and ``host_syncs``. ``--kernel gpu`` compares the Triton kernel with the
 torch path on the heavy-tailed distributions; without a GPU it runs in Triton's
@@ -29,11 +29,12 @@ import torch
 
 from comm.topk import captured_energy, get_selector, k_for, recall
 from comm.topk.mstopk import gpu_kernel_available, interpreter_enabled
-from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.topk_counts import mstopk_counts, op_times_us
+from tools.bench.harness import Result
+from tools.bench.parts.topk_counts import mstopk_counts, op_times_us
+from tools.cli import UsageError
 from trainer.atomic_file import write_atomic
 
-__all__ = ["configure", "main", "make_input", "DISTRIBUTIONS", "parse_size", "run"]
+__all__ = ["configure", "make_input", "DISTRIBUTIONS", "parse_size", "measure", "run"]
 
 CPU_SIZES = "256K,1M,4M,16M"
 GPU_SIZES = "256K,1M,4M,16M,64M,128M"
@@ -140,8 +141,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "gpu on --device cpu needs TRITON_INTERPRET=1 and times only the interpreter")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads, 0 = torch's default")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the fill")
-    parser.add_argument("--json", default=None, help="write the rows as JSON to this path")
-    parser.add_argument("--plot", default=None, help="write a Figure-6-style PNG to this path")
 
 
 def _sync(device: torch.device) -> None:
@@ -176,7 +175,7 @@ def _available(impl: str, device: torch.device) -> bool:
     return gpu_kernel_available() if device.type == "cuda" else interpreter_enabled()
 
 
-def run(sizes: list[int], densities: list[float], device: torch.device, repeats: int, dists: list[str],
+def measure(sizes: list[int], densities: list[float], device: torch.device, repeats: int, dists: list[str],
         dtype: torch.dtype, impls: list[str], seed: int = 0) -> list[dict]:
     """Measure every (dist, size, density, impl); returns the JSON rows."""
     rows = []
@@ -245,9 +244,7 @@ def plot(rows: list[dict], path: str) -> None:
     write_atomic(path, png.getbuffer())
 
 
-def main(args: argparse.Namespace) -> int:
-    from tools.cli import UsageError
-
+def run(args: argparse.Namespace) -> Result:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda but no CUDA device is available")
@@ -283,20 +280,28 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"--impls: {e}") from None
         if kernel and (name != "mstopk" or kernel not in ("torch", "bisect", "gpu")):
             raise UsageError(f"--impls: {impl!r}: only mstopk takes a kernel (torch, bisect, gpu)")
-    machine = machine_description() + (f"; GPU: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
-    print(f"machine: {machine}; torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
+    where = f"GPU {torch.cuda.get_device_name(device)}" if device.type == "cuda" else "CPU"
+    print(f"{where}; torch {torch.__version__}, {torch.get_num_threads()} CPU threads", flush=True)
     if interpreted:
         print("mstopk:gpu runs in Triton's interpreter: its times are not GPU times; its counts are the GPU's",
               flush=True)
     repeats = args.repeats or (1 if interpreted else 5)
-    rows = run(sizes, densities, device, repeats, dists, dtype, impls, args.seed)
+    rows = measure(sizes, densities, device, repeats, dists, dtype, impls, args.seed)
     columns = ["distribution", "numel", "k", "selector", "impl", "median_s", "speedup_vs_exact", "recall", "energy",
                "candidates_per_k", "fine_bin", "read_passes", "launches", "full_size_ops", "host_syncs"]
     if device.type == "cuda":
         columns += ["eff_GBps", "time_in_read_passes"]
-    print(format_table(rows, columns))
-    if args.json:
-        write_json(args.json, rows)
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
+    return Result(rows, columns, notes=[f"{where}, torch {torch.get_num_threads()} CPU threads, {repeats} timed calls "
+                                        "per row (median)"], headline=_headline(rows),
+                  figure=lambda path: plot(rows, path))
+
+
+def _headline(rows: list[dict]) -> str | None:
+    """MSTopK's speed-up over exact top-k at the largest size measured (density 0.001 if run)."""
+    ms = [r for r in rows if r["selector"] == "mstopk" and r.get("speedup_vs_exact")]
+    if not ms:
+        return None
+    n = max(r["numel"] for r in ms)
+    best = max((r for r in ms if r["numel"] == n), key=lambda r: (r["density"] == 0.001, r["speedup_vs_exact"]))
+    return (f"mstopk:{best['impl']} {best['speedup_vs_exact']:.1f}x torch.topk at d = {n:,}, density "
+            f"{best['density']:g}, recall {best['recall']:.2f}")

@@ -42,7 +42,7 @@ from comm.topk import mstopk
 
 __all__ = ["HostSyncCounter", "LaunchCounter", "XReadCounter", "mstopk_counts", "op_times_us"]
 
-_COMM_DIR = str(Path(__file__).resolve().parents[2] / "comm")
+_COMM_DIR = str(Path(__file__).resolve().parents[3] / "comm")
 _GATHERS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_select.default, torch.ops.aten.gather.default,
             torch.ops.aten.take.default}
 _ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default}

@@ -1,6 +1,6 @@
 """Time-to-accuracy rows and plot from finished training runs (``metrics.jsonl``).
 
-Pure functions behind ``cachepipe bench train --emulate`` (``tools.bench.train_emulated``):
+Pure functions behind ``cachepipe bench train --emulate`` (``tools.bench.parts.train_emulated``):
 turn each algorithm's per-epoch metrics plus the bytes that crossed
 the emulated links into one row, and draw top-1 against wall-clock time (the shape of
 Figure 10 of the MLSys 2021 paper).

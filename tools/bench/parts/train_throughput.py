@@ -20,21 +20,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tools.bench.table import format_table, machine_description, write_json
+from tools.bench.harness import Result
+from tools.bench.harness.stats import median_run
+from tools.cli import UsageError
 
-__all__ = ["SOURCES", "configure", "main"]
+__all__ = ["SOURCES", "configure", "run"]
 
 SOURCES = ["synthetic", "torch", "torch-gpu", "dali"]
 
 
 def configure(group: argparse._ArgumentGroup) -> None:
-    """Flags of the throughput mode (``--data``, ``--model``, ``--size``, ``--cache-size``,
-    ``--batch-size`` and ``--json`` come from ``bench train``), the cache flags included."""
+    """Flags of the throughput mode (``--data``, ``--model``, ``--size``, ``--cache-size`` and
+    ``--batch-size`` come from ``bench train``), the cache flags included."""
     from tools.cache_flags import add_cache_arguments
 
     add_cache_arguments(group, source=False)
@@ -81,11 +82,11 @@ def _time_source(name, batches, model, optimizer, criterion, autocast, device, c
             "data_wait_ms": 1000 * data_s / steps}
 
 
-def main(args: argparse.Namespace) -> int:
-    """Time every source of ``--sources`` in interleaved rounds; print the table."""
+def run(args: argparse.Namespace) -> Result:
+    """Time every source of ``--sources`` in interleaved rounds."""
     import torch
 
-    from tools.bench.feed import epochs
+    from tools.bench.harness.data import epochs
     from tools.cache_flags import cache_config
     from trainer import models
     from trainer.optim import autocast_for
@@ -106,8 +107,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             cache = cache_config(args, data / "train", cache_size, cache_dir=tmp / "cache")
         except ValueError as exc:
-            print(f"cachepipe bench train: error: {exc}", file=sys.stderr)
-            return 2
+            raise UsageError(str(exc)) from None
         if not args.data:
             from tools.demo_dataset import make_dataset
 
@@ -144,20 +144,21 @@ def main(args: argparse.Namespace) -> int:
                                                   autocast, device, channels_last, args.steps,
                                                   args.warmup_steps if r == 0 else 1))
         for name, results in timings.items():
-            results.sort(key=lambda t: t["images_per_s"])
-            rows.append(dict(results[len(results) // 2], rounds=len(results)))
+            rows.append(dict(median_run(results, "images_per_s"), rounds=len(results)))
     base = next((r["images_per_s"] for r in rows if r["source"] == "synthetic"), None)
     for r in rows:
         r.update(model=model_name, size=size, batch=batch, device=device.type,
                  amp=args.amp if cuda else "fp32", channels_last=channels_last)
         if base and "images_per_s" in r:
             r["vs_synthetic"] = r["images_per_s"] / base
-    print(f"\n{machine_description()}; {model_name}, {size} px, batch {batch}, {device.type}"
-          f"{', ' + args.amp + ' autocast, channels_last' if cuda else ', fp32'}; {args.workers} loader workers")
-    print(format_table(rows, ["source", "images_per_s", "vs_synthetic", "step_ms", "data_wait_ms", "note"]))
-    if args.json:
-        write_json(args.json, rows)
-    return 0
+    fed = [r for r in rows if r.get("vs_synthetic") and r["source"] != "synthetic"]
+    best = max(fed, key=lambda r: r["vs_synthetic"], default=None)
+    return Result(rows, ["source", "images_per_s", "vs_synthetic", "step_ms", "data_wait_ms", "note"],
+                  notes=[f"{model_name}, {size} px, batch {batch}, {device.type}"
+                         f"{', ' + args.amp + ' autocast, channels_last' if cuda else ', fp32'}; "
+                         f"{args.workers} loader workers"],
+                  headline=(f"{best['source']} loader feeds {100 * best['vs_synthetic']:.1f} % of synthetic data's "
+                            f"images/s ({model_name}, {device.type})" if best else None))
 
 
 def _make(name, data, cache, args, batch, size, num_classes, device):

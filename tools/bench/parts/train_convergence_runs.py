@@ -2,8 +2,8 @@
 
 Trains each named recipe in turn on 4 local processes as 2 nodes x 2 (gloo), keeps each
 run's directory and draws them together with ``trainer.report``. Used by
-``cachepipe bench train --convergence DIR`` (``tools.bench.train_convergence`` builds the
-runs from its flags).
+``cachepipe bench train --convergence DIR`` (``tools.bench.parts.train_convergence`` builds
+the runs from its flags).
 
 Example:
     >>> from trainer.recipes import load_recipe, override

@@ -16,13 +16,15 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
 
-__all__ = ["EmulatedCluster", "netns_unavailable_reason", "require_netns"]
+__all__ = ["EmulatedCluster", "maybe_cluster", "netns_unavailable_reason", "require_netns"]
 
 SUBNET = "10.77.0"
 
@@ -174,3 +176,15 @@ class EmulatedCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def maybe_cluster(emulation, tag: str) -> Iterator[EmulatedCluster | None]:
+    """The started cluster of an :class:`~tools.bench.harness.emulate.Emulation` (tag
+    ``tag`` plus a random part in its names), or None when it runs on loopback."""
+    if emulation.mbit is None:
+        yield None
+        return
+    with EmulatedCluster(emulation.nodes, emulation.mbit, tag=f"{tag}{uuid.uuid4().hex[:3]}",
+                         burst_bytes=emulation.burst) as cluster:
+        yield cluster

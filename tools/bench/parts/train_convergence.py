@@ -2,7 +2,7 @@
 
 Trains ``--recipe`` (default ``demo``) once per ``--comm`` algorithm at ``--density`` (default:
 each algorithm's own, NOTE [gtopk's training defaults] in comm/collectives/gtopk.py), same
-seed and data, on 4 processes as 2 nodes x 2 (``tools.bench.convergence``), then once per
+seed and data, on 4 processes as 2 nodes x 2 (``tools.bench.parts.train_convergence_runs``), then once per
 ``--variant`` and sparse algorithm: ``--variant NAME:SET[,SET...]`` adds a row
 ``<comm>-<NAME>`` with extra recipe overrides (``section.field=value``, as ``--set``), for
 ablations such as ``--variant nomc:comm.momentum_correction=false``. Dense runs once, as
@@ -15,9 +15,10 @@ import argparse
 import re
 from pathlib import Path
 
-from tools.bench.table import format_table, machine_description, write_json
+from tools.bench.harness import Result
+from tools.cli import UsageError
 
-__all__ = ["DEFAULT_COMMS", "configure", "main", "parse_variant", "build_runs"]
+__all__ = ["DEFAULT_COMMS", "configure", "run", "parse_variant", "build_runs"]
 
 DEFAULT_COMMS = "dense,hitopk,gtopk"
 COLUMNS = ["name", "density", "epochs", "final_top1", "best_top1", "final_loss", "delta_top1_vs_dense",
@@ -29,7 +30,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 
 def configure(group: argparse._ArgumentGroup) -> None:
     """Flags of the convergence mode (``--data``, ``--recipe``, ``--comm``, ``--set``,
-    ``--epochs``, ``--density`` and ``--json`` come from ``bench train``)."""
+    ``--epochs`` and ``--density`` come from ``bench train``)."""
     group.add_argument("--convergence", default=None, metavar="DIR",
                        help="train --recipe once per --comm algorithm (default: " + DEFAULT_COMMS + ") and "
                             "--variant into DIR/<name>; plots in DIR/report")
@@ -60,7 +61,7 @@ def build_runs(base, comms: list[str], *, density: float | None, epochs: int | N
         ValueError: naming ``--set`` or ``--variant`` for an override the recipe rejects.
     """
     from comm.registry import names
-    from tools.bench.convergence import ConvergenceRun
+    from tools.bench.parts.train_convergence_runs import ConvergenceRun
     from trainer.recipes import override
 
     try:
@@ -102,10 +103,9 @@ def _data(args, out: Path, base) -> Path:
     return data
 
 
-def main(args: argparse.Namespace) -> int:
-    from tools.bench.train_emulated import parse_comms
-    from tools.cli import UsageError
-    from tools.bench.convergence import compare_convergence
+def run(args: argparse.Namespace) -> Result:
+    from tools.bench.harness.flags import comms as parse_comms
+    from tools.bench.parts.train_convergence_runs import compare_convergence
     from trainer.recipes import load_recipe
 
     out = Path(args.convergence)
@@ -126,14 +126,15 @@ def main(args: argparse.Namespace) -> int:
         data = _data(args, out, base)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if getattr(args, "plot", None):
+        raise UsageError("--plot goes with --emulate; --convergence draws its curves into DIR/report")
     rows = compare_convergence(out, runs, data)
-    print(f"\n{machine_description()}; {base.name} recipe on {data}, 4 processes as 2 nodes x 2 (gloo), "
-          f"same seed and data")
-    print(format_table([{k: v for k, v in r.items() if v is not None} for r in rows], COLUMNS))
-    print("top-1 after each epoch:")
-    for r in rows:
-        print(f"  {r['name']:<24} " + " ".join(f"{t:.1f}" for t in r["top1"]))
-    print(f"curves: {out / 'report'}")
-    if args.json:
-        write_json(args.json, rows)
-    return 0
+    notes = [f"{base.name} recipe on {data}, 4 processes as 2 nodes x 2 (gloo), same seed and data",
+             "top-1 after each epoch:"]
+    notes += [f"  {r['name']:<24} " + " ".join(f"{t:.1f}" for t in r["top1"]) for r in rows]
+    notes.append(f"curves: {out / 'report'}")
+    sparse = [r for r in rows if r.get("delta_top1_vs_dense") is not None and r["name"] != "dense"]
+    worst = min(sparse, key=lambda r: r["delta_top1_vs_dense"], default=None)
+    return Result(rows, COLUMNS, notes=notes,
+                  headline=(f"{worst['name']} {worst['delta_top1_vs_dense']:+.2f} top-1 vs dense after "
+                            f"{worst['epochs']} epochs" if worst else None))

@@ -1,8 +1,9 @@
-"""``cachepipe bench train --emulate MxN@MBIT --comm dense,hitopk,...``: time to accuracy on
+"""``cachepipe bench train --emulate MxN[@MBIT] --comm dense,hitopk,...``: time to accuracy on
 an emulated slow cluster.
 
-Builds ``M`` network-namespace nodes joined by links limited to ``MBIT`` Mbit/s
-(``tools.cluster``), starts one Redis server per node (``tools.emulated_job.node_servers``)
+Builds ``M`` network-namespace nodes joined by links limited to ``MBIT`` Mbit/s (default 4:
+NOTE [emulate defaults] in ``tools/bench/harness/workload.py``), starts one Redis server per
+node (``tools.bench.harness.redis.node_servers``)
 and warms the two-level cache into them before any clock runs: node ``i`` writes the samples
 its own server holds (NOTE [warm-up partitions]), so a read from
 another node crosses the limited link, as on a real cluster. Then, per algorithm, real
@@ -13,21 +14,7 @@ algorithm also runs with node-local sampling (NOTE [node-local order] in
 ``loaders.locality``): its run is named ``COMM-node`` and its row has ``locality`` node.
 With ``--pipeline-exchange off,on`` every algorithm of the comm engine also runs with
 its exchange pipelined into the next step (NOTE [pipelined exchange] in comm/engine.py):
-run ``COMM-pipe``, row ``pipeline`` true. Rows and plot: ``tools.bench.time_to_accuracy``.
-
-NOTE [emulate defaults]: ``--emulate 2x2`` means the configuration recorded in
-docs/BENCHMARKS.md: the ``demo`` recipe (``resnet_small``, 78k parameters) at 96 px from a
-96 px cache of a generated 10-class demo dataset, batch 32 per process, node-local
-sampling (a node's ranks draw the samples its own Redis holds), 4 Mbit/s between the
-nodes. A dense exchange then costs about 5x a step's compute, the communication-bound
-regime of the MLSys 2021 paper's 96 px phase, and ``--comm dense,hitopk`` finishes in
-about 8 minutes on a 2-core machine. Why 96 px and not the 32 px recorded first: on 2
-cores shared by 4 ranks a sparse exchange's CPU work (3-5 ms per rank, mostly fixed per
-collective) is a third of a 32 px step's compute CPU, which no overlap can hide; at 96 px
-it is under a twentieth, as on a real cluster where every rank has its own cores. Why
-node-local sampling: a 96 px sample is 27 KB, and with global sampling half of every
-batch would cross the 4 Mbit/s link, so the run would measure sample reads, not the
-exchange (``--locality global`` still runs it).
+run ``COMM-pipe``, row ``pipeline`` true. Rows and plot: ``tools.bench.parts.train_tta``.
 
 NOTE [emulate on real photos]: with ``--data ROOT`` photos smaller than 96 px train at
 their own size (CIFAR-10's 32 px: upscaling them to 96 is 9x the work for no new detail),
@@ -36,7 +23,7 @@ steps. Not a larger batch to keep the 96 px default's compute per step: at a fix
 density error feedback delays an entry by about ``1 / rho`` steps whatever the batch, so
 a larger batch is staler in samples; with 4x and 9x the batch (learning rate scaled
 linearly) ``hitopk`` ended 2.6 and 2.4 points below dense on CIFAR-10 in 8 epochs, where
-batch 32 ends level (docs/BENCHMARKS.md, issue 30). The step budget: a dense exchange
+batch 32 ends level (docs/benchmarks/history/train.md, issue 30). The step budget: a dense exchange
 costs about a second per step at 4 Mbit/s whatever the batch, so steps set the dense
 run's wall time; CIFAR-10's 390 steps an epoch give 3 epochs, about 20 minutes of dense
 and 27 for ``--comm dense,hitopk,gtopk,powersgd,auto``. Flags override each setting; the
@@ -49,19 +36,18 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-from tools.bench.table import format_table, machine_description, write_json
-from tools.bench.time_to_accuracy import build_rows, check_target, plot_top1_vs_time
-from tools.emulated_job import burst_bytes, parse_emulate, redis_flags
+from tools.bench.harness import Result
+from tools.bench.harness.flags import choices, comms as parse_comms
+from tools.bench.harness.redis import l2_flags
+from tools.bench.harness.workload import DEFAULTS
+from tools.bench.parts.train_tta import build_rows, check_target, plot_top1_vs_time
+from tools.cli import UsageError
 
-__all__ = ["DEFAULTS", "configure", "main", "parse_comm_epochs", "parse_comms", "run_kinds"]
+__all__ = ["configure", "parse_comm_epochs", "run", "run_kinds", "settings"]
 
 STEP_BUDGET = 1200  # NOTE [emulate on real photos]: training steps at most, with --data
-# NOTE [emulate defaults]
-DEFAULTS = {"mbit": 4.0, "recipe": "demo", "size": 96, "cache_size": 96, "batch_size": 32, "epochs": 8,
-            "per_class": 400, "val_per_class": 50, "comm": "dense,hitopk", "locality": "node"}
 COLUMNS = ["comm", "ran", "locality", "pipeline", "epochs", "final_top1", "target_top1", "seconds_to_target",
            "speedup_to_target_vs_dense", "seconds",
            "step_s", "compute_ms", "selection_ms", "exchange_ms", "waiting_ms", "data_ms", "update_ms",
@@ -69,12 +55,10 @@ COLUMNS = ["comm", "ran", "locality", "pipeline", "epochs", "final_top1", "targe
 
 
 def configure(group: argparse._ArgumentGroup) -> None:
-    """Flags of the emulated mode (shared ones such as ``--data``, ``--json``, ``--size``,
-    ``--batch-size``, ``--cache-size``, ``--epochs``, ``--density``, ``--comm``, ``--recipe``, ``--set`` come
-    from ``bench train``)."""
-    group.add_argument("--emulate", default=None, metavar="MxN@MBIT",
-                       help=f"train on M emulated nodes x N processes with MBIT Mbit/s between nodes "
-                            f"(@MBIT optional: {DEFAULTS['mbit']:g}); needs root and iproute2")
+    """Flags of the emulated mode (``--emulate``, ``--burst``, ``--job-timeout`` and
+    ``--plot`` come from the harness; ``--data``, ``--size``, ``--batch-size``,
+    ``--cache-size``, ``--epochs``, ``--density``, ``--comm``, ``--recipe``, ``--set`` from
+    ``bench train``)."""
     group.add_argument("--locality", default=DEFAULTS["locality"],
                        help="comma-separated data localities, each run with every --comm: node (a node's ranks "
                             "draw the samples its Redis holds; run named COMM-node), global (every rank shuffles "
@@ -83,10 +67,6 @@ def configure(group: argparse._ArgumentGroup) -> None:
                        help="comma-separated off/on, each run with every --comm: on applies each step's exchange "
                             "one step late, overlapping the next step (run named COMM-pipe; not powersgd) "
                             "(default: off)")
-    group.add_argument("--burst", type=int, default=None, metavar="KIB",
-                       help="tbf bucket of the emulated links in KiB, at least 2 (default: 256 KiB or more, "
-                            "NOTE [tbf burst]: an idle link's credit lets a small exchange cross at once); a "
-                            "smaller one makes every exchange and remote read pay the link rate")
     group.add_argument("--comm-epochs", default=None, metavar="COMM=N[,COMM=N]",
                        help="epochs of the named --comm runs instead of --epochs: time to accuracy lets each "
                             "exchange train on its own schedule (NOTE [epochs per exchange]); e.g. hitopk=10")
@@ -96,22 +76,11 @@ def configure(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--per-class", type=int, default=DEFAULTS["per_class"],
                        help="training images per class of the generated dataset (without --data)")
     group.add_argument("--out", default="runs/bench-train-emulated",
-                       help="keeps data/, cache/, one run directory per algorithm, rows.json and the plot")
-    group.add_argument("--plot", default=None, help="top-1 vs wall-clock PNG (default: OUT/top1_vs_time.png)")
+                       help="keeps data/, cache/, one run directory per algorithm, rows.json and the plot "
+                            "top1_vs_time.png (--plot: a copy elsewhere)")
     group.add_argument("--reuse", action="store_true",
                        help="read the finished runs in OUT instead of training (to combine runs made by "
                             "separate commands into one table and plot)")
-    group.add_argument("--job-timeout", type=float, default=1800.0, help="seconds before one algorithm's job is stopped")
-
-
-def parse_comms(text: str) -> list[str]:
-    from trainer.config import comm_choices
-
-    comms = [c.strip() for c in text.split(",") if c.strip()]
-    bad = [c for c in comms if c not in comm_choices()]
-    if not comms or bad:
-        raise ValueError(f"--comm {text!r}: unknown {bad or 'empty list'}; valid: {comm_choices()}")
-    return comms
 
 
 # NOTE [epochs per exchange]: time to accuracy (DAWNBench's measure) asks how soon each way
@@ -120,30 +89,25 @@ def parse_comms(text: str) -> list[str]:
 # final top-1 - 1 at --epochs; `--comm-epochs hitopk=10` gives hitopk's run 10 epochs (its
 # learning rate and density schedules then span 10). On CIFAR-10 at 4 Mbit/s hitopk at 8
 # epochs ends 0.6-1.5 points below dense's 8 epochs, at 10 epochs 1.2-1.6 above them, and
-# reaches dense's final top-1 - 1 ~14x sooner than dense (docs/BENCHMARKS.md, issue 30).
+# reaches dense's final top-1 - 1 ~14x sooner than dense (docs/benchmarks/train-emulated.md).
 def parse_comm_epochs(text: str, comms: list[str]) -> dict[str, int]:
     """``--comm-epochs`` as ``{comm: epochs}``.
 
     Raises:
-        ValueError: naming the flag, for a malformed item, a comm not in ``comms`` or fewer than 1 epoch.
+        UsageError: naming the flag, for a malformed item, a comm not in ``comms``, a comm named
+            twice or fewer than 1 epoch.
     """
     epochs = {}
     for item in (i.strip() for i in text.split(",") if i.strip()):
         comm, sep, value = item.partition("=")
         if not sep or not value.strip().isdigit() or int(value) < 1:
-            raise ValueError(f"--comm-epochs {text!r}: expected COMM=N with N >= 1, got {item!r}")
+            raise UsageError(f"--comm-epochs {text!r}: expected COMM=N with N >= 1, got {item!r}")
         if comm.strip() not in comms:
-            raise ValueError(f"--comm-epochs {text!r}: {comm.strip()!r} is not in --comm {comms}")
+            raise UsageError(f"--comm-epochs {text!r}: {comm.strip()!r} is not in --comm {comms}")
+        if comm.strip() in epochs:
+            raise UsageError(f"--comm-epochs {text!r}: {comm.strip()!r} is given twice")
         epochs[comm.strip()] = int(value)
     return epochs
-
-
-def _choices(flag: str, text: str, valid) -> list[str]:
-    chosen = [c.strip() for c in text.split(",") if c.strip()]
-    bad = [c for c in chosen if c not in valid]
-    if not chosen or bad:
-        raise ValueError(f"{flag} {text!r}: unknown {bad or 'empty list'}; valid: {list(valid)}")
-    return chosen
 
 
 def run_kinds(comms: list[str], locality: str, pipeline: str = "off") -> dict[str, tuple[str, str, bool]]:
@@ -152,8 +116,8 @@ def run_kinds(comms: list[str], locality: str, pipeline: str = "off") -> dict[st
     from loaders.locality import LOCALITIES
     from comm.registry import ALGORITHMS
 
-    localities = _choices("--locality", locality, LOCALITIES)
-    pipelines = [c == "on" for c in _choices("--pipeline-exchange", pipeline, ("off", "on"))]
+    localities = choices("--locality", locality, LOCALITIES)
+    pipelines = [c == "on" for c in choices("--pipeline-exchange", pipeline, ("off", "on"))]
     return {comm + ("" if loc == "global" else f"-{loc}") + ("-pipe" if pipe else ""): (comm, loc, pipe)
             for comm in comms for loc in localities for pipe in pipelines
             if not (pipe and comm in ALGORITHMS and ALGORITHMS[comm].inside_ddp)}
@@ -174,7 +138,7 @@ def _train_argv(args, comm: str, locality: str, pipeline: bool, data: Path, run_
         argv += ["--density", str(args.density)]
     if pipeline:
         argv.append("--pipeline-exchange")
-    argv += redis_flags(urls)
+    argv += l2_flags(urls)
     for item in args.set:
         argv += ["--set", item]
     return argv
@@ -188,7 +152,7 @@ def _native_size(data: str) -> int:
     """Shorter side of the first training photo of ``data`` (ImageFolder layout).
 
     Raises:
-        ValueError: naming ``--data`` when it holds no readable photo under train/.
+        UsageError: naming ``--data`` when it holds no readable photo under train/.
     """
     from PIL import Image
 
@@ -201,7 +165,7 @@ def _native_size(data: str) -> int:
         with Image.open(first) as image:
             return min(image.size)
     except OSError as exc:
-        raise ValueError(f"--data {data}: no readable photo under train/<class>/ ({exc})") from None
+        raise UsageError(f"--data {data}: no readable photo under train/<class>/ ({exc})") from None
 
 
 def settings(args, world: int) -> dict:
@@ -238,7 +202,7 @@ def _prepare_data(args, out: Path) -> Path:
 
 def _warm(cluster, emu, data: Path, out: Path, urls: list[str], cache_size: int) -> None:
     """Node ``i`` warms its own L1 and its L2 partition (outside every clock)."""
-    from tools.emulated_job import warm_node
+    from tools.bench.harness.redis import warm_node
 
     for node in range(emu.nodes):
         for split in ("train", "val"):
@@ -248,7 +212,7 @@ def _warm(cluster, emu, data: Path, out: Path, urls: list[str], cache_size: int)
 
 def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: Path, out: Path,
              urls: list[str]) -> dict:
-    from tools.emulated_job import launch, link_bytes
+    from tools.bench.harness.jobs import launch, link_bytes
 
     run_dir = out / name
     (run_dir / "bench.json").unlink(missing_ok=True)  # --reuse must never pair old counters with a new run
@@ -257,7 +221,7 @@ def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: P
     comm, locality, pipeline = kind
     launch(cluster, lambda rank: _train_argv(args, comm, locality, pipeline, data, run_dir,
                                              out / f"cache/node{rank // emu.local_size}", urls),
-           local_size=emu.local_size, env={"OMP_NUM_THREADS": "1"}, timeout=args.job_timeout, log_dir=run_dir / "logs")
+           local_size=emu.local_size, env={"OMP_NUM_THREADS": "1"}, timeout=emu.timeout, log_dir=run_dir / "logs")
     job_s = time.perf_counter() - start
     after = link_bytes(cluster)
     result = {"inter_node_bytes": sum(a["tx"] - b["tx"] for a, b in zip(after, before)), "job_s": job_s,
@@ -266,16 +230,15 @@ def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: P
     return result
 
 
-def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, burst: int | None) -> None:
-    from tools.cluster import EmulatedCluster, require_netns
-    from tools.emulated_job import node_servers
+def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path) -> None:
+    from tools.bench.harness.cluster import maybe_cluster
+    from tools.bench.harness.redis import node_servers
 
-    require_netns()
     data = _prepare_data(args, out)
     run = args.resolved
     print(f"bench train: {run['size']} px from a {run['cache_size']} px cache, batch {run['batch_size']} per process, "
           f"{run['epochs']} epochs, data {data}", file=sys.stderr)
-    with EmulatedCluster(emu.nodes, emu.mbit, tag=f"i14b{uuid.uuid4().hex[:3]}", burst_bytes=burst) as cluster:
+    with maybe_cluster(emu, "tr") as cluster:
         with node_servers(cluster, [out / f"redis/node{node}" for node in range(emu.nodes)],
                           maxmemory="1gb") as servers:
             urls = [s.url for s in servers]
@@ -294,47 +257,50 @@ def _load(out: Path, names: list[str]) -> dict[str, dict]:
     runs = {}
     for name in names:
         if not (out / name / "bench.json").is_file():
-            raise ValueError(f"--reuse: {out / name} holds no finished run; train it first (without --reuse)")
+            raise UsageError(f"--reuse: {out / name} holds no finished run; train it first (without --reuse)")
         runs[name] = dict(json.loads((out / name / "bench.json").read_text()), metrics=read_metrics(out / name))
     return runs
 
 
-def main(args: argparse.Namespace) -> int:
-    """Train (unless ``--reuse``), then print the table, write ``--json`` and the plot."""
+def run(args: argparse.Namespace) -> Result:
+    """Train (unless ``--reuse``), then the rows and the plot."""
+    emu = args.emulation
+    if emu.mbit is None:
+        raise UsageError("--emulate: time to accuracy needs the emulated link; give MxN@MBIT or MxN")
+    comms = parse_comms(args.comm or DEFAULTS["comm"])
+    runs = run_kinds(comms, args.locality, args.pipeline_exchange)
+    args.comm_epochs = parse_comm_epochs(args.comm_epochs or "", comms)
+    for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
+        if value < 1:
+            raise UsageError(f"{flag} must be >= 1; got {value}")
     try:
-        emu = parse_emulate(args.emulate, DEFAULTS["mbit"])
-        comms = parse_comms(args.comm or DEFAULTS["comm"])
-        runs = run_kinds(comms, args.locality, args.pipeline_exchange)
-        args.comm_epochs = parse_comm_epochs(args.comm_epochs or "", comms)
-        for flag, value in (("--powersgd-rank", args.powersgd_rank), ("--per-class", args.per_class)):
-            if value < 1:
-                raise ValueError(f"{flag} must be >= 1; got {value}")
         check_target(runs.values(), args.target_top1)  # before minutes of training, not after
-        args.resolved = settings(args, emu.nodes * emu.local_size)
-        burst = burst_bytes(args.burst)
-        out = Path(args.out).absolute()  # handed to redis-server, warm-ups and ranks: from any directory
-        out.mkdir(parents=True, exist_ok=True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    args.resolved = settings(args, emu.world)
+    out = Path(args.out).absolute()  # handed to redis-server, warm-ups and ranks: from any directory
+    out.mkdir(parents=True, exist_ok=True)
+    try:
         if not args.reuse:
-            _train_all(args, emu, runs, out, burst)
+            _train_all(args, emu, runs, out)
         done = _load(out, list(runs))
         rows = build_rows(done, args.target_top1)
-    except (ValueError, RuntimeError, subprocess.SubprocessError) as exc:
-        print(f"cachepipe bench train: error: {exc}", file=sys.stderr)
-        return 2
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        raise UsageError(str(exc)) from None
     target = rows[0]["target_top1"]
-    link = f"{emu.mbit:g} Mbit/s" + (f" (tbf burst {args.burst} KiB)" if args.burst else "")
     own = "".join(f", {comm} {n}" for comm, n in args.comm_epochs.items())
-    title = (f"{emu.nodes}x{emu.local_size} @ {link}, {_recipe(args)} recipe, "
-             f"{args.resolved['size']} px from a {args.resolved['cache_size']} px cache, {args.resolved['epochs']} epochs{own}")
-    plot = plot_top1_vs_time({name: r["metrics"] for name, r in done.items()}, target, args.plot or out / "top1_vs_time.png",
-                             title)
-    print(f"\n{machine_description()}; {title}, batch {args.resolved['batch_size']}/process, "
-          f"density {args.density or 'of each algorithm'} (sparse), powersgd rank {args.powersgd_rank}; "
-          "one Redis per node")
-    print(format_table(rows, COLUMNS))
-    print(f"plot: {plot}")
-    write_json(out / "rows.json", rows)
-    if args.json:
-        write_json(args.json, rows)
-    return 0
-
+    title = (f"{emu.describe()}, {_recipe(args)} recipe, {args.resolved['size']} px from a "
+             f"{args.resolved['cache_size']} px cache, {args.resolved['epochs']} epochs{own}")
+    curves = {name: r["metrics"] for name, r in done.items()}
+    draw = lambda path: plot_top1_vs_time(curves, target, path, title)
+    plot = draw(out / "top1_vs_time.png")
+    (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    best = max((r for r in rows if r.get("speedup_to_target_vs_dense") and r["comm"] != "dense"),
+               key=lambda r: r["speedup_to_target_vs_dense"], default=None)
+    return Result(rows, COLUMNS,
+                  notes=[f"{title}, batch {args.resolved['batch_size']}/process, density "
+                         f"{args.density or 'of each algorithm'} (sparse), powersgd rank {args.powersgd_rank}; "
+                         "one Redis per node", f"plot: {plot}"],
+                  headline=(f"{best['comm']} reaches dense's final top-1 - 1 {best['speedup_to_target_vs_dense']:.1f}x "
+                            f"sooner than dense ({emu.describe()})" if best else None),
+                  figure=draw)

@@ -1,7 +1,5 @@
-"""One rank of ``cachepipe bench omgs``: fit the costs in place, plan, and time each mode.
-
-Run by the benchmark inside a network namespace (``python -m tools.omgs.worker SPEC OUT``)
-with the usual torch.distributed environment variables set.
+"""One rank of ``cachepipe bench omgs`` (NOTE [benchmark ranks]): fit the costs in place,
+plan, and time each mode.
 
 NOTE [bench calibration]
 alpha and beta come from timing the OMGS all-gather alone; ts0 and gamma, and the
@@ -18,9 +16,7 @@ interleaved backward-only time. No OMGS iteration feeds the model: its time is p
 """
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import time
 
 import torch
@@ -30,8 +26,8 @@ from comm import Topology
 from comm.omgs import (broadcast_plan, build_omgs_exchanger, fit_alpha_beta, find_merged_layers, fit_sparsify_cost,
                        lags_plan, measure_backward_times, predict_iteration_time, single_bucket_plan,
                        threshold_plan)
-from tools.omgs.emulate import SleepChain
-from trainer.atomic_file import write_atomic
+from tools.bench.harness.ranks import run_rank
+from tools.bench.parts.omgs_emulate import SleepChain
 
 __all__ = ["run"]
 
@@ -149,20 +145,5 @@ def run(spec: dict) -> dict:
             "plans": plans, "planned_with": planned_with}
 
 
-def main(argv: list[str]) -> int:
-    spec_path, out_path = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
-        result = run(spec)
-        if dist.get_rank() == 0:
-            write_atomic(out_path, json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    raise SystemExit(run_rank(run))
