@@ -3,7 +3,7 @@
 NOTE [checksum]
 XXH3-64 (``xxhash``), a non-cryptographic hash that runs at memory speed, one pass over
 the bytes: a checksum is paid on every cached read, so a slower one (zlib's, or numpy
-sums) becomes the largest cost of an L2 read (figures: ``docs/BENCHMARKS.md``,
+sums) becomes the largest cost of an L2 read (figures: ``docs/benchmarks/history/decisions.md``,
 "Measurements behind design decisions"). It guards against torn, truncated, shifted or
 foreign values, not adversaries: it is not keyed, so whoever can write a key can write a
 value that passes, and L2 serves it.
@@ -17,7 +17,7 @@ docs/cache.md) and TLS keep out; (2) the source tree the cache mirrors, usually 
 export, is writable by at least as many; (3) it costs more than the read it guards:
 one HMAC-SHA256 or keyed BLAKE2b per value made the L2 read path (fetch, parse, check)
 1.8x and 2.6x as long per 256 px sample in interleaved rounds on the benchmark VM, where
-XXH3 is a few microseconds (``docs/BENCHMARKS.md``); at the ~5 GB/s a node of GPUs reads,
+XXH3 is a few microseconds (``docs/benchmarks/history/cache.md``); at the ~5 GB/s a node of GPUs reads,
 HMAC-SHA256 (~2 GB/s per core with SHA-NI) alone would take two to three cores. So the boundary is the Redis ACL, and
 docs/cache.md (Security) says so. XXH3 came in with L2 value format 2 (NOTE [L2 value
 format]): values and L1 entries written with the old sums fail verification once, count

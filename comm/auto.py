@@ -13,7 +13,7 @@ all-gathers (:func:`fit_links`: node leaders over the inter-node link, one strea
 the model's NOTE [shared inter-node link] expects; a node's workers inside it). The
 candidates are the registered algorithms that say ``auto=True`` (:mod:`comm.registry`):
 ``dense``, ``hier``, ``2dtar`` and one sparse one, ``hitopk`` (the sparse exchange that
-kept the most accuracy per byte in docs/BENCHMARKS.md; gtopk and topk_ag by name only). Sparse
+kept the most accuracy per byte in docs/benchmarks/history/train.md; gtopk and topk_ag by name only). Sparse
 is chosen only when it is predicted at least ``SPARSE_MARGIN`` faster than the best dense
 one: error feedback delays 99 % of each step's entries, and a sparse run that is only
 slightly faster per step can lose that by needing more steps to the same accuracy.

@@ -43,7 +43,7 @@ of momentum SGD's ``T / (1 - m)`` over that time: 91 % at ``T = 100`` but 23 % a
 (``m = 0.9``), so the entries sent most often, the largest, and every entry during a density
 warm-up (25 % at its start) move at a fraction of the learning rate. On short runs, where
 the warm-up is a large part of the run, that cost 1-2 points of top-1 on CIFAR-10 and
-made a longer warm-up hurt instead of help (docs/BENCHMARKS.md, issue 30).
+made a longer warm-up hurt instead of help (docs/benchmarks/history/train.md, issue 30).
 
 Conservation then holds in update units: ``sum(u fed into v) + sum(old v) ==
 P * output + sum(new v)``. What a corrected exchange still owes at a phase switch is

@@ -28,7 +28,7 @@ the first barrier. Barriers run over the intra-node gloo group. Sums run in rank
 so every member computes bit-identical results. Two barriers cost more than gloo's own
 loopback round trips for small tensors, so operations that use less than ``min_bytes``
 of the segment return ``None`` and the caller uses the process group (where gloo stops
-winning: ``docs/BENCHMARKS.md``, "Measurements behind design decisions").
+winning: ``docs/benchmarks/history/decisions.md``, "Measurements behind design decisions").
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ tensor argument in DALI 2.4, and its fallback differs from torchvision's).
 
 NOTE [DALI CPU resize]: DALI 2.4's CPU resampling costs about ten times torch's
 vectorised uint8 kernel (NOTE [fast resized crop] in ``loaders.transforms``; figures in
-``docs/BENCHMARKS.md``, "Measurements behind design decisions"), and on a CPU-only
+``docs/benchmarks/history/decisions.md``, "Measurements behind design decisions"), and on a CPU-only
 machine that one operator would cost more than decoding the JPEG saves. So by
 default (``dali_resize=None``) the resized crop runs in DALI only on the GPU; in CPU mode
 it runs in torch before DALI, which normalises and lays out the batch (NOTE [DALI CPU

@@ -18,7 +18,7 @@ longer read it: DALI asks for batch j only after it has output batch j - depth
 counts over epochs, so what was fed before an epoch ended (or failed) goes back later,
 never early; a test fails if buffers go back one batch sooner.
 Python threads in this process could not do that work in parallel: the GIL keeps them
-below what worker processes reach (figures for both in ``docs/BENCHMARKS.md``,
+below what worker processes reach (figures for both in ``docs/benchmarks/history/decisions.md``,
 "Measurements behind design decisions"). Cache reads and counters (``skipped``,
 ``cache_wait_s``) come back with each batch; warnings of a read that degraded are
 printed by the worker that made it. With ``workers=0`` the batch is read and cropped

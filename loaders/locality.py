@@ -32,7 +32,7 @@ a bias of its own. Step 3 moves samples anyway; choosing them by class evens the
 out at no cost in bytes: on the demo the nodes' class counts then differ by ~8 samples
 in all instead of ~37. It does not make the rest of a node's part less fixed: only the
 exchange does, and on the demo with ``hitopk`` the fixed part, not the classes, is what
-costs accuracy (docs/BENCHMARKS.md, "Convergence: ``--locality node`` vs ``global``").
+costs accuracy (docs/benchmarks/history/decisions.md, "Convergence: ``--locality node`` vs ``global``").
 Without labels (``labels=None``) every sample counts as one class: plain size balancing.
 
 When N divides by W every sample is seen exactly once per epoch across all ranks. Ranks
@@ -41,7 +41,7 @@ are node-major: rank r is on node ``r // local_size``.
 NOTE [validation on its node]: a validation loader with ``locality="node"`` reads only
 what its node's L2 holds, so no validation byte crosses the slow inter-node link (with
 global sharding every rank would read ``(nodes - 1) / nodes`` of its share from other
-nodes: a whole training epoch's time on a 4 Mbit/s link, docs/BENCHMARKS.md issue 30).
+nodes: a whole training epoch's time on a 4 Mbit/s link, docs/benchmarks/history/train.md issue 30).
 Node ``m`` validates the samples whose home is ``m``, in dataset order, dealt to its ranks
 (local rank j takes every ``local_size``-th from j); samples no live shard holds (home
 ``-1``, read from L1 or the source wherever they are) are dealt round-robin to the nodes.
@@ -66,7 +66,7 @@ __all__ = ["DEFAULT_EXCHANGE_FRACTION", "LOCALITIES", "NodeLocality", "node_loca
 
 LOCALITIES = ("global", "node")
 # NOTE [default exchange fraction]: 0.02 keeps node-local inter-node bytes per image at
-# 2-4 % of global's at 2 nodes (measured in docs/BENCHMARKS.md, "node-local sampling"),
+# 2-4 % of global's at 2 nodes (measured in docs/benchmarks/history/decisions.md, "node-local sampling"),
 # inside the 5 % target with room for the balancing moves of step 3.
 DEFAULT_EXCHANGE_FRACTION = 0.02
 

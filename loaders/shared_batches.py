@@ -3,7 +3,7 @@
 NOTE [recycled shared batches]: a worker writes each batch into shared memory so that
 sending it to the training process copies nothing. A fresh shared buffer per batch costs
 a page fault per 4 KiB page on both sides, a tenth of the cached loader's CPU time
-(``docs/BENCHMARKS.md``, "Measurements behind design decisions"). So each worker
+(``docs/benchmarks/history/decisions.md``, "Measurements behind design decisions"). So each worker
 keeps a few buffers and reuses one only after the consumer has said it is done with it:
 every buffer has one trailing flag byte after the batch, which the worker sets to 0 when it
 hands the batch out and the consumer sets to 1 (``release``) once it has read the pixels.

@@ -95,7 +95,7 @@ def cache_dir(tmp_path):
 # which puts the slowest files first: they run while the short files fill the gaps on the
 # other worker (longest job first), so no worker is still on a 20-second file of a few
 # tests while the other has nothing left. Order within a file is unchanged. The list is
-# the slowest files of ``--durations`` by their total (docs/BENCHMARKS.md, test suite time).
+# the slowest files of ``--durations`` by their total (docs/benchmarks/history/test-suite.md, test suite time).
 SLOW_FILES = ("tests/comm/test_topk_gpu.py", "tests/trainer/test_training.py", "tests/faults/test_train_rank_killed.py",
               "tests/trainer/test_cli.py", "tests/tools/test_bench_train_emulated.py",
               "tests/faults/test_train_launcher_signals.py", "tests/faults/test_cache_server.py",

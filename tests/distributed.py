@@ -10,7 +10,7 @@ over from another test), but it is forked from a fork server that imported torch
 project's packages once per test session (``mp_context()``), so a rank starts in tens of
 milliseconds instead of the 1-2 s of CPU a spawned interpreter spends importing torch
 (times the ranks of every group the suite starts; four multi-rank test files: 43 s ->
-17 s, docs/BENCHMARKS.md "Test suite time"). The fork server
+17 s, docs/benchmarks/history/test-suite.md "Test suite time"). The fork server
 never runs a test or a collective, so its children start as clean as spawned ones (one
 thread, no process group); each rank takes the test process's current environment,
 working directory and ``sys.path``, as a spawned one would.

@@ -3,7 +3,7 @@
 NOTE [lookahead]: one step of staleness makes heavy-ball momentum ``mu`` stable only for
 ``lr * h < 1 - mu`` along a direction of curvature ``h``, against ``2 * (1 + mu)`` without
 it (38x less at ``mu = 0.9``); the plain pipelined runs lost 20-57 points of top-1 after
-their first epoch (docs/BENCHMARKS.md, "Looking ahead"). So each pipelined step computes
+their first epoch (docs/benchmarks/history/overlap.md, "Looking ahead"). So each pipelined step computes
 its gradients at the weights the step still in flight will lead to, predicted with this
 rank's own gradients of that step: before forward, ``GradientExchanger.lookahead_grads()``
 puts them in ``p.grad`` and the optimiser takes its step (momentum, weight decay, LARS and

@@ -23,10 +23,10 @@ warm-up therefore lasts ``density_warmup_steps`` when given; else
 in epochs keep their meaning on the data they were written for); else
 ``max(DENSITY_WARMUP_SHARE * phase steps, DENSITY_WARMUP_CYCLES / density)``, at most the
 whole phase: an eighth of the run (the one epoch in eight the recipes measured best in
-docs/BENCHMARKS.md, issue 15; about 2.4 % of dense's inter-node bytes over the run at
+docs/benchmarks/history/train.md, issue 15; about 2.4 % of dense's inter-node bytes over the run at
 density 0.01), and never fewer than one and a half delivery cycles of error feedback
 (150 steps at density 0.01): on a 156-step CIFAR-10 run, warm-ups of 0.4 and 0.8 cycles
-(39 and 78 steps) ended 1.1-2 points below the one over 1.56 cycles (docs/BENCHMARKS.md,
+(39 and 78 steps) ended 1.1-2 points below the one over 1.56 cycles (docs/benchmarks/history/train.md,
 issue 30). A run shorter than the floor warms up from end to end and spends more bytes
 (10.5 % of dense's on that run; the mean density per epoch is in ``metrics.jsonl``). Given steps longer
 than the phase, negative values, or epochs and steps together are one-line errors

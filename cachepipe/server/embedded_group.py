@@ -2,7 +2,7 @@
 
 NOTE [a node's L2]: one ``redis-server`` executes every command on one thread, so one
 server serves at most what one core can copy out: 0.32-0.35 s of its main thread per GB
-on the 2-core benchmark VM (``cachepipe bench l2``; ``docs/BENCHMARKS.md``, "A node's
+on the 2-core benchmark VM (``cachepipe bench l2``; ``docs/benchmarks/history/l2.md``, "A node's
 L2"), ~3 GB/s. A node of 8 GPUs at ~3,000 images/s each reads ~6 GB/s of 256 px samples:
 several cores' worth. io-threads did not lower the main thread's CPU per GB there (Redis
 6.2 used them only when many clients wait at once, and the main thread still executes

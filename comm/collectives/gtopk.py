@@ -23,7 +23,7 @@ the global selection a step, where a top-k all-gather applies up to ``P k`` and
 ``hitopk`` up to ``m k``; the paper (Section V.B) shows the cost when a run has few
 steps (ResNet-20 9 points below Top-k S-SGD at 5,880 iterations) and restores accuracy
 with more updates. Measured on CIFAR-10, 8 epochs (3,120 steps), 2 nodes x 2, 3 seeds
-(docs/BENCHMARKS.md, issue 30), mean top-1 against dense's: -1.83 at 0.01, -1.23 with
+(docs/benchmarks/history/train.md, issue 30), mean top-1 against dense's: -1.83 at 0.01, -1.23 with
 the rate-following residuals, -1.20 at 0.02, **-0.89 with both**, at 4.41 % of dense's
 inter-node bytes (``hitopk`` at 0.01: -0.27, 2.98 %; the rescale does not help it). So
 ``--comm dense,hitopk,gtopk`` compares each algorithm at its own defaults, and the

@@ -53,7 +53,7 @@ BLOCK = 64  # entries per block whose max decides whether the block is searched
 # runnable threads than cores (data-loader workers, gloo, other jobs: the normal state
 # of a CPU training box), its closing barrier waits for a descheduled thread, and a
 # second thread makes the scan many times slower instead of faster (figures in
-# docs/BENCHMARKS.md, "Measurements behind design decisions"; torch.topk itself is
+# docs/benchmarks/history/decisions.md, "Measurements behind design decisions"; torch.topk itself is
 # single-threaded on a 1-D tensor). The scan is memory-bound, so one core loses little on
 # a quiet box. ``torch.set_num_threads`` is
 # restored afterwards; with OpenMP it only affects the calling thread.

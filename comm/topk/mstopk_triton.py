@@ -64,7 +64,7 @@ says they beat ``torch.topk`` (NOTE [MSTopK kernel choice] in ``kernel_choice.py
 Timed on an H100 (kernel version 2): the sample kernel and the summary's copy were as
 modelled; the filter pass took 13-27x a read and grew with the candidates (suspected:
 its atomics, NOTE [relaxed atomics]), the write pass 84-635 us, and the host 0.25-0.6 ms
-per call beyond the kernels, not 20-30 us (docs/BENCHMARKS.md).
+per call beyond the kernels, not 20-30 us (docs/benchmarks/history/topk.md).
 
 NOTE [MSTopK kernel fallback]: the kernels must never end a training run. A compile or
 launch error (``_launch``) and counts that contradict each other (status ``bad``: a

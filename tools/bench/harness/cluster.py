@@ -142,7 +142,7 @@ class EmulatedCluster:
         # near the size of a sparse exchange hides most of it. The old rule that a
         # bucket must hold rate / HZ bytes dates from jiffies timers; tbf keeps its
         # tokens in nanoseconds (high-resolution timers), and on the kernel of
-        # docs/BENCHMARKS.md (HZ 250) a 2 KiB bucket gave 9.5 of 10 and 92 of 100
+        # docs/benchmarks/history/overlap.md (HZ 250) a 2 KiB bucket gave 9.5 of 10 and 92 of 100
         # Mbit/s of TCP payload, as 16 and 64 KiB buckets did (bulk TCP, GSO on: no
         # packet was lost for good there, tbf splits a GSO packet larger than its bucket).
         rate_bytes = self.inter_mbit * 1e6 / 8
