@@ -140,13 +140,13 @@ def checks() -> list[dict]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from tools.writable import add_json_flag
+
     parser.add_argument("--gpu", action="store_true",
                         help="also run the GPU tests, the feed comparison (synthetic vs cached float32 vs uint8 "
                              "normalised on the GPU, ResNet-50 bf16), bench topk --device cuda and bench loader "
                              "(needs a CUDA device)")
-    parser.add_argument("--json", default=None, metavar="PATH",
-                        help="write the checks (and with --gpu every step's results) as one JSON file; "
-                             "with --gpu None means doctor-gpu.json")
+    add_json_flag(parser, "the checks (and with --gpu every step's results; then unset means doctor-gpu.json)")
     parser.add_argument("--step-timeout", type=float, default=300.0,
                         help="seconds each --gpu step may run before it is stopped")
     parser.add_argument("--time-budget", type=float, default=600.0,

@@ -19,13 +19,14 @@ __all__ = ["configure", "main"]
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from tools.cache_flags import add_cache_arguments
+    from tools.writable import add_json_flag
 
     add_cache_arguments(parser)
     parser.add_argument("--fingerprint", action="append", default=None, metavar="FP",
                         help="drop this fingerprint's namespace (repeat for several); default: every older "
                              "version of SRC with a manifest in --cache-dir")
     parser.add_argument("--dry-run", action="store_true", help="say what would be dropped, drop nothing")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_flag(parser, "the result", to_file=False)
 
 
 def _fail(message: str, code: int) -> int:

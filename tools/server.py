@@ -15,6 +15,8 @@ __all__ = ["configure", "main"]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from tools.writable import add_json_flag
+
     parser.add_argument("action", choices=["start", "stop", "status"], help="what to do")
     parser.add_argument("--cache-dir", required=True, help="the cache directory")
     parser.add_argument("--l2-memory", default=None,
@@ -23,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
                         help="servers to start (NOTE [a node's L2]); unset: one per 8 cores. stop and status "
                              "act on every server of the cache dir")
-    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    add_json_flag(parser, "the status", to_file=False)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -16,9 +16,10 @@ __all__ = ["configure", "main"]
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from tools.cache_flags import add_cache_arguments
+    from tools.writable import add_json_flag
 
     add_cache_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_json_flag(parser, "the coverage", to_file=False)
 
 
 def _mib(b: int) -> str:

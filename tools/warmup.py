@@ -27,6 +27,7 @@ EXIT_CORRUPT, EXIT_USAGE, EXIT_SOURCE, EXIT_REDIS, EXIT_L2_SMALL, EXIT_L1_FULL =
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from tools.cache_flags import add_cache_arguments
+    from tools.writable import add_json_flag
 
     add_cache_arguments(parser)
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
@@ -41,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--require-full", action="store_true",
                         help="exit 5 when L2 cannot hold this node's whole partition (checked before "
                              "writing); without it, as many samples as fit are cached")
-    parser.add_argument("--json", metavar="PATH", default=None, help="also write the summary as JSON")
+    add_json_flag(parser, "the summary too")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

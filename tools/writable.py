@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tools.cli import UsageError
 
-__all__ = ["check_writable", "unwritable", "write_output"]
+__all__ = ["add_json_flag", "check_writable", "unwritable", "write_output"]
 
 
 def unwritable(path: str | os.PathLike, *, directory: bool = False) -> str | None:
@@ -69,3 +69,15 @@ def write_output(path: str | os.PathLike, data: str | bytes, flag: str) -> Path:
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename and os.fspath(exc.filename) != os.fspath(path) else ""
         raise UsageError(f"{flag} {path}: cannot write it ({exc.strerror or exc}{where})") from None
+
+
+def add_json_flag(parser, what: str, *, to_file: bool = True) -> None:
+    """The one ``--json`` flag of every command (``parser``: a parser or an argument group).
+
+    ``to_file``: ``--json PATH`` writes ``what`` to PATH (the command checks PATH with
+    :func:`check_writable` before any work); otherwise a switch that prints ``what`` as JSON
+    instead of text (``stats``, ``drop``, ``server status``).
+    """
+    kind = (dict(default=None, metavar="PATH", help=f"write {what} as JSON to PATH") if to_file
+            else dict(action="store_true", help=f"print {what} as JSON instead of text"))
+    parser.add_argument("--json", **kind)

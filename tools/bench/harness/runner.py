@@ -18,7 +18,7 @@ from tools.bench.harness.emulate import add_cluster_flags, emulation_from_args
 from tools.bench.harness.jobs import JobFailed
 from tools.bench.harness.registry import BENCHMARKS
 from tools.cli import HelpFormatter, UsageError, refuse_empty
-from tools.writable import check_writable
+from tools.writable import add_json_flag, check_writable
 
 __all__ = ["bench_parser", "run_benchmark"]
 
@@ -31,8 +31,7 @@ def bench_parser(name: str) -> tuple[argparse.ArgumentParser, object]:
                                      formatter_class=HelpFormatter)
     module.configure(parser)
     out = parser.add_argument_group("output (every benchmark)")
-    out.add_argument("--json", default=None, metavar="PATH",
-                     help="write the result document (rows, command, machine, date) to PATH")
+    add_json_flag(out, "the result document (rows, command, machine, date)")
     if entry.plot:
         out.add_argument("--plot", default=None, metavar="PATH", help="draw the benchmark's figure (PNG) to PATH")
     if entry.cluster is not None:
