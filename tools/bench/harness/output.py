@@ -6,7 +6,10 @@ table from: ``benchmark`` (its name), ``command`` (the command line that made it
 ``date`` (UTC, ISO 8601), ``machine`` (one line) and ``machine_info`` (its fields:
 ``tools.bench.harness.machine``), ``columns`` (the printed table's), ``notes`` (the lines
 under the table), ``headline``, ``rows`` (every measured field of every case) and
-``tables`` (a benchmark's further tables, each ``title``, ``columns``, ``rows``). Older
+``tables`` (a benchmark's further tables, each ``title``, ``columns``, ``rows``). A document
+made from a run recorded before this format (``docs/benchmarks/results/``) adds ``source``
+(where and when it was recorded) and, when ``machine_info`` has no commit, ``commit`` (as
+recorded); a page that draws several runs in one table names each by its ``label``. Older
 releases wrote the bare list of rows; :func:`read_rows` reads both.
 """
 from __future__ import annotations
