@@ -44,6 +44,10 @@ class Algorithm:
             :class:`comm.GradientExchanger` and the layout that rebuilds it on resume.
         ddp_hook: ``ddp_hook(ddp_model, options) -> hook state`` for an algorithm that runs
             only as a DDP comm hook (PowerSGD).
+        per_rank_streams: its inter-node phase runs one stream per local rank at once
+            (``2dtar``, ``hitopk``), so a node's link carries ``local_size`` concurrent
+            streams; the others send one stream per node. A link that caps each stream
+            (NOTE [library efficiency] in comm/step_model.py) slows the others more.
         density, lr_scaled_residuals: a sparse algorithm's training defaults, what a
             training phase (``trainer.config.PhaseConfig``) uses where its recipe and flags
             leave these unset: its density (``DEFAULT_DENSITY``) and whether its residuals
@@ -66,6 +70,7 @@ class Algorithm:
     auto: bool = False
     build: Callable | None = None
     ddp_hook: Callable | None = None
+    per_rank_streams: bool = False
     density: float = DEFAULT_DENSITY
     lr_scaled_residuals: bool = False
 

@@ -1,8 +1,12 @@
-"""``--comm auto``: choose a phase's exchange from the cost model (:mod:`comm.cost_model`).
+"""``--comm auto``: choose a phase's exchange from the step model (:mod:`comm.step_model`
+over the cost model's formulas, :mod:`comm.cost_model`); ``cachepipe plan`` chooses a
+recipe's phases on paper with the same :func:`choose`.
 
 NOTE [auto exchange]: a step costs its compute plus the exchange that backward does not
-hide; for a model of one or a few buckets (``resnet_small`` is one) nothing is hidden, so
-the model adds them (an exchange that overlaps only makes the choice more careful). Per
+hide (NOTE [step model] in comm/step_model.py); for a model of one or a few buckets
+(``resnet_small`` is one) nothing is hidden, so a job prices with the step model's
+``MEASURED`` library, which adds them (an exchange that overlaps only makes the choice
+more careful); ``cachepipe plan`` passes a testbed's library instead. Per
 candidate the phase then costs ``steps * (compute + exchange)``, with the sparse
 exchange priced at the phase's mean density over its remaining steps, so a run that is
 mostly density warm-up (25 % falling to ``rho``) is priced as such. Inputs, all measured
@@ -29,8 +33,9 @@ import torch.distributed as dist
 
 from comm import collective_ops as ops
 from comm.collectives.base import all_gather_flat
-from comm.cost_model import LinkParams, predict
+from comm.cost_model import LinkParams
 from comm.registry import ALGORITHMS
+from comm.step_model import MEASURED, Library, step
 
 __all__ = ["SPARSE_MARGIN", "Choice", "choose", "dense_candidates", "fit_links", "sparse_candidate"]
 
@@ -67,8 +72,18 @@ class Choice:
 
 
 def choose(*, numel: int, nodes: int, local_size: int, link: LinkParams, compute_s: float, steps: int,
-           mean_density: float) -> Choice:
-    """Pick the fastest candidate for ``steps`` steps (NOTE [auto exchange]).
+           mean_density: float, update_s: float = 0.0, library: Library = MEASURED, buckets: int = 1,
+           value_bytes: int = 4, basis: str = "measured") -> Choice:
+    """Pick the fastest candidate for ``steps`` steps (NOTE [auto exchange]), each priced by
+    the step model (:func:`comm.step_model.step`; ``cachepipe plan`` calls this too).
+
+    Args:
+        numel, nodes, local_size, link, compute_s: as :func:`comm.step_model.step`.
+        steps: steps left in the phase (said in the reason).
+        mean_density: the sparse candidate's mean density over those steps.
+        update_s, library, buckets, value_bytes: as :func:`comm.step_model.step`; a
+            training job's defaults price compute plus exchange, nothing hidden.
+        basis: how the compute and links were obtained, said in the reason.
 
     Example:
         >>> link = LinkParams.from_bandwidth(inter_mbit=4)
@@ -81,8 +96,9 @@ def choose(*, numel: int, nodes: int, local_size: int, link: LinkParams, compute
     """
     candidate = sparse_candidate()
     names = dense_candidates() + (candidate,)
-    step_s = {n: compute_s + predict(n, numel, mean_density if n == candidate else None, nodes, local_size,
-                                     link) for n in names}
+    step_s = {n: step(n, numel=numel, density=mean_density if n == candidate else None, nodes=nodes,
+                      local_size=local_size, link=link, compute_s=compute_s, update_s=update_s, library=library,
+                      buckets=buckets, value_bytes=value_bytes).total_s for n in names}
     dense = min(dense_candidates(), key=step_s.get)
     sparse = step_s[candidate]
     pays = sparse <= (1 - SPARSE_MARGIN) * step_s[dense]
@@ -90,7 +106,7 @@ def choose(*, numel: int, nodes: int, local_size: int, link: LinkParams, compute
     others = ", ".join(f"{n} {step_s[n]:.3f}" for n in names if n != name)
     verdict = "" if pays else f"sparse would not pay (needs {SPARSE_MARGIN:.0%} less time than {dense}): "
     reason = (f"{verdict}{step_s[name]:.3f} s/step predicted against {others}; compute {compute_s * 1e3:.0f} ms/step "
-              f"measured, inter-node link {link.alpha_inter * 1e3:.2f} ms + {_rate(link.beta_inter)}, "
+              f"{basis}, inter-node link {link.alpha_inter * 1e3:.2f} ms + {_rate(link.beta_inter)}, "
               f"{numel:,} parameters, {steps:,} steps at mean density {mean_density:.2%}")
     return Choice(name, reason, step_s)
 

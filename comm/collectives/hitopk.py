@@ -99,4 +99,4 @@ def cost(c, m, n, d, b, bi, rho, share, **_):
     add_link(c, "intra", log2(n), (n - 1) * m * kt * (b + bi))      # Eq. (10)
 
 
-ALGORITHM = Algorithm.of(HiTopKExchanger, cost=cost, auto=True)
+ALGORITHM = Algorithm.of(HiTopKExchanger, cost=cost, auto=True, per_rank_streams=True)

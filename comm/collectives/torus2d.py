@@ -70,4 +70,4 @@ def cost(c, m, n, d, b, share, **_):
     add_link(c, "inter", 2 * (m - 1), 2 * (m - 1) / m * d / n * b * share)
 
 
-ALGORITHM = Algorithm.of(Torus2DExchanger, cost=cost, auto=True)
+ALGORITHM = Algorithm.of(Torus2DExchanger, cost=cost, auto=True, per_rank_streams=True)
