@@ -19,9 +19,15 @@ from comm.auto import choose, fit_links, sparse_candidate
 from comm.registry import DENSE
 from trainer.config import AUTO
 
-__all__ = ["AutoExchange", "PROVISIONAL_STEPS", "after_step", "first_comm", "start_phase"]
+__all__ = ["AutoExchange", "PROVISIONAL_STEPS", "after_step", "first_comm", "provisional_steps", "start_phase"]
 
 PROVISIONAL_STEPS = 6  # measured: steps 2..6 of the phase (the first pays one-off set-up costs)
+
+
+def provisional_steps(phase_steps: int) -> int:
+    """How many of a phase's ``phase_steps`` steps run the sparse candidate, measured, before
+    ``auto`` decides."""
+    return min(PROVISIONAL_STEPS, max(2, phase_steps // 4))
 
 
 def first_comm(world: int) -> str:
@@ -41,7 +47,7 @@ class AutoExchange:
 
     def __init__(self, index: int, phase_steps: int, decided: str | None = None):
         self.index, self.phase_steps = index, phase_steps
-        self.steps = min(PROVISIONAL_STEPS, max(2, phase_steps // 4))
+        self.steps = provisional_steps(phase_steps)
         self.compute: list[float] = []
         self.select: list[float] = []
         self.decided = decided
@@ -96,7 +102,7 @@ def after_step(run, compute_s: float, done: int) -> None:
     the last one choose the exchange and switch ``run`` to it. The choice's own time (the
     link fit, the switch) is added to the epoch's training seconds."""
     from trainer.phase_exchange import carried_residuals, open_exchange
-    from trainer.schedules import density_at
+    from trainer.schedules import mean_density
 
     timings = run.exchanger.last_timings
     run.auto.observe(compute_s, timings.select + timings.select_overlapped)
@@ -105,10 +111,7 @@ def after_step(run, compute_s: float, done: int) -> None:
     if not run.auto.due(step):
         return
     start = time.perf_counter()
-    rest = range(step, run.steps_per_epoch * phase.epochs)
-    mean = sum(density_at(s, density=phase.sparse_density, warmup_steps=run.density_warmup,
-                          schedule=phase.density_schedule,
-                          steps_per_epoch=run.steps_per_epoch) for s in rest) / max(len(rest), 1)
+    mean = mean_density(phase, start=step, warmup_steps=run.density_warmup, steps_per_epoch=run.steps_per_epoch)
     numel = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
     comm = run.auto.decide(run.topology, numel=numel, mean_density=mean)
     if run.rank == 0 and run.cfg.print_table:

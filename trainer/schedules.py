@@ -40,7 +40,8 @@ import math
 from collections.abc import Callable, Sequence
 
 __all__ = ["DECAYS", "DENSITY_WARMUP_START", "DENSITY_WARMUP_SHARE", "DENSITY_WARMUP_CYCLES", "density_at",
-           "lr_at", "check_warmup_span", "check_warmup_steps", "phase_warmups", "warmup_steps"]
+           "lr_at", "check_warmup_span", "check_warmup_steps", "mean_density", "phase_warmups", "steps_per_epoch",
+           "warmup_steps"]
 
 # Deep Gradient Compression's first warm-up density (25 %, then 6.25 %, 1.5625 %, 0.4 %).
 DENSITY_WARMUP_START = 0.25
@@ -164,7 +165,13 @@ def check_warmup_steps(recipe, train_samples: int, world_size: int) -> None:
         ValueError: naming the field (as :func:`warmup_steps`).
     """
     for index, phase in enumerate(recipe.phases):
-        phase_warmups(recipe, index, max(train_samples // world_size // phase.batch_size, 1))
+        phase_warmups(recipe, index, steps_per_epoch(train_samples, world_size, phase.batch_size))
+
+
+def steps_per_epoch(train_samples: int, world_size: int, batch_size: int) -> int:
+    """Steps of an epoch as the training loaders deal them: ``train_samples // world_size``
+    samples per rank in full batches (at least 1)."""
+    return max(train_samples // world_size // batch_size, 1)
 
 
 def density_at(step: int, *, density: float, warmup_steps: int = 0, schedule: Sequence[float] = (),
@@ -194,3 +201,18 @@ def density_at(step: int, *, density: float, warmup_steps: int = 0, schedule: Se
     if step >= warmup_steps:
         return density
     return start * (density / start) ** (step / warmup_steps)
+
+
+def mean_density(phase, *, start: int, warmup_steps: int, steps_per_epoch: int) -> float:
+    """Mean density of ``phase``'s sparse exchange (a ``trainer.config.PhaseConfig``) over its
+    steps from ``start`` to its end, as :func:`density_at` gives them: what ``--comm auto``
+    prices the sparse candidate at (NOTE [auto exchange] in comm/auto.py).
+
+    Example:
+        >>> from trainer.config import PhaseConfig
+        >>> round(mean_density(PhaseConfig(epochs=2, comm="hitopk"), start=0, warmup_steps=0, steps_per_epoch=50), 4)
+        0.01
+    """
+    rest = range(start, steps_per_epoch * phase.epochs)
+    return sum(density_at(s, density=phase.sparse_density, warmup_steps=warmup_steps, schedule=phase.density_schedule,
+                          steps_per_epoch=steps_per_epoch) for s in rest) / max(len(rest), 1)
