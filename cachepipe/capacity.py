@@ -20,11 +20,17 @@ from cachepipe.decode import resized_shape
 from cachepipe.l2.codec import encoded_size
 from cachepipe.source.reader import open_regular
 
-__all__ = ["estimate_sample_bytes", "l2_fitting", "l2_shortfalls", "check_l1_space"]
+__all__ = ["L2_MARGIN", "estimate_sample_bytes", "key_bytes", "l2_fitting", "l2_shortfalls", "check_l1_space"]
 
 _KEY_OVERHEAD = 96
 _SAMPLE = 32
-_MARGIN = 1.05
+L2_MARGIN = 1.05  # NOTE [L2 sizing]: needed memory = samples x their average bytes x this
+
+
+def key_bytes(namespace: str) -> int:
+    """What a sample costs in Redis beside its value: the per-key overhead and the key
+    (``namespace`` + the index) (NOTE [L2 sizing])."""
+    return _KEY_OVERHEAD + len(namespace) + 8
 
 
 def estimate_sample_bytes(cache, indices: list[int]) -> int:
@@ -46,7 +52,7 @@ def estimate_sample_bytes(cache, indices: list[int]) -> int:
     if not sizes:
         side = cache.config.cache_size
         sizes = [encoded_size(side, side)]
-    return int(np.mean(sizes)) + _KEY_OVERHEAD + len(cache.namespace) + 8
+    return int(np.mean(sizes)) + key_bytes(cache.namespace)
 
 
 def _limit(row: dict) -> int:
@@ -66,7 +72,7 @@ def l2_shortfalls(store, indices: list[int], per_sample: int) -> list[str]:
     for row, count in zip(info, _counts(store, info, indices)):
         if not row["reachable"] or count == 0 or not _limit(row):
             continue
-        need = int(count * per_sample * _MARGIN)
+        need = int(count * per_sample * L2_MARGIN)
         limit = _limit(row)
         free = limit - row["used_memory"]
         if need > free:
@@ -86,7 +92,7 @@ def l2_fitting(store, indices: list[int], per_sample: int) -> list[int]:
     info = store.shard_info()
     # a write needs room for its value twice while Redis holds it in the query buffer too
     room = [None if not _limit(row) else
-            max(0, int((_limit(row) - row["used_memory"] - per_sample) / (per_sample * _MARGIN)))
+            max(0, int((_limit(row) - row["used_memory"] - per_sample) / (per_sample * L2_MARGIN)))
             if row["reachable"] else 0 for row in info]
     if not hasattr(store, "owners"):  # a cluster: keys spread evenly over its primaries
         known = [r for r in room if r is not None]

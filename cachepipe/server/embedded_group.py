@@ -17,15 +17,31 @@ servers, which then read from L1 (the same pixels, slower) until refilled.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 from cachepipe.server.embedded import EmbeddedRedis, parse_memory
 
-__all__ = ["CORES_PER_SERVER", "MAX_SERVERS", "EmbeddedGroup", "default_l2_servers"]
+__all__ = ["CORES_PER_SERVER", "MAX_SERVERS", "SERVER_CORE_SHARE", "SERVER_S_PER_GB", "EmbeddedGroup",
+           "default_l2_servers", "servers_for"]
 
 CORES_PER_SERVER = 8  # a GPU node has ~8-16 cores per GPU pair; one server per 8 keeps up (docs/cache.md)
 MAX_SERVERS = 8
+SERVER_S_PER_GB = 0.33  # c: a server's main thread per GB served (bench l2: 0.32-0.35 s, docs/BENCHMARKS.md)
+SERVER_CORE_SHARE = 0.5  # u: the share of a core one server may take, room for bursts (docs/cache.md)
+
+
+def servers_for(bytes_per_s: float, *, s_per_gb: float = SERVER_S_PER_GB,
+                core_share: float = SERVER_CORE_SHARE) -> int:
+    """Servers a node needs to serve ``bytes_per_s`` of samples: ``ceil(bytes/s x c / u)``
+    (NOTE [a node's L2]; docs/cache.md), at least one.
+
+    Example:
+        >>> servers_for(8 * 3000 * 250e3)  # 8 GPUs x 3,000 images/s x 250 KB
+        4
+    """
+    return max(1, math.ceil(bytes_per_s / 1e9 * s_per_gb / core_share))
 
 
 def default_l2_servers(cores: int | None = None) -> int:
