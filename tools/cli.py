@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("tools.bench", "run a benchmark (cachepipe bench --help lists them) or redraw the benchmark pages"),
     "train": ("tools.train", "train an image model end to end from the cache"),
     "report": ("tools.report", "plot training curves and time breakdowns of runs"),
+    "plan": ("tools.plan", "price a cluster on paper: step time, throughput, a recipe's run and the cache it needs"),
     "doctor": ("tools.doctor", "check redis-server, /dev/shm, DALI, CUDA, NCCL, triton; --gpu runs the GPU checks"),
 }
 
