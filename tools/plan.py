@@ -31,10 +31,12 @@ _COLUMNS = [("algorithm", "algorithm", "{}", None), ("images_per_s", "images/s",
 
 def configure(parser: argparse.ArgumentParser) -> None:
     configure_inputs(parser)
-    parser.add_argument("--json", default=None, help="write one row per algorithm (and the auto run) as JSON here")
-    parser.add_argument("--plot", default=None, help="write scaling efficiency vs nodes (1-64) per algorithm, PNG")
+    parser.add_argument("--json", default=None,
+                        help="write one row per algorithm (with --recipe: per run, and auto) as JSON here; default none")
+    parser.add_argument("--plot", default=None,
+                        help="write scaling efficiency vs nodes (1-64) per algorithm as a PNG here; default none")
     parser.add_argument("--validate", action="store_true",
-                        help="print the step model against the papers' published tables and exit")
+                        help="print the step model against the papers' published tables and exit (default: off)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -58,7 +60,8 @@ def main(args: argparse.Namespace) -> int:
         _print_auto(rows[-1])
     for s in data:
         print(f"data at {s['cache_size']} px: {s['sample_bytes'] / 1024:.0f} KiB a sample in L2, "
-              f"L2 {s['l2_bytes_per_node'] / 2**30:,.1f} GiB and L1 {s['l1_bytes_per_node'] / 2**30:,.1f} GiB per node, "
+              f"L2 {s['l2_bytes_per_node'] / 2**30:,.1f} GiB and L1 {s['l1_bytes_per_node'] / 2**30:,.1f} GiB "
+              f"per node, "
               f"warm-up {s['warmup_s'] / 60:,.1f} min of source reads, {s['servers_per_node']} Redis server(s) "
               f"per node for {s['feed_bytes_per_s'] / 1e9:.2f} GB/s")
     inputs = plan.inputs | {"data": data}

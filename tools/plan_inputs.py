@@ -15,8 +15,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tools.cli import UsageError
+
+if TYPE_CHECKING:
+    from tools.plan_model import Cluster, Workload
+    from trainer.config import Recipe
 
 __all__ = ["Plan", "configure_inputs", "read_rows", "resolve"]
 
@@ -29,11 +34,14 @@ DEFAULT_SOURCE_MB_S = 300.0  # a shared NFS server: a few hundred MB/s (docs/DES
 
 def configure_inputs(parser: argparse.ArgumentParser) -> None:
     """Add the cluster, model and data flags (every default said in its help)."""
+    from comm.testbed import available, get_testbed
+
     c = parser.add_argument_group("cluster (a --preset's values unless given)")
-    c.add_argument("--preset", default=None, help="a testbed a paper measured on: mlsys21 (the seed's 16 x 8 "
-                                                  "V100, 25GbE), icdcs19 (the gTop-k paper's 32 x 1, 1GbE); default none")
+    beds = "; ".join(f"{n}: {get_testbed(n).title}" for n in available())
+    c.add_argument("--preset", default=None, help=f"a testbed a paper measured on ({beds}); default none")
     c.add_argument("--nodes", type=int, default=None, help="nodes (default: the preset's; required without one)")
-    c.add_argument("--local-size", type=int, default=None, help="GPUs per node (default: the preset's; required without)")
+    c.add_argument("--local-size", type=int, default=None,
+                   help="GPUs per node (default: the preset's; required without)")
     for level, what in (("inter", "between nodes"), ("intra", "inside a node")):
         c.add_argument(f"--{level}-gbit", type=float, default=None,
                        help=f"link rate {what}, Gbit/s (default: the preset's or --links' fit; required without)")
@@ -59,13 +67,16 @@ def configure_inputs(parser: argparse.ArgumentParser) -> None:
                    help="single-GPU training throughput at --size (default: the preset's rates for the model)")
     w.add_argument("--profile", default=None, metavar="PATH",
                    help="measured compute from `cachepipe bench train --json` rows (default: none)")
-    w.add_argument("--size", type=int, default=None, help="image side, px (default: the recipe's first phase, else 224)")
+    w.add_argument("--size", type=int, default=None,
+                   help="image side, px (default: the recipe's first phase, else 224)")
     w.add_argument("--batch-size", type=int, default=None,
                    help="images per GPU per step (default: the recipe's first phase; required without)")
     w.add_argument("--global-batch-size", type=int, default=None,
                    help="images per step over all GPUs, instead of --batch-size (must divide; default: none)")
-    w.add_argument("--density", type=float, default=None,
-                   help="sparse density (default: each algorithm's own: 0.01, gtopk 0.02)")
+    from comm.registry import ALGORITHMS
+
+    own = ", ".join(f"{n} {a.density:g}" for n, a in ALGORITHMS.items() if a.sparse and a.cost is not None)
+    w.add_argument("--density", type=float, default=None, help=f"sparse density (default: each algorithm's own: {own})")
     w.add_argument("--recipe", default=None, help="a recipe name or YAML path: the whole run per phase (default: none)")
     d = parser.add_argument_group("data")
     d.add_argument("--files", type=int, default=IMAGENET_FILES, help="training images (ImageNet-1k's)")
@@ -81,9 +92,9 @@ def configure_inputs(parser: argparse.ArgumentParser) -> None:
 class Plan:
     """The resolved inputs of one ``plan`` command."""
 
-    cluster: object
-    workload: object
-    recipe: object
+    cluster: Cluster
+    workload: Workload
+    recipe: Recipe | None
     sizing: Callable  # (cache size -> images/s per GPU that reads it) -> one CacheSizing per cached size
     describe: list[str]
     inputs: dict
@@ -150,12 +161,21 @@ def resolve(args: argparse.Namespace) -> Plan:
     Raises:
         UsageError: one line naming the flag of a bad or missing value.
     """
-    from comm.cost_model import LinkParams
-    from comm.step_model import Library
-    from comm.testbed import get_testbed, with_parameters
-    from tools.plan_model import Cluster, Workload
-    from trainer.models.param_counts import param_count
+    from comm.testbed import get_testbed
 
+    _check_values(args)
+    bed = _loaded(get_testbed, args.preset, "--preset")
+    recipe = _loaded(_load_recipe, args.recipe, "--recipe")
+    describe = [f"testbed {bed.name}: {bed.title} ({bed.source})"] if bed else []
+    cluster = _cluster(args, bed, describe)
+    workload, model = _workload(args, bed, recipe, cluster)
+    return Plan(cluster=cluster, workload=workload, recipe=recipe, sizing=_sizing(args, recipe, cluster),
+                describe=describe + _lines(cluster, workload, model), inputs=_inputs(args, cluster, workload, model),
+                title=f"{cluster.nodes} x {cluster.local_size}, {model or workload.params} at {workload.size} px, "
+                      f"batch {workload.batch_size}")
+
+
+def _check_values(args: argparse.Namespace) -> None:
     for flag in ("nodes", "local_size", "inter_gbit", "intra_gbit", "params", "classes", "gpu_images_per_s", "size",
                  "batch_size", "global_batch_size", "files", "file_kb", "aspect", "source_mbyte_per_s", "select_ns"):
         _positive(getattr(args, flag), "--" + flag.replace("_", "-"))
@@ -164,9 +184,15 @@ def resolve(args: argparse.Namespace) -> Plan:
             raise UsageError(f"--{flag.replace('_', '-')} {getattr(args, flag):g}: must be >= 0")
     if args.density is not None and not 0 < args.density <= 1:
         raise UsageError(f"--density {args.density:g}: must be in (0, 1]")
-    bed = _loaded(get_testbed, args.preset, "--preset")
-    recipe = _loaded(_load_recipe, args.recipe, "--recipe")
-    describe = [f"testbed {bed.name}: {bed.title} ({bed.source})"] if bed else []
+
+
+def _cluster(args: argparse.Namespace, bed, describe: list[str]):
+    """Nodes, links and library: the flags over ``--links``' fit over the testbed."""
+    from comm.cost_model import LinkParams
+    from comm.step_model import Library
+    from comm.testbed import with_parameters
+    from tools.plan_model import Cluster
+
     nodes = args.nodes or (bed.nodes if bed else None)
     local = args.local_size or (bed.local_size if bed else None)
     if nodes is None or local is None:
@@ -180,21 +206,27 @@ def resolve(args: argparse.Namespace) -> Plan:
     if link is None and (args.inter_gbit is None or args.intra_gbit is None):
         raise UsageError(f"{'--inter-gbit' if args.inter_gbit is None else '--intra-gbit'} is required without "
                          f"--preset or --links")
-    link = link or LinkParams(alpha_intra=DEFAULT_LATENCY_US["intra"] * 1e-6, alpha_inter=DEFAULT_LATENCY_US["inter"] * 1e-6,
-                              gamma=DEFAULT_SELECT_NS * 1e-9)
+    link = link or LinkParams(alpha_intra=DEFAULT_LATENCY_US["intra"] * 1e-6,
+                              alpha_inter=DEFAULT_LATENCY_US["inter"] * 1e-6, gamma=DEFAULT_SELECT_NS * 1e-9)
     changes = {k: v for k, v in (
         ("beta_inter", args.inter_gbit and 8 / (args.inter_gbit * 1e9)),
         ("beta_intra", args.intra_gbit and 8 / (args.intra_gbit * 1e9)),
         ("alpha_inter", None if args.inter_latency_us is None else args.inter_latency_us * 1e-6),
         ("alpha_intra", None if args.intra_latency_us is None else args.intra_latency_us * 1e-6),
         ("gamma", args.select_ns and args.select_ns * 1e-9)) if v is not None}
-    link = dataclasses.replace(link, **changes)
     try:
         library = with_parameters(library, dict(_assignment(s) for s in args.set))
     except ValueError as exc:
         raise UsageError(f"--set {' '.join(args.set)}: {exc}") from None
-    cluster = Cluster(nodes=nodes, local_size=local, link=link, library=library,
-                      value_bytes=args.value_bytes or (bed.value_bytes if bed else 4))
+    return Cluster(nodes=nodes, local_size=local, link=dataclasses.replace(link, **changes), library=library,
+                   value_bytes=args.value_bytes or (bed.value_bytes if bed else 4))
+
+
+def _workload(args: argparse.Namespace, bed, recipe, cluster):
+    """Model, batch, size, compute and data set: the flags over the profile over the testbed and recipe."""
+    from tools.plan_model import Workload
+    from trainer.models.param_counts import param_count
+
     first = recipe.phases[0] if recipe else None
     model = args.model or (recipe.model.name if recipe and args.params is None else None)
     if args.params is None and model is None:
@@ -208,7 +240,7 @@ def resolve(args: argparse.Namespace) -> Plan:
     if args.global_batch_size:
         if args.global_batch_size % cluster.gpus:
             raise UsageError(f"--global-batch-size {args.global_batch_size}: does not divide over "
-                             f"{cluster.gpus} GPUs ({nodes} x {local})")
+                             f"{cluster.gpus} GPUs ({cluster.nodes} x {cluster.local_size})")
         batch = args.global_batch_size // cluster.gpus
     if batch is None:
         raise UsageError("--batch-size (or --global-batch-size) is required without --recipe")
@@ -216,14 +248,12 @@ def resolve(args: argparse.Namespace) -> Plan:
     rate = args.gpu_images_per_s or profile.pop("rate", None)
     rates = {size: rate} if rate else (bed.images_per_s.get(model, {}) if bed else {})
     if not rates and "compute_s" not in profile:
-        raise UsageError(f"--gpu-images-per-s is required ({'the preset has no rate for ' + str(model) if bed else 'no preset'})")
+        why = f"the preset has no rate for {model}" if bed else "no --preset"
+        raise UsageError(f"--gpu-images-per-s is required ({why})")
     if args.files < cluster.gpus * batch:
         raise UsageError(f"--files {args.files}: fewer than one step's {cluster.gpus * batch} images")
-    workload = Workload(params=params, batch_size=batch, size=size, rates=rates, density=args.density,
-                        files=args.files, **profile)
-    return Plan(cluster=cluster, workload=workload, recipe=recipe,
-                sizing=_sizing(args, recipe, cluster), describe=describe + _lines(cluster, workload, model, args),
-                inputs=_inputs(args, cluster, workload, model), title=f"{nodes} x {local}, {model or params} at {size} px, batch {batch}")
+    return Workload(params=params, batch_size=batch, size=size, rates=rates, density=args.density,
+                    files=args.files, **profile), model
 
 
 def _load_recipe(name: str):
@@ -256,11 +286,12 @@ def _sizing(args, recipe, cluster) -> Callable:
     sizes = args.cache_size or (list(recipe.cache_sizes) if recipe else [CacheConfig.cache_size])
     return lambda per_gpu: [size_cache(files=args.files, file_bytes=args.file_kb * 1e3, cache_size=s,
                                        nodes=cluster.nodes, gpus_per_node=cluster.local_size,
-                                       images_per_s_per_gpu=per_gpu(s), source_bytes_per_s=args.source_mbyte_per_s * 1e6,
+                                       images_per_s_per_gpu=per_gpu(s),
+                                       source_bytes_per_s=args.source_mbyte_per_s * 1e6,
                                        aspect=args.aspect or ASPECT) for s in sizes]
 
 
-def _lines(cluster, workload, model, args) -> list[str]:
+def _lines(cluster, workload, model) -> list[str]:
     link, lib = cluster.link, cluster.library
     rate = lambda beta: "unlimited" if beta <= 0 else f"{8 / beta / 1e9:,.3g} Gbit/s"  # noqa: E731
     compute = ("measured (--profile)" if workload.compute_s else

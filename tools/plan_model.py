@@ -1,8 +1,8 @@
-"""What ``cachepipe plan`` computes, from resolved inputs (:class:`Cluster`, :class:`Workload`):
+"""What ``cachepipe plan`` computes from resolved inputs (:class:`Cluster`, :class:`Workload`):
 per exchange algorithm the step model's step (:mod:`comm.step_model`), the throughput,
 scaling efficiency and epoch time; for a recipe the run, phase by phase, with the choice
-``--comm auto`` would make (:func:`comm.auto.choose`, the same code); and the data side
-(:mod:`cachepipe.sizing`). No flags here: ``tools/plan.py`` resolves them.
+``--comm auto`` would make (:func:`comm.auto.choose`, the same code). No flags here:
+``tools/plan_inputs.py`` resolves them (and sizes the data side with :mod:`cachepipe.sizing`).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ class Cluster:
         return self.nodes * self.local_size
 
     def with_nodes(self, nodes: int) -> Cluster:
+        """The same cluster with ``nodes`` nodes."""
         return dataclasses.replace(self, nodes=nodes)
 
 
@@ -85,12 +86,17 @@ def _density(workload: Workload, algorithm: str) -> float | None:
     return workload.density if workload.density is not None else spec.density
 
 
-def price(cluster: Cluster, workload: Workload, algorithm: str, *, size: int, batch_size: int,
-          density: float | None) -> Step:
+def _library(cluster: Cluster, workload: Workload) -> Library:
+    """The cluster's library with a profile's measured overhead, when there is one."""
+    if workload.overhead_s is None:
+        return cluster.library
+    return dataclasses.replace(cluster.library, overhead_s=workload.overhead_s)
+
+
+def _price(cluster: Cluster, workload: Workload, algorithm: str, *, size: int, batch_size: int,
+           density: float | None) -> Step:
     """One step of ``algorithm`` at ``size`` px and ``batch_size`` per GPU."""
-    lib = cluster.library
-    if workload.overhead_s is not None:
-        lib = dataclasses.replace(lib, overhead_s=workload.overhead_s)
+    lib = _library(cluster, workload)
     measured = workload.compute_s.get(algorithm, workload.default_compute_s)
     compute = measured if measured is not None else lib.compute_s(
         batch_size, images_per_s_at(workload.rates, size), workload.params)
@@ -112,8 +118,8 @@ def _row(cluster: Cluster, workload: Workload, s: Step, batch_size: int) -> dict
 
 def algorithm_rows(cluster: Cluster, workload: Workload) -> list[dict]:
     """One row per priced algorithm at the workload's size and batch."""
-    return [_row(cluster, workload, price(cluster, workload, a, size=workload.size, batch_size=workload.batch_size,
-                                          density=_density(workload, a)), workload.batch_size)
+    return [_row(cluster, workload, _price(cluster, workload, a, size=workload.size, batch_size=workload.batch_size,
+                                           density=_density(workload, a)), workload.batch_size)
             | {"density": _density(workload, a)} for a in priced_algorithms()]
 
 
@@ -137,7 +143,7 @@ def _phases(recipe, workload: Workload, cluster: Cluster, comm: str | None) -> l
 
 
 def _phase_price(cluster: Cluster, workload: Workload, p) -> Callable[[str, float | None], Step]:
-    return lambda a, density: price(cluster, workload, a, size=p.size, batch_size=p.batch_size, density=density)
+    return lambda a, density: _price(cluster, workload, a, size=p.size, batch_size=p.batch_size, density=density)
 
 
 def recipe_rows(cluster: Cluster, workload: Workload, recipe) -> list[dict]:
@@ -162,12 +168,10 @@ def recipe_rows(cluster: Cluster, workload: Workload, recipe) -> list[dict]:
             density = p.mean_density if get_algorithm(p.comm).sparse else None
             phases.append(_phase_row(cluster, workload, p, at(p.comm, density), p.steps, p.comm, density))
             continue
-        first = sparse_candidate()
-        probe = at(first, p.mean_density)  # the provisional steps (their density is priced at the rest's mean)
+        probe = at(sparse_candidate(), p.mean_density)  # the provisional steps, priced at the rest's mean density
         decided = choose(numel=workload.params, nodes=cluster.nodes, local_size=cluster.local_size, link=cluster.link,
                          compute_s=probe.compute_s, steps=p.steps - p.provisional_steps, mean_density=p.mean_density,
-                         update_s=probe.update_s, library=cluster.library if workload.overhead_s is None else
-                         dataclasses.replace(cluster.library, overhead_s=workload.overhead_s),
+                         update_s=probe.update_s, library=_library(cluster, workload),
                          buckets=bucket_count(workload.params), value_bytes=cluster.value_bytes, basis="predicted")
         density = p.mean_density if get_algorithm(decided.name).sparse else None
         row = _phase_row(cluster, workload, p, at(decided.name, density), p.steps - p.provisional_steps,

@@ -81,7 +81,8 @@ def test_a_measured_profile_replaces_the_rate(tmp_path, wrap):
                                      {"comm": "hitopk", "compute_ms": 250.0, "data_ms": 10.0, "pipeline": False},
                                      {"comm": "hitopk", "compute_ms": 999.0, "data_ms": 10.0, "pipeline": True}])))
     rows = _plan(tmp_path, "--nodes", "2", "--local-size", "2", "--inter-gbit", "0.004", "--intra-gbit", "10",
-                 "--model", "resnet_small", "--classes", "10", "--batch-size", "32", "--profile", path, "--files", "4000")
+                 "--model", "resnet_small", "--classes", "10", "--batch-size", "32", "--profile", path,
+                 "--files", "4000")
     by = {r["algorithm"]: r for r in rows}
     assert by["hitopk"]["compute_s"] == pytest.approx(0.25) and by["gtopk"]["compute_s"] == pytest.approx(0.15)
     assert all(r["overhead_s"] == pytest.approx(0.02) for r in rows)  # the median data wait
