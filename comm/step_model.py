@@ -190,7 +190,7 @@ class Step:
     @property
     def overlapped_s(self) -> float:
         """Seconds of selection and exchange hidden behind backward."""
-        return self.selection_s + self.exchange_s - self.exposed_s
+        return max(0.0, self.selection_s + self.exchange_s - self.exposed_s)
 
     @property
     def total_s(self) -> float:

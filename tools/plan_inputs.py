@@ -170,7 +170,8 @@ def resolve(args: argparse.Namespace) -> Plan:
     cluster = _cluster(args, bed, describe)
     workload, model = _workload(args, bed, recipe, cluster)
     return Plan(cluster=cluster, workload=workload, recipe=recipe, sizing=_sizing(args, recipe, cluster),
-                describe=describe + _lines(cluster, workload, model), inputs=_inputs(args, cluster, workload, model),
+                describe=describe + _lines(cluster, workload, model, recipe),
+                inputs=_inputs(args, cluster, workload, model),
                 title=f"{cluster.nodes} x {cluster.local_size}, {model or workload.params} at {workload.size} px, "
                       f"batch {workload.batch_size}")
 
@@ -291,11 +292,15 @@ def _sizing(args, recipe, cluster) -> Callable:
                                        aspect=args.aspect or ASPECT) for s in sizes]
 
 
-def _lines(cluster, workload, model) -> list[str]:
+def _lines(cluster, workload, model, recipe) -> list[str]:
     link, lib = cluster.link, cluster.library
     rate = lambda beta: "unlimited" if beta <= 0 else f"{8 / beta / 1e9:,.3g} Gbit/s"  # noqa: E731
     compute = ("measured (--profile)" if workload.compute_s else
                ", ".join(f"{r:,.0f} images/s at {s} px" for s, r in sorted(workload.rates.items())))
+    sizes = {workload.size} | {p.size for p in recipe.phases} if recipe else {workload.size}
+    scaled = sorted(sizes - set(workload.rates)) if not workload.compute_s else []
+    if scaled:  # NOTE [compute at other sizes]
+        compute += f"; at {', '.join(map(str, scaled))} px scaled by pixels from the nearest measured size"
     return [f"cluster {cluster.nodes} x {cluster.local_size} GPUs; between nodes {rate(link.beta_inter)} + "
             f"{link.alpha_inter * 1e6:,.0f} us, inside {rate(link.beta_intra)} + {link.alpha_intra * 1e6:,.0f} us; "
             f"selection {link.gamma * 1e9:.3g} ns/element; values {cluster.value_bytes} B",
