@@ -30,6 +30,7 @@ _COLUMNS = [("algorithm", "algorithm", "{}", None), ("images_per_s", "images/s",
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``plan``'s flags (tools/plan_inputs.py, and the outputs)."""
     configure_inputs(parser)
     parser.add_argument("--json", default=None,
                         help="write one row per algorithm (with --recipe: per run, and auto) as JSON here; default none")
@@ -40,6 +41,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Print the plan (and write ``--json``, ``--plot``); 0, or a ``UsageError`` (exit 2).
+
+    Raises:
+        UsageError: a bad flag, one line naming it (NOTE [plan inputs] in tools/plan_inputs.py).
+    """
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
     if args.validate:
@@ -58,12 +64,7 @@ def main(args: argparse.Namespace) -> int:
     print(_table(rows, "run_s" if plan.recipe else "epoch_s"))
     if plan.recipe:
         _print_auto(rows[-1])
-    for s in data:
-        print(f"data at {s['cache_size']} px: {s['sample_bytes'] / 1024:.0f} KiB a sample in L2, "
-              f"L2 {s['l2_bytes_per_node'] / 2**30:,.1f} GiB and L1 {s['l1_bytes_per_node'] / 2**30:,.1f} GiB "
-              f"per node, "
-              f"warm-up {s['warmup_s'] / 60:,.1f} min of source reads, {s['servers_per_node']} Redis server(s) "
-              f"per node for {s['feed_bytes_per_s'] / 1e9:.2f} GB/s")
+    _print_data(data)
     inputs = plan.inputs | {"data": data}
     if args.json:
         write_output(args.json, json.dumps([r | inputs for r in rows], indent=1), "--json")
@@ -90,6 +91,14 @@ def _feed(rows: list[dict], cache_size: int) -> float:
     recipe), else of the algorithms."""
     phases = [p for r in rows for p in r.get("phases", ()) if p["cache_size"] == cache_size]
     return max(r["images_per_s"] for r in phases or rows)
+
+
+def _print_data(data: list[dict]) -> None:
+    for s in data:
+        print(f"data at {s['cache_size']} px: {s['sample_bytes'] / 1024:.0f} KiB a sample in L2, "
+              f"L2 {s['l2_bytes_per_node'] / 2**30:,.1f} GiB and L1 {s['l1_bytes_per_node'] / 2**30:,.1f} GiB "
+              f"per node, warm-up {s['warmup_s'] / 60:,.1f} min of source reads, {s['servers_per_node']} Redis "
+              f"server(s) per node for {s['feed_bytes_per_s'] / 1e9:.2f} GB/s")
 
 
 def _print_auto(run: dict) -> None:
