@@ -2,7 +2,7 @@
 
 Per exchange algorithm the step model's step (compute, selection, exchange, what backward
 hides, update, overhead), throughput, scaling efficiency and epoch time; with
-``--recipe`` the whole run phase by phase and the choice ``--comm auto`` would make; the
+``--recipe`` the whole run phase by phase and each phase's choice by ``--comm auto``'s rule; the
 data side (L2 and L1 per node, warm-up, Redis servers). ``--preset`` names a testbed a
 paper measured on (``comm/testbeds/``); flags override its values. ``--validate``
 prints the step model against the papers' tables. Pure computation: no GPU, no Redis,
@@ -102,7 +102,7 @@ def _print_data(data: list[dict]) -> None:
 
 
 def _print_auto(run: dict) -> None:
-    print(f"auto, the choice `cachepipe train` would make per phase ({run['run_steps']:,} steps, "
+    print(f"auto: --comm auto's rule on these step times, per phase ({run['run_steps']:,} steps, "
           f"{run['run_s'] / 60:.1f} min):")
     for p in run["phases"]:
         print(f"  phase {p['phase']}: {p['epochs']} epoch(s) at {p['size']} px, batch {p['batch_size']}, "

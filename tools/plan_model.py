@@ -1,7 +1,8 @@
 """What ``cachepipe plan`` computes from resolved inputs (:class:`Cluster`, :class:`Workload`):
 per exchange algorithm the step model's step (:mod:`comm.step_model`), the throughput,
 scaling efficiency and epoch time; for a recipe the run, phase by phase, with the choice
-``--comm auto`` would make (:func:`comm.auto.choose`, the same code). No flags here:
+of ``--comm auto``'s rule (:func:`comm.auto.choose`, the same code) on the step model's
+times. No flags here:
 ``tools/plan_inputs.py`` resolves them (and sizes the data side with :mod:`cachepipe.sizing`).
 """
 from __future__ import annotations
