@@ -15,7 +15,7 @@ import dataclasses
 import json
 
 from tools.plan_inputs import configure_inputs, resolve
-from tools.writable import check_writable, write_output
+from tools.writable import add_json_flag, check_writable, write_output
 
 __all__ = ["configure", "main"]
 
@@ -32,8 +32,7 @@ _COLUMNS = [("algorithm", "algorithm", "{}", None), ("images_per_s", "images/s",
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add ``plan``'s flags (tools/plan_inputs.py, and the outputs)."""
     configure_inputs(parser)
-    parser.add_argument("--json", default=None,
-                        help="write one row per algorithm (with --recipe: per run, and auto) as JSON here; default none")
+    add_json_flag(parser, "one row per algorithm (with --recipe: per run, and auto)")
     parser.add_argument("--plot", default=None,
                         help="write scaling efficiency vs nodes (1-64) per algorithm as a PNG here; default none")
     parser.add_argument("--validate", action="store_true",

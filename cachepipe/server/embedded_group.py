@@ -28,7 +28,7 @@ __all__ = ["CORES_PER_SERVER", "MAX_SERVERS", "SERVER_CORE_SHARE", "SERVER_S_PER
 
 CORES_PER_SERVER = 8  # a GPU node has ~8-16 cores per GPU pair; one server per 8 keeps up (docs/cache.md)
 MAX_SERVERS = 8
-SERVER_S_PER_GB = 0.33  # c: a server's main thread per GB served (bench l2: 0.32-0.35 s, docs/BENCHMARKS.md)
+SERVER_S_PER_GB = 0.33  # c: a server's main thread per GB served (bench l2: 0.32-0.35 s, docs/benchmarks/l2.md)
 SERVER_CORE_SHARE = 0.5  # u: the share of a core one server may take, room for bursts (docs/cache.md)
 
 
