@@ -60,9 +60,10 @@ def _limit(row: dict) -> int:
 
 
 def _counts(store, info: list[dict], indices: list[int]) -> list[int]:
-    if hasattr(store, "owners"):
-        return np.bincount(store.owners(indices).ravel(), minlength=len(info)).tolist()
-    return [-(-len(indices) // max(1, len(info)))] * len(info)  # a cluster spreads keys evenly
+    owners = store.owners(indices)  # None: the store spreads keys evenly itself (a cluster)
+    if owners is not None:
+        return np.bincount(owners.ravel(), minlength=len(info)).tolist()
+    return [-(-len(indices) // max(1, len(info)))] * len(info)
 
 
 def l2_shortfalls(store, indices: list[int], per_sample: int) -> list[str]:
@@ -94,11 +95,12 @@ def l2_fitting(store, indices: list[int], per_sample: int) -> list[int]:
     room = [None if not _limit(row) else
             max(0, int((_limit(row) - row["used_memory"] - per_sample) / (per_sample * L2_MARGIN)))
             if row["reachable"] else 0 for row in info]
-    if not hasattr(store, "owners"):  # a cluster: keys spread evenly over its primaries
+    placed = store.owners(indices)
+    if placed is None:  # a store that spreads keys evenly itself (a cluster)
         known = [r for r in room if r is not None]
         return list(indices) if not known else list(indices)[:min(known) * len(room)]
     keep = []
-    for i, owners in zip(indices, store.owners(indices).tolist()):
+    for i, owners in zip(indices, placed.tolist()):
         if all(room[s] is None or room[s] > 0 for s in owners):
             for s in owners:
                 if room[s] is not None:

@@ -28,7 +28,7 @@ from cachepipe.l1.raw_levels import RawLevels
 from cachepipe.l2.codec import encode_sample
 from cachepipe.l2.level import L2Level
 from cachepipe.l2.registry import open_store
-from cachepipe.l2.spec import L2Spec, resolve_l2
+from cachepipe.l2.spec import L2Spec, l2_setting, resolve_l2
 from cachepipe.l2.store import SampleStore, namespace
 from cachepipe.private_files import private_dir
 from cachepipe.server.embedded import EmbeddedRedis, parse_memory
@@ -57,16 +57,19 @@ class TwoLevelCache:
         cache_dir: holds manifests, the L1 mirror ``<fingerprint>/l1`` and the embedded
             Redis. Created if missing. (Shorthand only, as every setting up to
             ``max_file_bytes``.)
-        redis: ``None`` (default): the embedded servers of ``cache_dir`` (started if not
-            running, else reused); a list of ``redis://``/``unix://`` URLs: client-side
-            shards (rendezvous hashing of the index); ``"redis-cluster://host:port"``: a
-            Redis Cluster; a URL of another registered scheme (NOTE [L2 store registry]);
-            ``False``: no L2; or an :class:`~cachepipe.l2.spec.L2Spec`.
+        redis: where L2 lives (also as ``l2=``, its name for what it is): ``None``
+            (default): the embedded servers of ``cache_dir`` (started if not running, else
+            reused); a list of ``redis://``/``unix://`` URLs: client-side shards (rendezvous
+            hashing of the index); ``"redis-cluster://host:port"``: a Redis Cluster;
+            ``"shm://"``: this node's memory (NOTE [shm store]); a URL of another registered
+            scheme (NOTE [L2 store registry]); ``False``: no L2; or an
+            :class:`~cachepipe.l2.spec.L2Spec`.
         cache_size: shorter side of cached samples (see NOTE [resize policy]; default 256).
         prefix: first part of L2 keys ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:<index>``.
         replicas: copies of each L2 value on distinct shards.
-        l2_memory: embedded server's maxmemory (``"4gb"``, ``"25%"``, bytes); ``None`` keeps
-            a running server's setting and starts a new one at 25 % of RAM.
+        l2_memory: embedded server's maxmemory, or an ``shm://`` store's size (``"4gb"``,
+            ``"25%"``, bytes); ``None`` keeps a running server's (a store's recorded) setting
+            and starts a new one at 25 % of RAM.
         l2_servers: embedded servers, reads spread over them by key (``None``: one per 8
             cores; NOTE [a node's L2] in ``cachepipe.server.embedded_group``); ``l2_memory`` is their total.
         timeout: Redis socket timeout in seconds.
@@ -110,7 +113,8 @@ class TwoLevelCache:
                 config, manifest = config.root, config
             if cache_dir is None:
                 raise ValueError("TwoLevelCache(source, cache_dir, ...): cache_dir is required")
-            l2 = resolve_l2(redis, servers=settings.pop("l2_servers", None), memory=settings.pop("l2_memory", None))
+            l2 = resolve_l2(l2_setting(settings.pop("l2", None), redis), servers=settings.pop("l2_servers", None),
+                            memory=settings.pop("l2_memory", None))
             config = CacheConfig(config, cache_dir, l2, 256 if cache_size is None else cache_size, **settings)
         if manifest is not None and manifest.root != config.source:
             raise ValueError(f"the manifest is of {manifest.root!r}, the cache config of {config.source!r}")
@@ -164,8 +168,8 @@ class TwoLevelCache:
         l2 = cfg.l2
         if l2.enabled:
             urls = self.embedded_group(start=True).urls if l2.is_embedded else l2.urls
-            self._store = open_store(urls, self.namespace, self.counters,
-                                     replicas=cfg.replicas, timeout=cfg.timeout)
+            self._store = open_store(urls, self.namespace, self.counters, replicas=cfg.replicas, timeout=cfg.timeout,
+                                     memory=None if l2.is_embedded else l2.memory)  # a sized store's (shm://)
             share = l2.memory if l2.servers == 1 else parse_memory(l2.memory) // l2.servers
             self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
                                (lambda i: self.embedded_server(index=i)) if l2.is_embedded else None, share)

@@ -4,7 +4,8 @@ NOTE [warm-up partitions]
 With ``num_nodes`` M, node R decodes into L2 the samples whose L2 shard is on node R:
 the placement node-local sampling draws by (``store.node_of``, NOTE [placement] in
 ``cachepipe.l2.placement``), so the store must name one server per node, in node order
-(M URLs, or M ``redis-cluster://`` URLs). M nodes warm L2 in parallel without overlap,
+(M URLs, or M ``redis-cluster://`` URLs), or be node-local (``shm://`` on every node: the
+homes are hashed over the M nodes). M nodes warm L2 in parallel without overlap,
 each writing to its own server over no network, and the fixed subset a node caches when
 L2 is too small (NOTE [fixed L2 subset]) is a subset of the samples its ranks draw with
 ``locality="node"``. L1 is a per-node local disk mirror: by default (``l1_scope="all"``)
@@ -78,8 +79,8 @@ def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int 
 
     Raises:
         ValueError: bad partition arguments.
-        LocalityError: more than one node, but the store does not name one server per
-            node (the message says what to pass).
+        LocalityError: more than one node, but the store cannot place samples on them (not
+            one Redis URL per node; the message says what to pass).
     """
     if num_nodes < 1 or not 0 <= node_rank < num_nodes:
         raise ValueError(f"need 0 <= node_rank < num_nodes, got {node_rank=} {num_nodes=}")
@@ -89,12 +90,11 @@ def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int 
     from cachepipe.l2.placement import LocalityError
 
     store = cache.store
-    if store is None or store.nodes != num_nodes:
-        given = "no L2" if store is None else f"{store.nodes} URL(s)"
-        raise LocalityError(f"{num_nodes} nodes warm the samples held by their own Redis server, so they need "
-                            f"one Redis URL per node, in node order (--redis URL of node 0's server ...), but "
-                            f"the cache has {given}")
-    return np.flatnonzero(store.node_of(range(n)) == node_rank).tolist()
+    if store is None:
+        raise LocalityError(f"{num_nodes} nodes warm the samples held by their own L2, so they need one Redis URL "
+                            f"per node, in node order (--l2 URL of node 0's server ...), or --l2 shm://, but the "
+                            f"cache has no L2")
+    return np.flatnonzero(store.node_of(range(n), num_nodes) == node_rank).tolist()  # raises LocalityError
 
 
 def plan_warmup(cache, part: list[int], *, l1_scope: str = "all", limit: int | None = None):

@@ -66,6 +66,17 @@ def redis_server(redis_servers):
     return redis_servers(1)[0]
 
 
+@pytest.fixture
+def shm_url():
+    """``shm:///dev/shm/cachepipe-test-<random>``: a node-local L2 store of this test alone
+    (a directory not made yet, as after a reboot), removed at teardown."""
+    import uuid
+
+    path = Path("/dev/shm") / f"cachepipe-test-{uuid.uuid4().hex[:12]}"
+    yield f"shm://{path}"
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory) -> Path:
     """A 4-class ImageNet-layout JPEG dataset (``train/``: 6 per class, ``val/``: 2)."""

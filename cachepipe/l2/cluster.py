@@ -17,7 +17,7 @@ from cachepipe.errors import L2UnavailableError, warn_once
 from cachepipe.l2.placement import LocalityError, node_of_hosts
 from cachepipe.l2.redis_url import redact
 from cachepipe.l2.shards import make_client
-from cachepipe.l2.store import PARTIAL_KEY, is_oom
+from cachepipe.l2.store import PARTIAL_KEY, SampleStore, is_oom, shard_row
 
 __all__ = ["ClusterStore"]
 
@@ -34,7 +34,7 @@ def _node(url: str) -> ClusterNode:
     return ClusterNode(host, int(port))
 
 
-class ClusterStore:
+class ClusterStore(SampleStore):
     """Values in a Redis Cluster; keys hash to slots, MGETs are split per node by redis-py
     (one pipelined round trip per node per batch). Replication is the cluster's own.
 
@@ -53,7 +53,7 @@ class ClusterStore:
         self.namespace = namespace
         self.counters = counters
         self.timeout = timeout
-        self.health = ShardHealth()
+        self.health = [ShardHealth()]  # the cluster as one
         self._client: RedisCluster | None = None
         self._warned: set = set()
 
@@ -66,19 +66,20 @@ class ClusterStore:
                                         retry=Retry(NoBackoff(), 0))
         return self._client
 
-    @property
-    def nodes(self) -> int:
-        """Nodes named by the seed URLs, one per node in node order (NOTE [placement])."""
-        return len(self.urls)
-
-    def node_of(self, indices: Sequence[int]) -> np.ndarray:
-        """Node of the primary owning each index's slot, -1 where it does not answer (NOTE [placement]).
+    def node_of(self, indices: Sequence[int], nodes: int | None = None) -> np.ndarray:
+        """Node of the primary owning each index's slot, -1 where it does not answer (NOTE
+        [placement]); the i-th seed URL names node i, so ``nodes`` must be the URL count.
 
         Raises:
-            LocalityError: the cluster cannot be asked for its slots, or a primary is on
-                none of the nodes named by the URLs.
+            LocalityError: ``nodes`` is not the URL count, the cluster cannot be asked for
+                its slots, or a primary is on none of the nodes named by the URLs.
         """
         from redis.crc import key_slot
+
+        if nodes is not None and nodes != len(self.urls):
+            raise LocalityError(f"{nodes} nodes need one Redis URL per node, in node order (--l2 "
+                                f"redis-cluster://host:port of a primary on each node), but {len(self.urls)} "
+                                f"URL(s) were given")
 
         slots, error = None, None
         try:
@@ -113,7 +114,7 @@ class ClusterStore:
         return np.where((owner >= 0) & alive[known], node[known], -1)
 
     def _failed(self, exc: BaseException, what: str) -> None:
-        self.health.failed(exc)
+        self.health[0].failed(exc)
         self.counters["l2_errors"] += 1
         self._client = None  # rediscover the topology next time
         warn_once(self._warned, "down", f"Redis Cluster {self.urls[0]} failed on {what} "
@@ -122,7 +123,7 @@ class ClusterStore:
     def get_many(self, indices: Sequence[int]) -> list[bytes | None]:
         if not indices:
             return []
-        if not self.health.available():
+        if not self.health[0].available():
             self.counters["l2_skipped"] += len(indices)
             return [None] * len(indices)
         try:
@@ -130,13 +131,13 @@ class ClusterStore:
         except _ERRORS as exc:
             self._failed(exc, "read")
             return [None] * len(indices)
-        self.health.succeeded()
+        self.health[0].succeeded()
         return list(values)
 
     def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
         if not items:
             return 0
-        if not self.health.available():
+        if not self.health[0].available():
             self.counters["l2_write_errors"] += len(items)
             return 0
         try:
@@ -148,7 +149,7 @@ class ClusterStore:
             self._failed(exc, "write")
             self.counters["l2_write_errors"] += len(items)
             return 0
-        self.health.succeeded()
+        self.health[0].succeeded()
         ok = 0
         for r in results:
             if isinstance(r, Exception):
@@ -187,7 +188,7 @@ class ClusterStore:
             raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
 
     def partial(self) -> dict[str, int]:
-        if not self.health.available():
+        if not self.health[0].available():
             return {}
         try:
             fields = self.client.hgetall(self.namespace + PARTIAL_KEY)
@@ -228,16 +229,23 @@ class ClusterStore:
             for node in nodes:
                 mem = self.client.info("memory", target_nodes=node)
                 keys = self.client.dbsize(target_nodes=node)
-                rows.append({"url": f"redis://{node.host}:{node.port}", "reachable": True,
-                             "used_memory": int(mem["used_memory"]),
-                             "maxmemory": int(mem.get("maxmemory", 0)), "keys": int(keys),
-                             "policy": str(mem.get("maxmemory_policy", "")),
-                             "system_memory": int(mem.get("total_system_memory", 0)), "error": ""})
+                rows.append(shard_row(f"redis://{node.host}:{node.port}", reachable=True,
+                                      used_memory=int(mem["used_memory"]), maxmemory=int(mem.get("maxmemory", 0)),
+                                      keys=int(keys), policy=str(mem.get("maxmemory_policy", "")),
+                                      system_memory=int(mem.get("total_system_memory", 0))))
             return rows
         except _ERRORS as exc:
             self._client = None
-            return [{"url": self.urls[0], "reachable": False, "used_memory": 0, "maxmemory": 0,
-                     "keys": 0, "policy": "", "error": f"{type(exc).__name__}: {exc}"}]
+            return [shard_row(self.urls[0], error=f"{type(exc).__name__}: {exc}")]
+
+    def server_cpu_seconds(self) -> float:
+        """CPU of every primary so far, all threads (``INFO cpu``)."""
+        try:
+            return sum(float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+                       for info in self.client.info("cpu", target_nodes=RedisCluster.PRIMARIES).values())
+        except _ERRORS as exc:
+            self._client = None
+            raise L2UnavailableError(f"cannot reach Redis Cluster {self.urls[0]}: {exc}") from None
 
     def close(self) -> None:
         if self._client is not None:

@@ -42,6 +42,7 @@ class L2Level:
         self.embedded_server, self.l2_memory = embedded_server, l2_memory
         self._warned: set = set()
         self._write_back: bool | None = None  # NOTE [fixed L2 subset]: asked once per process
+        self._corrupt: set[int] = set()  # corrupt values read and not yet rewritten
 
     def read(self, indices: list[int], *, copy: bool = True) -> dict[int, np.ndarray]:
         """The samples of ``indices`` (distinct) that L2 holds, with one round trip per
@@ -64,6 +65,7 @@ class L2Level:
                 c["l2_bytes"] += len(value)
             except ValueError as exc:
                 c["l2_corrupt"] += 1
+                self._corrupt.add(i)
                 warn_once(self._warned, "l2corrupt", f"corrupt L2 value for sample {i} "
                           f"({exc}); treated as a miss and rewritten")
         c["l2_hits"] += len(result)
@@ -72,21 +74,24 @@ class L2Level:
 
     def write_back(self, encoded: list[tuple[int, bytes]]) -> None:
         """Store ``encoded`` (index, value) misses, unless warm-up left L2 a fixed subset of
-        the source (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``); the rest is read from L1."""
+        the source (NOTE [fixed L2 subset] in ``cachepipe/warmup.py``); the rest is read from
+        L1. A value read as corrupt is rewritten either way: it is one of the subset."""
         if not encoded:
             return
         if self._write_back is None:
             self._write_back = not self.store.partial()
-        if self._write_back:
+        if not self._write_back:
+            encoded = [(i, v) for i, v in encoded if i in self._corrupt]
+        self._corrupt.difference_update(i for i, _ in encoded)
+        if encoded:
             self.counters["l2_writes"] += self.store.put_many(encoded)
 
     def _revive_embedded(self) -> None:
         """Restart the embedded server when it died and its backoff window is over
         (it starts empty and refills from L1 as samples are read)."""
-        health = getattr(self.store, "health", None)
-        if self.embedded_server is None or not health:
+        if self.embedded_server is None:
             return
-        for i, shard in enumerate(health):
+        for i, shard in enumerate(self.store.health):  # declared by the store (NOTE [L2 store protocol])
             if not (shard.failures and shard.available()):
                 continue
             server = self.embedded_server(i)

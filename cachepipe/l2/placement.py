@@ -1,7 +1,12 @@
 """Which node holds each sample's L2 value: what node-local sampling (``loaders.locality``) draws by.
 
 NOTE [placement]
-Nodes are numbered by the order of the Redis URLs. With plain shards the i-th URL is the
+A store says where a sample is with ``node_of(indices, nodes)`` (``cachepipe/l2/store.py``),
+and refuses with ``LocalityError`` when it cannot tell on ``nodes`` nodes. A node-local
+store (``shm://``: the same URL names each node's own memory) places by rendezvous hashing
+of the index over the node numbers (:func:`node_local_owner`): every node computes the
+same homes for any node count, and each node's warm-up fills its own store with its own.
+For Redis, nodes are numbered by the order of the URLs. With plain shards the i-th URL is the
 server of node i (one per node, as the deployment lists them). With a Redis Cluster the
 i-th ``redis-cluster://`` URL names a primary on node i, and every primary belongs to
 the node whose URL has its ``host:port``, else its host (a node may run several
@@ -20,7 +25,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["LocalityError", "first_live_owner", "node_of_hosts"]
+from cachepipe.l2.hashing import rendezvous_owners, shard_seed
+
+__all__ = ["LocalityError", "first_live_owner", "node_local_owner", "node_of_hosts"]
 
 
 class LocalityError(ValueError):
@@ -37,6 +44,22 @@ def first_live_owner(owners: np.ndarray, alive: np.ndarray) -> np.ndarray:
     live = np.asarray(alive, dtype=bool)[owners]
     first = owners[np.arange(len(owners)), np.argmax(live, axis=1)]
     return np.where(live.any(axis=1), first, -1)
+
+
+def node_local_owner(indices: np.ndarray, nodes: int) -> np.ndarray:
+    """Home node of each index for a node-local store on ``nodes`` nodes (NOTE [placement]).
+
+    Raises:
+        ValueError: ``nodes`` < 1.
+
+    Example:
+        >>> node_local_owner(np.arange(4), 1).tolist()
+        [0, 0, 0, 0]
+    """
+    if nodes < 1:
+        raise ValueError(f"need at least one node, got {nodes}")
+    seeds = [shard_seed(f"node/{k}") for k in range(nodes)]
+    return rendezvous_owners(np.asarray(indices, dtype=np.int64), seeds)[:, 0].astype(np.int64)
 
 
 def _address(host: str) -> str:

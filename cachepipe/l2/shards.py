@@ -26,10 +26,10 @@ from redis.retry import Retry
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2PermissionError, L2UnavailableError, warn_once
 from cachepipe.l2.hashing import rendezvous_owners, shard_seed
-from cachepipe.l2.placement import first_live_owner
+from cachepipe.l2.placement import LocalityError, first_live_owner
 from cachepipe.l2.redis_url import canonical, redact
 from cachepipe.l2.resp_mget import MGetConnection
-from cachepipe.l2.store import PARTIAL_KEY, is_oom
+from cachepipe.l2.store import PARTIAL_KEY, SampleStore, is_oom, shard_row
 
 __all__ = ["ShardedRedisStore", "make_client"]
 
@@ -80,7 +80,7 @@ def _failed_check(name: str, command: str, exc: BaseException) -> L2UnavailableE
     return L2UnavailableError(f"cannot reach L2 shard {name}: {_why(exc)}")
 
 
-class ShardedRedisStore:
+class ShardedRedisStore(SampleStore):
     """Values spread over ``urls`` by rendezvous hashing of the index, ``replicas`` copies each.
 
     Reads ask the first owner, then the next replica for what it missed; a write goes to
@@ -121,13 +121,17 @@ class ShardedRedisStore:
         """``(n, replicas)`` shard positions of ``indices``."""
         return rendezvous_owners(indices, self.seeds, self.replicas)
 
-    @property
-    def nodes(self) -> int:
-        """Nodes the shards stand for: the i-th URL is node i's server (NOTE [placement])."""
-        return len(self.urls)
+    def node_of(self, indices: Sequence[int], nodes: int | None = None) -> np.ndarray:
+        """Node of each index's first live owner, -1 where none answers (NOTE [placement]):
+        the i-th URL is node i's server, so ``nodes`` must be the URL count.
 
-    def node_of(self, indices: Sequence[int]) -> np.ndarray:
-        """Node of each index's first live owner, -1 where none answers (NOTE [placement])."""
+        Raises:
+            LocalityError: ``nodes`` is not the number of URLs.
+        """
+        if nodes is not None and nodes != len(self.urls):
+            raise LocalityError(f"{nodes} nodes need one Redis URL per node, in node order (--l2 URL of node 0's "
+                                f"server, then node 1's, ...; or --l2 shm:// on every node), but {len(self.urls)} "
+                                f"URL(s) were given")
         alive = np.zeros(len(self.urls), dtype=bool)
         for s, client in enumerate(self.clients):
             try:
@@ -246,8 +250,7 @@ class ShardedRedisStore:
     def shard_info(self) -> list[dict]:
         info = []
         for url, client in zip(self.names, self.clients):
-            row = {"url": url, "reachable": False, "used_memory": 0, "maxmemory": 0, "keys": 0,
-                   "policy": "", "error": "", "denied": False}
+            row = shard_row(url)
             try:
                 mem = client.info("memory")
                 row.update(reachable=True, used_memory=int(mem["used_memory"]),
@@ -303,6 +306,17 @@ class ShardedRedisStore:
             except (*_NET_ERRORS, redis.RedisError) as exc:
                 raise _failed_check(name, "SCAN or UNLINK", exc) from None
         return deleted
+
+    def server_cpu_seconds(self) -> float:
+        """CPU of every shard's server so far, all threads (``INFO cpu``)."""
+        total = 0.0
+        for name, client in zip(self.names, self.clients):
+            try:
+                info = client.info("cpu")
+            except (*_NET_ERRORS, redis.RedisError) as exc:
+                raise _failed_check(name, "INFO", exc) from None
+            total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        return total
 
     def close(self) -> None:
         for c in [*self.clients, *filter(None, self.readers)]:
