@@ -178,7 +178,7 @@ class DALILoader(SamplerControls):
 
 def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, size: int = 224,
                       device: str = "gpu", shard_id: int | None = None, num_shards: int | None = None,
-                      seed: int = 0, cache_dir=None, redis=None, workers: int = 2, cache=None,
+                      seed: int = 0, cache_dir=None, redis=None, l2=None, workers: int = 2, cache=None,
                       on_error: str = "raise", cache_size: int = 256, drop_last: bool | None = None,
                       dtype: str = "float32", device_id: int | None = None,
                       prefetch_queue_depth: int = 2, dali_resize: bool | None = None, locality: str = "global",
@@ -202,7 +202,7 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         shard_id, num_shards: this rank and the world size; default: torch.distributed's
             when initialised, else 0 and 1.
         seed: shuffling, augmentation and DALI seed; equal on every rank.
-        cache_dir, redis, cache, on_error, cache_size: as ``CachedImageFolder``.
+        cache_dir, l2 (or redis), cache, on_error, cache_size: as ``CachedImageFolder``.
         workers: DALI CPU threads, and in CPU mode the source's worker processes that read
             and crop (default 2; 0: read and crop in this process).
         drop_last: default True for training, False for validation.
@@ -238,7 +238,7 @@ def build_dali_loader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         device_id = torch.cuda.current_device() if device_id is None else device_id
     else:
         device_id = None
-    folder = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
+    folder = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, l2=l2, cache_size=cache_size,
                                on_error=on_error, follow_external_links=follow_external_links)
     drop_last = train if drop_last is None else bool(drop_last)
     placed = node_locality(folder, locality=locality, exchange_fraction=exchange_fraction, local_size=local_size,

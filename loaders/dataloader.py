@@ -226,7 +226,7 @@ class CachedDataLoader(SamplerControls):
 
 
 def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, size: int = 224,
-                      workers: int = 2, cache_dir=None, redis=None, distributed=None, seed: int = 0,
+                      workers: int = 2, cache_dir=None, redis=None, l2=None, distributed=None, seed: int = 0,
                       drop_last: bool | None = None, cache=None, on_error: str = "raise", cache_size: int = 256,
                       prefetch_factor: int = 2, dtype: str = "float32", normalize: bool = True,
                       channels_last: bool = False, device=None,
@@ -239,7 +239,8 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     keeps the dataset order with resize + center crop. Each rank sees its shard (see NOTE
     [sharding and the last batch] in ``loaders.sampler``); with ``locality="node"`` the
     ranks of a node draw the samples held by their node's Redis (NOTE [node-local order]
-    in ``loaders.locality``). Batches are fetched with one round
+    in ``loaders.locality``; with ``l2=["shm://"]`` that partition is the node's own memory,
+    read in place, NOTE [shm store]). Batches are fetched with one round
     trip per Redis shard and transformed in the workers (NOTE [batch requests carry the
     epoch state]), which stay alive across epochs.
 
@@ -250,11 +251,13 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         size: crop side (default 224); change it later with ``set_size``.
         workers: DataLoader worker processes (default 2; 0 loads in the main process).
         cache_dir: L1 directory (required unless ``cache`` is given or False).
-        redis: L2 shards: None = embedded server in ``cache_dir``, list of URLs, False = no L2.
+        l2: where L2 lives: None = embedded server in ``cache_dir``, a list of URLs
+            (``["shm://"]``: this node's memory, zero-copy; Redis shards), False = no L2.
+        redis: ``l2``'s old name, still taken.
         distributed: None (use torch.distributed when initialised), False, or (rank, world_size).
         seed: shuffling and augmentation seed; must be equal on every rank.
         drop_last: default True for training and False for validation.
-        cache: None (build a cache from ``cache_dir``, ``redis``, ``cache_size``), a
+        cache: None (build a cache from ``cache_dir``, ``l2``, ``cache_size``), a
             ``cachepipe.CacheConfig`` of ``root`` (all cache settings in one object), a
             ``TwoLevelCache`` to share, or False (decode files).
         on_error: "raise" or "skip" bad samples: replaced by others so every batch stays
@@ -272,8 +275,9 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
             ``dtype`` (NOTE [uint8 to the device]); labels arrive there too.
         multiprocessing_context: e.g. "spawn"; default: torch's.
         locality: ``"global"`` (default): shuffle over the whole dataset; ``"node"``: the
-            ranks of a node draw the samples whose L2 shard is on their node (training
-            only; ``redis`` lists one URL per node in node order, ranks are node-major).
+            ranks of a node draw the samples whose L2 shard is on their node (``l2`` lists
+            one Redis URL per node in node order, or is ``["shm://"]`` on every node; ranks
+            are node-major). Several nodes with ``shm://`` need ``"node"``.
         local_size: ranks per node (default: ``LOCAL_WORLD_SIZE``, else all ranks on one node).
         exchange_fraction: with ``locality="node"``, the share of samples dealt across
             nodes each epoch, in [0, 1] (default 0.02: NOTE [default exchange fraction]).
@@ -292,8 +296,11 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
         >>> loader = cached_dataloader("/data/train", batch_size=256, train=True, size=224,
         ...                            workers=8, cache_dir="/local/cache")  # doctest: +SKIP
         >>> loader = cached_dataloader("/data/train", batch_size=256, train=True, cache_dir="/local/cache",
-        ...                            redis=["redis://node0:6379/0", "redis://node1:6379/0"],
+        ...                            l2=["redis://node0:6379/0", "redis://node1:6379/0"],
         ...                            distributed=(rank, 16), local_size=8, locality="node")  # doctest: +SKIP
+        >>> local = cached_dataloader("/data/train", batch_size=256, train=True, cache_dir="/local/cache",
+        ...                           l2=["shm://"], distributed=(rank, 16), local_size=8,
+        ...                           locality="node")  # doctest: +SKIP
         >>> gpu = cached_dataloader("/data/train", batch_size=128, train=True, cache_dir="/local/cache",
         ...                         dtype="bfloat16", channels_last=True, device="cuda")  # doctest: +SKIP
         >>> for epoch in range(epochs):  # doctest: +SKIP
@@ -306,7 +313,7 @@ def cached_dataloader(root: str | os.PathLike, *, batch_size: int, train: bool, 
     check_locality(locality, exchange_fraction)
     rank, world = resolve_rank(distributed)
     transform = make_transform(train, size, dtype=dtype, normalize=normalize, channels_last=channels_last)
-    dataset = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, cache_size=cache_size,
+    dataset = CachedImageFolder(root, cache=cache, cache_dir=cache_dir, redis=redis, l2=l2, cache_size=cache_size,
                                 on_error=on_error, follow_external_links=follow_external_links)
     drop_last = train if drop_last is None else bool(drop_last)
     placed = node_locality(dataset, locality=locality, exchange_fraction=exchange_fraction, local_size=local_size,

@@ -11,6 +11,7 @@ import torch.utils.data
 from PIL import Image
 
 from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
+from cachepipe.l2.spec import l2_setting
 from cachepipe.source.reader import read_file
 from loaders._optional import torchvision_datasets
 from loaders.replacement import fill_batch
@@ -62,13 +63,14 @@ class CachedImageFolder(_base()):
         extensions: file endings to keep (default: torchvision's ``IMG_EXTENSIONS``),
             as ``DatasetFolder(extensions=)``; not together with ``is_valid_file``.
         cache: ``None`` builds a ``TwoLevelCache`` for ``root`` from ``cache_dir``,
-            ``redis`` and ``cache_size``; a ``CacheConfig`` (``source`` = ``root``) opens
+            ``l2`` and ``cache_size``; a ``CacheConfig`` (``source`` = ``root``) opens
             the cache it describes, all settings in one object; a ``TwoLevelCache`` to share
             one; ``False`` reads and decodes the files every time (no cache, same
             ``decode_and_resize`` pixels).
         cache_dir: L1 directory when ``cache`` is None (required then).
-        redis: L2 shards: ``None`` embedded server in ``cache_dir``, a list of URLs, or
-            ``False`` for no L2 (when ``cache`` is None).
+        l2: where L2 lives (when ``cache`` is None): ``None`` the embedded server in
+            ``cache_dir``, a list of URLs (``["shm://"]``: this node's memory; Redis
+            shards), or ``False`` for no L2. ``redis``: its old name, still taken.
         cache_size: shorter side of cached samples in pixels (default 256; a given
             ``cache`` has its own).
         on_error: ``"raise"`` (default): a corrupt or unreadable file raises
@@ -108,7 +110,7 @@ class CachedImageFolder(_base()):
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, loader: Callable[[str], Any] | None = None,
                  is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False, *,
-                 extensions: str | Sequence[str] | None = None, cache=None, cache_dir=None, redis=None,
+                 extensions: str | Sequence[str] | None = None, cache=None, cache_dir=None, redis=None, l2=None,
                  cache_size: int = 256, on_error: str = "raise", output: str = "numpy",
                  follow_external_links: bool = False) -> None:
         if on_error not in ON_ERROR:
@@ -129,7 +131,7 @@ class CachedImageFolder(_base()):
             if cache_dir is None:
                 raise ValueError("pass cache_dir (the local L1 directory), a CacheConfig or TwoLevelCache as "
                                  "cache=, or cache=False to read the files directly")
-            cache = CacheConfig(os.fspath(root), os.fspath(cache_dir), redis, cache_size,
+            cache = CacheConfig(os.fspath(root), os.fspath(cache_dir), l2_setting(l2, redis), cache_size,
                                 follow_external_links=follow_external_links)
         if isinstance(cache, CacheConfig):
             if cache.source != os.path.abspath(root):

@@ -1,4 +1,5 @@
-"""Node-local sampling: the ranks of a node draw the samples whose L2 shard is on their node.
+"""Node-local sampling: the ranks of a node draw the samples whose L2 shard is on their node
+(their node's Redis server, or with ``shm://`` the node's own memory: NOTE [placement]).
 
 NOTE [node-local order]
 With ``locality="node"`` an epoch's order is a pure function of (seed, epoch, the home
@@ -209,16 +210,16 @@ def node_locality(folder, *, locality: str, exchange_fraction: float, local_size
     cache = getattr(folder, "cache", None)
     l2 = cache.config.l2 if cache is not None else None
     if l2 is None or not l2.enabled:
-        raise LocalityError("locality='node' needs L2 on the nodes' Redis servers; this loader has no L2 "
-                            "(redis=False or cache=False): pass redis=[url of node 0's server, ...]")
+        raise LocalityError("locality='node' needs an L2 that places samples on nodes; this loader has no L2 "
+                            "(l2=False or cache=False): pass l2=['shm://'] or l2=[url of node 0's Redis, ...]")
     if l2.is_embedded:
         raise LocalityError(f"locality='node' cannot place samples on {nodes} nodes with the embedded Redis "
-                            "(private to one machine): pass redis=[url of node 0's server, url of node 1's, ...]")
-    store = cache.store
-    if store.nodes != nodes:
-        raise LocalityError(f"locality='node' needs one Redis URL per node, in node order: {world_size} ranks "
-                            f"of local_size {local_size} are {nodes} nodes, but {store.nodes} URL(s) were given")
-    home = np.asarray(store.node_of(range(len(folder))), dtype=np.int64)
+                            "(private to one machine): pass l2=['shm://'] (each node's memory) or "
+                            "l2=[url of node 0's server, url of node 1's, ...]")
+    try:
+        home = np.asarray(cache.store.node_of(range(len(folder)), nodes), dtype=np.int64)
+    except LocalityError as exc:
+        raise LocalityError(f"locality='node' with {world_size} ranks of local_size {local_size}: {exc}") from None
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() == world_size:

@@ -19,8 +19,8 @@ DEFAULT_CACHE_DIR = "cachepipe-cache"  # train's --cache-dir when none is given
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
-    """Add ``--cache-dir --redis --redis-cluster --no-l2 --replicas --prefix --l2-memory
-    --timeout --follow-external-links``.
+    """Add ``--cache-dir --l2 (alias --redis) --redis-cluster --no-l2 --replicas --prefix
+    --l2-memory --timeout --follow-external-links``.
 
     Args:
         parser: the command's parser.
@@ -34,11 +34,14 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
     parser.add_argument("--cache-dir", required=source, default=None,
                         help="local directory for the manifests, the L1 LMDB mirror and the embedded Redis"
                              + ("" if source else f" (default: ./{DEFAULT_CACHE_DIR}; --demo: DEMO_DIR/cache)"))
-    parser.add_argument("--redis", action="append", metavar="URL", default=None,
-                        help="an L2 shard (redis://host:port/db, unix:///path.sock); repeat for "
-                             "several (client-side rendezvous sharding; one per node, in node order); "
-                             "redis-cluster://host:port names a Redis Cluster; unset: the embedded server "
-                             "in --cache-dir")
+    from cachepipe.l2.registry import registered_schemes
+
+    parser.add_argument("--l2", "--redis", dest="l2", action="append", metavar="URL", default=None,
+                        help="an L2 store, repeatable (--redis is its old name): shm:// (this node's memory, "
+                             "/dev/shm/cachepipe-<uid>; shm:///path another tmpfs directory), redis://host:port/db "
+                             "or unix:///path.sock (Redis shards, one per node in node order), "
+                             "redis-cluster://host:port (a Redis Cluster); schemes: "
+                             + " ".join(registered_schemes()) + "; unset: the embedded Redis in --cache-dir")
     parser.add_argument("--redis-cluster", metavar="URL", default=None,
                         help="a Redis Cluster seed node, redis://host:port (same as "
                              "--redis redis-cluster://host:port)")
@@ -53,8 +56,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
                         help="copies of every L2 value on distinct shards")
     parser.add_argument("--prefix", default="cachepipe", help="first part of every L2 key")
     parser.add_argument("--l2-memory", default=None,
-                        help="maxmemory of the embedded Redis, e.g. 4gb, 512mb, 25%%; unset: "
-                             "keep a running server's, else the last one given for --cache-dir, else 25%% of RAM")
+                        help="maxmemory of the embedded Redis, or the size of an shm:// store, e.g. 4gb, 512mb, "
+                             "25%%; unset: keep a running server's (the store's recorded size), else the last one "
+                             "given for --cache-dir, else 25%% of RAM")
     parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
                         help="embedded redis-server processes, reads spread over them by key (docs/cache.md, "
                              "sizing); unset: one per 8 cores; use the same for warmup and train")
@@ -86,13 +90,13 @@ def l2_from_args(args: argparse.Namespace) -> L2Spec:
 
 
 def _redis_setting(args: argparse.Namespace) -> list[str] | None | bool:
-    urls = list(args.redis or [])
+    urls = list(args.l2 or [])
     if args.redis_cluster:
         hostport = args.redis_cluster.split("://", 1)[-1]
         urls.append(f"redis-cluster://{hostport}")
     if args.no_l2:
         if urls:
-            raise ValueError("--no-l2 cannot be combined with --redis/--redis-cluster")
+            raise ValueError("--no-l2 cannot be combined with --l2/--redis/--redis-cluster")
         return False
     return urls or None
 

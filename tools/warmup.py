@@ -110,8 +110,9 @@ def main(args: argparse.Namespace) -> int:
         check_args(args)
         sizes = cache_sizes_from_args(args)
         if args.num_nodes > 1 and l2_from_args(args).is_embedded:
-            raise ValueError("--num-nodes > 1 needs a shared L2 (--redis URL ... or --redis-cluster "
-                             "URL): the embedded server is private to one node")
+            raise ValueError("--num-nodes > 1 needs an L2 placed by node (--l2 URL of each node's Redis ..., "
+                             "--redis-cluster URL, or --l2 shm:// on every node): the embedded server is private "
+                             "to one node")
     except ValueError as exc:
         return fail(str(exc), EXIT_USAGE)
     reports: list[dict] = []
@@ -174,7 +175,7 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
     print(_summary(report, node, cache.config.l2.enabled))
     if report.get("l2_stale_keys"):
         print(f"  free the older versions' L2 keys first: cachepipe drop {args.source} --cache-dir {args.cache_dir}"
-              + (" (with the same --redis flags)" if args.redis else "") + ", then warm up again")
+              + (" (with the same --l2 flags)" if args.l2 else "") + ", then warm up again")
     if cache.config.l2.is_embedded:
         print(f"  L2 is the embedded Redis at {', '.join(cache.embedded_group().urls)}; it keeps running for "
               f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")

@@ -197,7 +197,7 @@ def test_unsupported_stores_are_refused_saying_why(source, cache_dir, redis_serv
     with pytest.raises(LocalityError, match="embedded Redis"):
         cached_dataloader(source, redis=None, **common)
     urls = [s.url for s in redis_servers(3)]
-    with pytest.raises(LocalityError, match="one Redis URL per node.* 2 nodes, but 3 URL"):
+    with pytest.raises(LocalityError, match="2 nodes need one Redis URL per node.* but 3 URL"):
         cached_dataloader(source, redis=urls, **common)
     # one node: nothing to place, today's order (the embedded server is fine); validation is placed too
     assert cached_dataloader(source, redis=False, **dict(common, local_size=4)).sampler.locality is None

@@ -31,7 +31,7 @@ def test_cache_flags_are_train_s_and_a_bad_one_is_one_line(tmp_path, tiny_datase
     assert code == 0 and {r["source"] for r in rows} == {"synthetic", "torch", "torch-gpu"}
     code, _ = _bench(tmp_path, tiny_dataset, "--no-l2", "--redis", "redis://127.0.0.1:1/0")
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err == ["cachepipe bench train: error: --no-l2 cannot be combined with --redis/--redis-cluster"]
+    assert code == 2 and err == ["cachepipe bench train: error: --no-l2 cannot be combined with --l2/--redis/--redis-cluster"]
 
 
 def test_bench_train_takes_the_cache_flags_of_train():

@@ -140,7 +140,7 @@ def test_missing_or_invalid_source(tmp_path, cache_dir, capsys):
 
 def test_partitions_need_a_shared_l2(src, cache_dir, capsys):
     assert main(["warmup", str(src), "--cache-dir", str(cache_dir), "--num-nodes", "2", "--quiet"]) == 2
-    assert "needs a shared L2" in _err_line(capsys)
+    assert "needs an L2 placed by node" in _err_line(capsys)
 
 
 def test_unreachable_redis(src, cache_dir, redis_server, capsys):

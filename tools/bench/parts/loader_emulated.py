@@ -59,8 +59,8 @@ def run_emulated(args) -> Result:
     emu = args.emulation
     if emu.mbit is None:
         raise UsageError("--emulate: this benchmark measures the link; give MxN@MBIT")
-    if args.redis or args.redis_cluster or args.no_l2:
-        raise UsageError("--emulate starts one Redis per node; drop --redis/--redis-cluster/--no-l2")
+    if args.l2 or args.redis_cluster or args.no_l2:
+        raise UsageError("--emulate starts one Redis per node; drop --l2/--redis/--redis-cluster/--no-l2")
     localities = choices("--locality", args.locality, ("node", "global"))
     if not 0 <= args.exchange_fraction <= 1:
         raise UsageError(f"--exchange-fraction must be in [0, 1]; got {args.exchange_fraction}")
