@@ -18,13 +18,14 @@ def test_bench_loader_writes_rows(source, cache_dir, tmp_path):
     threads = torch.get_num_threads()  # the benchmark pins the process to one intra-op thread
     rc = main(["bench", "loader", str(source), "--cache-dir", str(cache_dir), "--workers", "1",
                "--size", "24", "--cache-size", "32", "--batch-size", "4", "--batches", "2", "--rounds", "1",
-               "--loaders", kinds, "--json", str(out)])
+               "--loaders", kinds, "--also-l2", "shm://", "--shm-memory", "64mb", "--json", str(out)])
     torch.set_num_threads(threads)
     assert rc == 0
     rows = read_rows(out)
-    assert [r["loader"] for r in rows] == kinds.split(",")
+    assert [r["loader"] for r in rows] == [kinds.split(",")[0], "cached", *kinds.split(",")[1:]]
     assert rows[0]["l2"] == "-" and rows[1]["l2"].startswith("embedded: 1 server(s) on Unix sockets (redis ")
-    assert rows[2]["l2"].startswith("tcp 127.0.0.1 (redis ")  # a real redis-server over TCP, bundled by default
+    assert rows[2]["l2"].startswith("shm: shm:///dev/shm/cachepipe-bench-")  # --also-l2: the same loader from shm
+    assert rows[3]["l2"].startswith("tcp 127.0.0.1 (redis ")  # a real redis-server over TCP, bundled by default
     for r in rows:
         assert r["workers"] == 1 and r["size"] == 24 and r["images_per_s"] > 0
         assert r["cpu_ms_per_image"] >= 0 and r["fetch_ms_per_batch"] >= 0  # CPU ticks are 10 ms: may read 0

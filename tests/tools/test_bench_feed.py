@@ -15,9 +15,11 @@ def test_feed_writes_a_row_per_output_with_every_stage(source, cache_dir, tmp_pa
     out = tmp_path / "feed.json"
     assert cli_main(["bench", "feed", str(source), "--cache-dir", str(cache_dir), "--batch-size", "4", "--size", "32",
                      "--cache-size", "40", "--batches", "3", "--rounds", "1", "--step-ms", "1",
-                     "--json", str(out)]) == 0
+                     "--also-l2", "shm://", "--shm-memory", "64mb", "--json", str(out)]) == 0
     rows = read_rows(out)
-    assert [r["output"] for r in rows] == ["uint8", "float32"]
+    assert [(r["output"], r["l2"].split(":")[0]) for r in rows] == [("uint8", "embedded"), ("float32", "embedded"),
+                                                                   ("uint8", "shm"), ("float32", "shm")]
+    assert [r["redis_servers"] for r in rows] == [1, 1, 0, 0] and rows[2]["redis_ms_per_image"] == 0  # no server
     for row in rows:
         assert all(f in row for f in FIELDS)
         assert row["l1_reads"] == 0 and row["source_reads"] == 0  # warmed first: all from L2

@@ -23,7 +23,8 @@ RENDER = "render"  # not a benchmark: redraws docs/benchmarks/ from docs/benchma
 register_benchmark("cache", "tools.bench.cache", "source vs L1 vs L2 read throughput")
 register_benchmark("loader", "tools.bench.loader", "plain DataLoader vs cached_dataloader vs DALI; --emulate: "
                    "node-local vs global sampling", cluster=ClusterFlags(default=None, rate=200.0))
-register_benchmark("l2", "tools.bench.l2", "Redis CPU per GB served: one server vs several vs io-threads")
+register_benchmark("l2", "tools.bench.l2", "L2 read CPU per sample and GB: Redis servers (several, io-threads, "
+                   "embedded) vs shm://")
 register_benchmark("feed", "tools.bench.feed", "CPU per image of each serial stage of feeding a GPU (the CPU proxy)")
 register_benchmark("topk", "tools.bench.topk", "top-k selectors: time, recall, captured energy", plot=True)
 register_benchmark("comm", "tools.bench.comm", "gradient exchange algorithms on an emulated cluster vs the cost model",

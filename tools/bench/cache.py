@@ -4,7 +4,9 @@ Levels, each delivering the same decoded ``(H, W, 3)`` samples:
 - ``source``: read the file (evicted from the OS page cache first with
   ``posix_fadvise(DONTNEED)`` unless ``--warm-source``) + decode + resize;
 - ``l1``: read the bytes from the LMDB mirror + decode + resize;
-- ``l2``: ``TwoLevelCache.get_many`` served entirely by Redis (MGET + header check + copy).
+- ``l2``: ``TwoLevelCache.get_many`` served entirely by L2 (the embedded Redis by default:
+  MGET + header check + copy), one row per store with ``--also-l2`` (``shm://``: a view of
+  this node's memory + header check + copy; NOTE [L2 side by side]).
 Each level runs single-process and with ``W`` worker processes (started before the clock
 starts); levels are interleaved round-robin ``--repeat`` times and the median run is kept. ``mb_per_s`` counts the bytes the level delivers (file bytes for source/L1,
 L2 values for L2); ``out_mb_per_s`` the decoded pixels, comparable across levels.
@@ -23,7 +25,7 @@ from tools.cli import UsageError
 __all__ = ["configure", "run"]
 
 LEVELS = ("source", "l1", "l2")
-_CACHE = None
+_CACHES: list = []  # per process: the cache of each L2 measured (the first also serves source and L1)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -39,20 +41,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rounds; levels are interleaved round-robin and the median is kept")
     parser.add_argument("--warm-source", action="store_true",
                         help="let source reads hit the OS page cache (otherwise each file is evicted first)")
+    from tools.bench.harness.l2 import add_l2_compare
+
+    add_l2_compare(parser)
 
 
-def _init(cache) -> None:
-    global _CACHE
-    _CACHE = cache
-    cache._open()
+def _init(caches) -> None:
+    global _CACHES
+    _CACHES = caches
+    for cache in caches:
+        cache._open()
 
 
 def _read_batch(args) -> tuple[int, int, int]:
-    """Read one batch at ``level``; returns (samples, level bytes, decoded bytes)."""
+    """Read one batch at ``level`` (of store ``k`` for L2); returns (samples, level bytes, decoded bytes)."""
     from cachepipe.decode import decode_and_resize
 
-    level, batch, cold = args
-    cache, size = _CACHE, _CACHE.config.cache_size
+    (level, k), batch, cold = args
+    cache, size = _CACHES[k], _CACHES[k].config.cache_size
     level_bytes = out_bytes = 0
     if level == "l2":
         before = cache.counters["l2_hits"]
@@ -78,7 +84,7 @@ def _read_batch(args) -> tuple[int, int, int]:
     return len(batch), level_bytes, out_bytes
 
 
-def _measure(pool, cache, level: str, batches: list, cold: bool) -> dict:
+def _measure(pool, level: tuple, batches: list, cold: bool) -> dict:
     t0 = time.perf_counter()
     tasks = [(level, b, cold) for b in batches]
     results = pool.map(_read_batch, tasks, chunksize=1) if pool else [_read_batch(t) for t in tasks]
@@ -89,8 +95,18 @@ def _measure(pool, cache, level: str, batches: list, cold: bool) -> dict:
 
 
 def run(args: argparse.Namespace) -> Result:
-    from cachepipe.warmup import warmup
-    from tools.bench.harness.l2 import describe_l2
+    from tools.bench.harness.l2 import compared_l2
+
+    try:
+        config, workers = _setup(args)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    with compared_l2(args, config) as configs:
+        return _run(args, configs, workers)
+
+
+def _setup(args: argparse.Namespace):
+    """The cache flags' config and the worker counts (raises ValueError, UsageError)."""
     from tools.cache_flags import cache_from_args, cache_sizes_from_args
 
     try:
@@ -99,47 +115,62 @@ def run(args: argparse.Namespace) -> Result:
             raise ValueError
     except ValueError:
         raise UsageError(f"--workers wants positive ints, got {args.workers!r}") from None
-    try:
-        if len(cache_sizes_from_args(args)) > 1:
-            raise ValueError(f"--cache-size {args.cache_size}: the benchmark takes one size")
-        cache = cache_from_args(args)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+    if len(cache_sizes_from_args(args)) > 1:
+        raise ValueError(f"--cache-size {args.cache_size}: the benchmark takes one size")
+    cache = cache_from_args(args)
+    cache.close()
     if not cache.config.l2.enabled:
         raise UsageError("the benchmark needs an L2 (drop --no-l2)")
-    n = min(args.samples, len(cache))
-    print(f"warming the cache for {n} of {len(cache)} samples ...", flush=True)
-    warmup(cache, workers=max(workers), progress=False, limit=n, require_full=True)
+    return cache.config, workers
+
+
+def _run(args: argparse.Namespace, configs: list, workers: list[int]) -> Result:
+    from cachepipe import TwoLevelCache
+    from cachepipe.warmup import warmup
+    from tools.bench.harness.l2 import describe_l2
+
+    caches = [TwoLevelCache(c) for c in configs]
+    n = min(args.samples, len(caches[0]))
+    for cache in caches:  # the first from the source, the others from its L1
+        print(f"warming {describe_l2(cache.config)} for {n} of {len(cache)} samples ...", flush=True)
+        warmup(cache, workers=max(workers), progress=False, limit=n, require_full=True)
+        cache.close()
     batches = [list(range(s, min(n, s + args.batch_size))) for s in range(0, n, args.batch_size)]
-    l2 = describe_l2(cache.config)
+    levels = [("source", 0), ("l1", 0)] + [("l2", k) for k in range(len(caches))]
+    where = [describe_l2(c.config) for c in caches]
     rows = []
     ctx = multiprocessing.get_context("spawn")
     for w in workers:
-        pool = ctx.Pool(w, initializer=_init, initargs=(cache,)) if w > 1 else None
+        pool = ctx.Pool(w, initializer=_init, initargs=(caches,)) if w > 1 else None
         if pool is None:
-            _init(cache)
+            _init(caches)
         else:  # start the workers and open their handles before timing
-            pool.map(_read_batch, [("l2", batches[0][:1], False)] * w, chunksize=1)
+            pool.map(_read_batch, [(("l2", k), batches[0][:1], False) for k in range(len(caches))] * w, chunksize=1)
         try:
-            runs: dict[str, list[dict]] = {level: [] for level in LEVELS}
-            for level in LEVELS:
-                _measure(pool, cache, level, batches[:2], False)  # warm code paths
+            runs: dict[tuple, list[dict]] = {level: [] for level in levels}
+            for level in levels:
+                _measure(pool, level, batches[:2], False)  # warm code paths
             for _ in range(max(1, args.repeat)):  # interleaved: load changes hit every level alike
-                for level in LEVELS:
-                    runs[level].append(_measure(pool, cache, level, batches, not args.warm_source))
+                for level in levels:
+                    runs[level].append(_measure(pool, level, batches, not args.warm_source))
             by_level = {lv: median_run(r, "samples_per_s") for lv, r in runs.items()}
-            for level in LEVELS:
-                row = {"level": level, "workers": w, **by_level[level], "cache_size": cache.config.cache_size,
-                       "l2": l2}
-                row["speedup_vs_source"] = row["samples_per_s"] / by_level["source"]["samples_per_s"]
+            for level, k in levels:
+                row = {"level": level, "store": where[k].split(":")[0] if level == "l2" else "-", "workers": w,
+                       **by_level[level, k], "cache_size": caches[0].config.cache_size, "l2": where[k]}
+                row["speedup_vs_source"] = row["samples_per_s"] / by_level["source", 0]["samples_per_s"]
                 rows.append(row)
         finally:
             if pool is not None:
                 pool.close()
                 pool.join()
-    cache.close()
-    best = max((r for r in rows if r["level"] == "l2"), key=lambda r: r["workers"])
+    for cache in caches:
+        cache.close()
+    top = max(r["workers"] for r in rows)
+    best = [r for r in rows if r["level"] == "l2" and r["workers"] == top]
     source = "page-cached" if args.warm_source else "evicted from the page cache before each read"
-    return Result(rows, ["level", "workers", "samples_per_s", "mb_per_s", "out_mb_per_s", "speedup_vs_source"],
-                  notes=[f"{n} samples, cache_size {cache.config.cache_size}, L2 {l2}, source {source}"],
-                  headline=f"L2 {best['speedup_vs_source']:.1f}x source decode + resize at {best['workers']} workers")
+    return Result(rows, ["level", "store", "workers", "samples_per_s", "mb_per_s", "out_mb_per_s",
+                         "speedup_vs_source"],
+                  notes=[f"{n} samples, cache_size {caches[0].config.cache_size}, L2 {'; '.join(where)}, "
+                         f"source {source}"],
+                  headline="L2 " + ", ".join(f"{r['speedup_vs_source']:.1f}x ({r['store']})" for r in best)
+                           + f" source decode + resize at {top} workers")

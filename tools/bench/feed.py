@@ -14,14 +14,16 @@ step), and charges CPU to each stage:
 - ``other_threads_ms_per_image``: the training process's other threads (process CPU less
   the consumer thread's);
 - ``worker_ms_per_image``: the loader's worker processes (``/proc``);
-- ``redis_ms_per_image``: the Redis servers (``INFO cpu``), per server;
+- ``redis_ms_per_image``: the L2's servers (``INFO cpu``), per server (0 with ``shm://``:
+  no server, its reads are the workers');
 - ``faults_per_batch``: minor page faults of the training process and its workers;
 - ``l1_reads``, ``source_reads``: reads below L2 (0 on a warm cache).
 
 Each is printed against its budget: 0.08 for the consumer thread, 0.2 for the other serial
 stages (the process's other threads, one Redis server), the step's rate for the workers
 (``workers * step_ms / batch_size``: what they may spend per image and still keep up),
-100 faults per batch, 0 reads below L2. Outputs are measured in interleaved rounds (median
+100 faults per batch, 0 reads below L2. Outputs (and, with ``--also-l2``, the same outputs
+from other L2 stores: NOTE [L2 side by side]) are measured in interleaved rounds (median
 round shown), so load from other jobs hits each alike.
 """
 from __future__ import annotations
@@ -40,7 +42,7 @@ OUTPUTS = ("uint8", "float32")
 # per-image budgets (ms) of the serial stages, and faults per batch (NOTE [feed proxy])
 BUDGETS = {"main_thread_ms_per_image": 0.08, "other_threads_ms_per_image": 0.2, "redis_ms_per_image": 0.2,
            "faults_per_batch": 100, "l1_reads": 0, "source_reads": 0}
-COLUMNS = ("output", "main_thread_ms_per_image", "other_threads_ms_per_image", "worker_ms_per_image",
+COLUMNS = ("output", "l2", "main_thread_ms_per_image", "other_threads_ms_per_image", "worker_ms_per_image",
            "redis_ms_per_image", "faults_per_batch", "l1_reads", "source_reads", "images_per_s")
 
 
@@ -59,6 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", type=int, default=30, help="timed batches per output and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median round is reported")
     add_dataset_flags(parser, image_px=320)
+    from tools.bench.harness.l2 import add_l2_compare
+
+    add_l2_compare(parser)
 
 
 def _check(args) -> None:
@@ -82,22 +87,21 @@ def _check(args) -> None:
 class Probe:
     """Counters of one loader's stages; ``take()`` reads them all at once."""
 
-    def __init__(self, loader, redis_clients) -> None:
-        self.loader, self.redis_clients = loader, redis_clients
+    def __init__(self, loader, servers) -> None:
+        self.loader, self.servers = loader, servers
 
     def _workers(self) -> list[int]:
         it = self.loader.loader._iterator
         return [w.pid for w in getattr(it, "_workers", ())]
 
     def take(self) -> dict:
-        from tools.bench.harness.l2 import server_cpu_seconds
         from tools.bench.harness.procs import proc_stat
 
         cpu, faults = 0.0, proc_stat(os.getpid())[1]
         for pid in self._workers():
             c, f = proc_stat(pid)
             cpu, faults = cpu + c, faults + f
-        redis_cpu = server_cpu_seconds(self.redis_clients)
+        redis_cpu = self.servers.cpu_seconds()
         hits = self.loader.cache_hits
         return {"process": time.process_time(), "thread": time.thread_time(), "workers": cpu, "faults": faults,
                 "redis": redis_cpu, "l1": hits["l1_hits"], "source": hits["source_reads"],
@@ -134,7 +138,7 @@ def measure(batches_iter, probe: Probe, batches: int, step_s: float) -> dict:
     after = probe.take()
     d = {k: after[k] - before[k] for k in after}
     ms = 1e3 / images
-    servers = max(1, len(probe.redis_clients))
+    servers = max(1, probe.servers.count)
     return {"main_thread_ms_per_image": data_s * ms,
             "other_threads_ms_per_image": (d["process"] - d["thread"]) * ms,
             "worker_ms_per_image": d["workers"] * ms, "redis_ms_per_image": d["redis"] * ms / servers,
@@ -160,7 +164,7 @@ def run(args: argparse.Namespace) -> Result:
 
     from cachepipe import TwoLevelCache
     from tools.bench.harness.data import epochs, source_root, warm
-    from tools.bench.harness.l2 import l2_server_clients
+    from tools.bench.harness.l2 import compared_l2, describe_l2, l2_servers
     from tools.cache_flags import cache_config
 
     _check(args)
@@ -170,42 +174,50 @@ def run(args: argparse.Namespace) -> Result:
         config = cache_config(args, root, args.cache_size)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    cache = TwoLevelCache(config)
-    warm(cache)
-    clients = l2_server_clients(config)
-    print(f"dataset {root}: {len(cache)} images; L2 warm ({cache.stats()['l2_writes']} writes); "
-          f"{len(clients)} Redis server(s)")
-    cache.close()
-    loaders = {o: _build(o, os.fspath(root), cache, args) for o in args.outputs}
-    runs: dict[str, list[dict]] = {o: [] for o in loaders}
-    try:
-        iters = {o: epochs(loader) for o, loader in loaders.items()}
-        for o, loader in loaders.items():  # untimed: worker start-up, first-touch of recycled buffers
-            measure(iters[o], Probe(loader, clients), 2 * max(1, args.workers) * 2 + 2, args.step_ms / 1e3)
-        for r in range(args.rounds):
-            for o, loader in loaders.items():
-                runs[o].append(measure(iters[o], Probe(loader, clients), args.batches, args.step_ms / 1e3))
-                print(f"round {r + 1}/{args.rounds} {o}: {runs[o][-1]['images_per_s']:.0f} images/s, consumer "
-                      f"{runs[o][-1]['main_thread_ms_per_image']:.3f} ms/image", flush=True)
-    finally:
-        for loader in loaders.values():
-            loader.close()
+    loaders, servers, where = {}, {}, {}  # per (output, store k): the loader; per k: its L2Servers, its L2
+    with compared_l2(args, config) as configs:
+        for k, cfg in enumerate(configs):
+            cache = TwoLevelCache(cfg)
+            warm(cache)  # the first from the source, the others from its warm L1
+            servers[k], where[k] = l2_servers(cfg), describe_l2(cfg)
+            print(f"dataset {root}: {len(cache)} images; L2 {where[k]} warm ({cache.stats()['l2_writes']} writes); "
+                  f"{servers[k].count} server(s)")
+            cache.close()
+            loaders.update({(o, k): _build(o, os.fspath(root), cache, args) for o in args.outputs})
+        runs: dict[tuple, list[dict]] = {key: [] for key in loaders}
+        try:
+            iters = {key: epochs(loader) for key, loader in loaders.items()}
+            for (o, k), loader in loaders.items():  # untimed: worker start-up, first-touch of recycled buffers
+                measure(iters[o, k], Probe(loader, servers[k]), 2 * max(1, args.workers) * 2 + 2, args.step_ms / 1e3)
+            for r in range(args.rounds):
+                for (o, k), loader in loaders.items():
+                    runs[o, k].append(measure(iters[o, k], Probe(loader, servers[k]), args.batches,
+                                              args.step_ms / 1e3))
+                    print(f"round {r + 1}/{args.rounds} {o} ({where[k].split(':')[0]}): "
+                          f"{runs[o, k][-1]['images_per_s']:.0f} images/s, consumer "
+                          f"{runs[o, k][-1]['main_thread_ms_per_image']:.3f} ms/image", flush=True)
+        finally:
+            for loader in loaders.values():
+                loader.close()
+            for probe in servers.values():
+                probe.close()
     rows = []
-    for o, results in runs.items():
-        row = {"output": o, **median_run(results, "main_thread_ms_per_image"), "workers": args.workers,
-               "batch_size": args.batch_size, "size": args.size, "cache_size": args.cache_size,
-               "step_ms": args.step_ms, "rounds": args.rounds, "redis_servers": len(clients),
-               "load_average": os.getloadavg()[0]}
+    for (o, k), results in runs.items():
+        row = {"output": o, "l2": where[k], **median_run(results, "main_thread_ms_per_image"),
+               "workers": args.workers, "batch_size": args.batch_size, "size": args.size,
+               "cache_size": args.cache_size, "step_ms": args.step_ms, "rounds": args.rounds,
+               "redis_servers": servers[k].count, "load_average": os.getloadavg()[0]}
         row["verdict"] = _verdicts(row, args)
         rows.append(row)
     budgets = dict(BUDGETS, worker_ms_per_image=args.workers * args.step_ms / args.batch_size)
     notes = ["budgets: " + ", ".join(f"{k} <= {v:g}" for k, v in budgets.items())]
     for row in rows:
         over = [k for k, v in row["verdict"].items() if v != "ok"]
-        notes.append(f"{row['output']}: " + ("every stage within budget" if not over else "OVER budget: "
-                                             + ", ".join(over)))
+        notes.append(f"{row['output']} ({row['l2'].split(':')[0]}): " + ("every stage within budget" if not over
+                                                                        else "OVER budget: " + ", ".join(over)))
     notes.append(f"load average {os.getloadavg()[0]:.2f}")
-    first = rows[0]
+    heads = [r for r in rows if r["output"] == rows[0]["output"]]  # the first output, from each L2
     return Result(rows, COLUMNS, notes=notes,
-                  headline=f"consumer thread {first['main_thread_ms_per_image']:.3f} ms/image ({first['output']}; "
-                           f"budget 0.08)")
+                  headline="consumer thread " + ", ".join(f"{r['main_thread_ms_per_image']:.3f} ms/image "
+                                                         f"({r['output']}, {r['l2'].split(':')[0]})" for r in heads)
+                           + "; budget 0.08")

