@@ -32,7 +32,7 @@ def prepare_cache(cache) -> None:
     for split in ("train", "val"):
         with TwoLevelCache(dataclasses.replace(cache, source=Path(cache.source) / split)) as level:
             counts.append(warmup(level, workers=1, progress=False)["samples"])
-    print(f"demo: warmed L1 (LMDB) + L2 (Redis) with {counts[0]} train + {counts[1]} val samples at "
+    print(f"demo: warmed L1 (LMDB) + L2 ({cache.l2.kind}) with {counts[0]} train + {counts[1]} val samples at "
           f"{cache.cache_size} px in {time.perf_counter() - start:.1f} s ({cache.cache_dir})")
 
 

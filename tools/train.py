@@ -59,7 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=None, help="train.seed")
     group.add_argument("--locality", default=None, choices=["global", "node"],
                        help="train.locality: global shuffles over all samples; node: each node's ranks draw the "
-                            "samples held by its Redis (one --redis URL per node, in node order; default: the recipe's)")
+                            "samples held by its node's L2 (--l2 shm:// on every node, or one --l2 Redis URL per "
+                            "node, in node order; default: the recipe's)")
     group.add_argument("--exchange-fraction", type=float, default=None, metavar="F",
                        help="train.exchange_fraction: with --locality node, the share of samples dealt across "
                             "nodes each epoch, in [0, 1] (default: the recipe's, 0.02)")
@@ -279,7 +280,7 @@ def main(args: argparse.Namespace) -> int:
 def _check_paths(args, out: str) -> None:
     """NOTE [output paths checked first] in ``tools/writable.py``: ``--out`` must be
     writable; ``--cache-dir`` must be creatable, and writable when the embedded Redis lives
-    in it (a read-only, warmed cache dir serves L1 to ``--redis`` or ``--no-l2``).
+    in it (a read-only, warmed cache dir serves L1 to ``--l2`` or ``--no-l2``).
 
     Raises:
         UsageError: names the flag and why.
@@ -299,7 +300,7 @@ def _check_paths(args, out: str) -> None:
             check_writable(cache_dir, "--cache-dir", directory=True)
         except UsageError as exc:
             raise UsageError(f"{exc}; the embedded Redis keeps its socket there (a warmed read-only cache dir "
-                             f"serves L1 with --redis URL or --no-l2)") from None
+                             f"serves L1 with --l2 URL or --no-l2)") from None
 
 
 def _check_warmup_steps(recipe, data: str, world_size: int) -> None:

@@ -156,7 +156,8 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
                     return fail(f"cannot start the embedded Redis: {exc}", EXIT_REDIS)
                 down = [r for r in store.shard_info() if not r["reachable"]]
                 if down:
-                    what = "L2 shard {} refused INFO" if down[0].get("denied") else "cannot reach L2 shard {}"
+                    what = ("L2 shard {} refused INFO" if down[0].get("denied") else
+                            "cannot use L2 store {}" if store.node_local else "cannot reach L2 shard {}")
                     return fail(f"{what.format(down[0]['url'])} ({down[0]['error']})"
                                 + (f" and {len(down) - 1} more" if len(down) > 1 else ""), EXIT_REDIS)
             report = warmup(cache, workers=args.workers, node_rank=args.node_rank,

@@ -51,7 +51,7 @@ from cachepipe.l2.store import PARTIAL_KEY, SampleStore, glob_matcher, shard_row
 
 __all__ = ["ShmStore"]
 
-_TXNPAGES = 8  # pages a write transaction may add beside its values (copied branch and leaf pages, meta)
+_TXN_PAGES = 8  # pages a write transaction may add beside its values (copied branch and leaf pages, meta)
 _PARTIAL = b"partial:"
 
 
@@ -130,11 +130,11 @@ class ShmStore(SampleStore):
                 held, fmt = txn.get(b"namespace"), txn.get(b"format")
         held, fmt = held.decode(errors="replace"), int(fmt) if fmt.isdigit() else VERSION + 1
         if held != self.namespace:
-            raise shm_dir.ShmRefused(f"L2 store {self.url}: {where} holds namespace {held!r}, not {self.namespace!r} "
-                                     f"(two sources in one environment); remove it")
+            raise shm_dir.ShmRefused(self.url, f"{where} holds namespace {held!r}, not {self.namespace!r} (two "
+                                               f"sources in one environment); remove it")
         if fmt > VERSION:
-            raise shm_dir.ShmRefused(f"L2 store {self.url}: {where} holds values of format {fmt}, written by a newer "
-                                     f"cachepipe (this one reads format {VERSION}); upgrade, or remove it")
+            raise shm_dir.ShmRefused(self.url, f"{where} holds values of format {fmt}, written by a newer cachepipe "
+                                               f"(this one reads format {VERSION}); upgrade, or remove it")
         self._env, self._values, self._meta = env, values, meta
         return env
 
@@ -188,7 +188,7 @@ class ShmStore(SampleStore):
         stored = refused = 0
         try:
             env = self._open(create=True)
-            room = self.limit - shm_dir.used_bytes(self.path) - _TXNPAGES * PAGE
+            room = self.limit - shm_dir.used_bytes(self.path) - _TXN_PAGES * PAGE
             with env.begin(write=True, db=self._values) as txn:
                 for i, value in items:
                     need = footprint(len(value))
@@ -302,8 +302,8 @@ class ShmStore(SampleStore):
             keys = sum(self._keys(where)[0] for _, where in self._namespaces())
             size = shm_dir.free_bytes(next(p for p in (self.path, *self.path.parents) if p.exists()))[0]
         except (L2UnavailableError, lmdb.Error, OSError) as exc:
-            return [shard_row(self.url, error=str(exc) if isinstance(exc, L2UnavailableError)
-                              else f"{type(exc).__name__}: {exc}")]
+            why = exc.__context__ if isinstance(exc, L2UnavailableError) else exc
+            return [shard_row(self.url, error=why.why if isinstance(why, shm_dir.ShmRefused) else str(exc))]
         return [shard_row(self.url, reachable=True, used_memory=shm_dir.used_bytes(self.path), maxmemory=self.limit,
                           keys=keys, policy="noeviction", system_memory=size)]
 

@@ -41,7 +41,15 @@ _LIMIT = "limit"
 
 
 class ShmRefused(OSError):
-    """An ``shm://`` store that must not be used here; the message is one line naming its URL."""
+    """An ``shm://`` store that must not be used here; the message is one line naming its URL.
+
+    Attributes:
+        why: what is wrong, without the URL.
+    """
+
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(f"L2 store {url}: {why}")
+        self.why = why
 
 
 def default_path() -> Path:
@@ -77,17 +85,13 @@ def canonical(url: str) -> str:
     return "shm://" + os.path.normpath(path)
 
 
-def _refuse(url: str, why: str) -> ShmRefused:
-    return ShmRefused(f"L2 store {url}: {why}")
-
-
 def _owned(url: str, path: Path) -> None:
     """Refuse ``path`` unless it is a real directory of this user; tighten it to 0700."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise _refuse(url, f"{path} is not a directory (a symlink or a file): refusing to keep samples there")
+        raise ShmRefused(url, f"{path} is not a directory (a symlink or a file): refusing to keep samples there")
     if st.st_uid != os.geteuid():
-        raise _refuse(url, f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): a store "
+        raise ShmRefused(url, f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): a store "
                            f"another user made is never used; pass another shm:///path")
     if stat.S_IMODE(st.st_mode) & 0o077:
         os.chmod(path, 0o700)
@@ -130,10 +134,10 @@ def check(url: str, path: Path, limit: int, *, setting: bool, create: bool) -> b
         probe = probe.parent
     magic = fs_magic(probe)
     if magic is not None and magic != TMPFS_MAGIC:
-        raise _refuse(url, f"{path} is not on a tmpfs ({probe} is a file system of type {magic:#x}): an shm:// "
+        raise ShmRefused(url, f"{path} is not on a tmpfs ({probe} is a file system of type {magic:#x}): an shm:// "
                            f"store lives in memory; use shm:// (/dev/shm) or a path on a tmpfs")
     if not path.exists() and not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
-        raise _refuse(url, f"{path} cannot be written ({probe} is not a directory this user may write in)")
+        raise ShmRefused(url, f"{path} cannot be written ({probe} is not a directory this user may write in)")
     if path.exists() or create:
         try:
             for part in [path, *path.parents][:len(path.relative_to(probe).parts)][::-1]:
@@ -142,17 +146,17 @@ def check(url: str, path: Path, limit: int, *, setting: bool, create: bool) -> b
         except ShmRefused:
             raise
         except OSError as exc:
-            raise _refuse(url, f"{path} cannot be written ({exc.strerror or exc})") from None
+            raise ShmRefused(url, f"{path} cannot be written ({exc.strerror or exc})") from None
     size, free = free_bytes(probe)
     ram = _meminfo("MemTotal")
     if limit > size or (ram and limit > ram):
         small, total = ("the tmpfs", size) if limit > size else ("RAM", ram)
-        raise _refuse(url, f"--l2-memory {_mib(limit)} is more than {small} holds ({_mib(total)} at {probe}): lower "
+        raise ShmRefused(url, f"--l2-memory {_mib(limit)} is more than {small} holds ({_mib(total)} at {probe}): lower "
                            f"--l2-memory, or give the tmpfs more (in Docker: docker run --shm-size=...)")
     used = used_bytes(path) if path.exists() else 0
     room = min(free, _meminfo("MemAvailable") or free) + used
     if setting and limit > room:
-        raise _refuse(url, f"--l2-memory {_mib(limit)} is more than is free for it ({_mib(room)} of the "
+        raise ShmRefused(url, f"--l2-memory {_mib(limit)} is more than is free for it ({_mib(room)} of the "
                            f"{_mib(size)} tmpfs at {probe}, this store's {_mib(used)} included): lower --l2-memory, "
                            f"or free memory (in Docker: docker run --shm-size=...)")
     return path.exists()

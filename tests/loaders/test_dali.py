@@ -50,6 +50,23 @@ def test_val_outputs_agree_with_the_torch_path(source, cache_dir, redis_server, 
 
 
 @pytest.mark.dali
+@pytest.mark.parametrize("dali_resize", [None, True])  # crops made by workers, or views read here and handed on
+def test_shm_views_feed_dali_with_the_torch_paths_pixels(source, cache_dir, shm_url, dali_resize):
+    kwargs = dict(batch_size=8, train=False, size=32, cache_dir=cache_dir, l2=[shm_url], **SMALL)
+    with TwoLevelCache(source, cache_dir, l2=shm_url, cache_size=40, l2_memory="64mb") as cache:
+        cache.get_many(range(len(cache)))  # the node's store, warm
+    dali = build_dali_loader(source, device="cpu", dali_resize=dali_resize, workers=1, **kwargs)
+    torch_loader = cached_dataloader(source, workers=0, **kwargs)
+    try:
+        for (xd, yd), (xt, yt) in zip(epoch(dali, 0), epoch(torch_loader, 0)):
+            assert torch.equal(yd, yt) and (xd - xt).abs().max() < (0.02 if dali_resize else EXACT)
+        assert dali.cache_hits["l2_hits"] == 24 and dali.cache_hits["l1_hits"] == 0
+    finally:
+        dali.close()
+        torch_loader.close()
+
+
+@pytest.mark.dali
 @pytest.mark.parametrize("dali_resize", [None, True])
 def test_train_crops_are_the_torch_paths_crops(source, cache_dir, dali_resize):
     kwargs = dict(batch_size=8, train=True, size=24, cache_dir=cache_dir, redis=False, seed=5, **SMALL)

@@ -154,6 +154,25 @@ def test_unreachable_redis(src, cache_dir, redis_server, capsys):
     assert "unknown L2 URL scheme" in _err_line(capsys)
 
 
+def test_shm_store_by_l2_or_its_alias_redis_warm_stats_drop_and_bad_ones(src, cache_dir, shm_url, tmp_path, capsys):
+    args = ["--cache-dir", str(cache_dir), "--cache-size", "32"]
+    assert main(["warmup", str(src), *args, "--l2", shm_url, "--l2-memory", "64mb", "--quiet"]) == 0
+    assert "L2 written: 24 entries" in capsys.readouterr().out
+    assert main(["stats", str(src), *args, "--redis", shm_url]) == 0  # --redis: the old name of --l2
+    out = capsys.readouterr().out
+    assert "L2      shm 32 px: 24/24 (100.0 %)" in out and f"shard {shm_url}: 24 keys" in out and "of 64.0 MiB" in out
+    (src / "class_0000" / "x.jpg").write_bytes(next((src / "class_0000").iterdir()).read_bytes())  # a new version
+    assert main(["drop", str(src), *args, "--l2", shm_url, "--rescan"]) == 0
+    assert ": 24 L2 keys, 1 cache dir entry" in capsys.readouterr().out
+    assert main(["stats", str(src), *args, "--l2", shm_url]) == 0
+    assert f"shard {shm_url}: 0 keys" in capsys.readouterr().out  # freed
+    assert main(["warmup", str(src), *args, "--l2", f"shm://{tmp_path}/l2", "--quiet"]) == 4
+    line = _err_line(capsys)
+    assert line.startswith(f"cachepipe warmup: error: cannot use L2 store shm://{tmp_path}/l2 (") and "tmpfs" in line
+    assert main(["warmup", str(src), *args, "--l2", "shm://host/x", "--quiet"]) == 2
+    assert "an shm:// URL takes no host" in _err_line(capsys)
+
+
 def test_l2_too_small_caches_a_fixed_subset_or_exits_5_with_require_full(src, cache_dir, redis_servers,
                                                                           tmp_path, capsys):
     server = redis_servers(1, maxmemory="3mb")[0]

@@ -124,7 +124,7 @@ class _Bench:
                 "--nprocs", "4", "--nodes", "2", "--local-size", "2", "--threads", "1", "--device", "cpu",
                 "--set", "train.workers=1", "--ckpt-every", "2", "--out", str(out), *extra]
         for url in self.urls:
-            argv += ["--redis", url]
+            argv += ["--l2", url]
         return argv
 
     def run(self, argv, inject=None) -> tuple[int, bool]:

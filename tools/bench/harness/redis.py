@@ -63,8 +63,8 @@ def node_servers(cluster: EmulatedCluster, workdirs: Sequence[str | os.PathLike]
 
 
 def l2_flags(urls: Sequence[str]) -> list[str]:
-    """``--redis URL`` for every shard, in node order, for a ``cachepipe`` command's argv."""
-    return [word for url in urls for word in ("--redis", url)]
+    """``--l2 URL`` for every shard, in node order, for a ``cachepipe`` command's argv."""
+    return [word for url in urls for word in ("--l2", url)]
 
 
 def warm_node(cluster: EmulatedCluster, node: int, root: str | os.PathLike, cache_dir: str | os.PathLike,
