@@ -74,12 +74,14 @@ def _shm() -> dict:
         st = os.statvfs("/dev/shm")
     except OSError as e:
         return _check("/dev/shm", None, f"not available ({e})",
-                      "DataLoader workers and shm collectives need it; use a Linux host or mount a tmpfs there")
+                      "DataLoader workers, shm collectives and --l2 shm:// need it; use a Linux host or mount a "
+                      "tmpfs there")
     size, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
     detail = f"{size / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
     if size < SHM_MIN_BYTES:
         return _check("/dev/shm", None, detail + " (small)",
-                      "in Docker run with --shm-size=8g (or --ipc=host); else fewer loader workers")
+                      "in Docker run with --shm-size=8g (or --ipc=host; an --l2 shm:// store needs its "
+                      "--l2-memory on top); else fewer loader workers")
     return _check("/dev/shm", True, detail)
 
 

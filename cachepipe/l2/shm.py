@@ -30,7 +30,6 @@ asked again after the backoff of NOTE [dead shard backoff]. The explicit checks 
 """
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from collections import Counter
@@ -84,7 +83,8 @@ class ShmStore(SampleStore):
         self.path = shm_dir.path_of(urls[0])
         self.url = f"shm://{self.path}"
         self.namespace, self.counters, self.memory = namespace, counters, memory
-        self.health = [ShardHealth()]
+        self.health = [ShardHealth()]  # the store, for reads (declared: NOTE [L2 store protocol])
+        self._writes = ShardHealth()  # its writes (a full tmpfs refuses them, not reads)
         self._warned: set = set()
         self._pid = -1
         self._reset()
@@ -182,7 +182,7 @@ class ShmStore(SampleStore):
     def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
         if not items:
             return 0
-        if not self.health[0].available():
+        if not (self.health[0].available() and self._writes.available()):
             self.counters["l2_write_errors"] += len(items)
             return 0
         stored = refused = 0
@@ -198,18 +198,28 @@ class ShmStore(SampleStore):
                     txn.put(KEY.pack(int(i)), value)
                     room, stored = room - need, stored + 1
         except (shm_dir.ShmRefused, lmdb.Error, OSError) as exc:
-            if not (isinstance(exc, lmdb.MapFullError) or os.strerror(errno.ENOSPC) in str(exc)):
-                self._failed(exc, "write", "l2_write_errors", len(items))
+            if not (isinstance(exc, lmdb.MapFullError) or self._tmpfs_full(items)):
+                self._writes.failed(exc)  # a write that failed says nothing of reads: they go on
+                self.counters["l2_write_errors"] += len(items)
+                warn_once(self._warned, "fail-write", f"L2 store {self.url} refused a write ({type(exc).__name__}: "
+                                                      f"{exc}); trying again with backoff")
                 return 0
-            stored, refused = 0, len(items)  # the tmpfs is full: refused for room, as past the limit
+            stored, refused = 0, len(items)  # the tmpfs is full (LMDB says EIO): refused for room, as past the limit
         if refused:
             self.counters["l2_oom"] += refused
             self.counters["l2_write_errors"] += refused
             warn_once(self._warned, "oom", f"L2 shard {self.url} is out of memory (its limit of "
                       f"{self.limit / 2**20:.1f} MiB, --l2-memory, is reached, or its tmpfs is full): samples "
                       f"it cannot hold are served from L1/source; raise --l2-memory")
-        self.health[0].succeeded()
+        self._writes.succeeded()
         return stored
+
+    def _tmpfs_full(self, items) -> bool:
+        """Whether the tmpfs lacks the room ``items`` need (the store's limit aside)."""
+        try:
+            return shm_dir.free_bytes(self.path)[1] < sum(footprint(len(v)) for _, v in items)
+        except OSError:
+            return False
 
     def missing(self, indices: Sequence[int]) -> list[int]:
         env = self._checked_env(create=False)
