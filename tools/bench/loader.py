@@ -195,6 +195,9 @@ def run(args: argparse.Namespace) -> Result:
     if args.emulation is not None:
         from tools.bench.parts.loader_emulated import run_emulated
 
+        if args.also_l2:
+            raise UsageError("--also-l2 compares L2 stores on this machine; --emulate starts one Redis per node")
+
         return run_emulated(args)
     kinds = [k.strip() for k in args.loaders.split(",") if k.strip()]
     unknown = sorted(set(kinds) - set(LOADERS))
