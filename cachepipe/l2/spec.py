@@ -82,8 +82,8 @@ class L2Spec:
     def of_urls(cls, urls: Sequence[str], memory: int | str | None = None) -> L2Spec:
         """The store registered for the scheme of ``urls`` (all of one kind); ``memory``: a
         sized store's size (``"4gb"``, ``"25%"``, bytes), ignored for one that is not."""
-        sized = is_sized(urls)
-        return cls(store_kind(urls), tuple(urls), memory=parse_memory(memory) if sized and memory is not None else None)
+        size = parse_memory(memory) if memory is not None and is_sized(urls) else None
+        return cls(store_kind(urls), tuple(urls), memory=size)
 
     @property
     def enabled(self) -> bool:

@@ -204,6 +204,7 @@ def run(args: argparse.Namespace) -> Result:
     rows = []
     for (o, k), results in runs.items():
         row = {"output": o, "l2": where[k], **median_run(results, "main_thread_ms_per_image"),
+               "faults_per_batch_all": [r["faults_per_batch"] for r in results],  # round 1: first touches
                "workers": args.workers, "batch_size": args.batch_size, "size": args.size,
                "cache_size": args.cache_size, "step_ms": args.step_ms, "rounds": args.rounds,
                "redis_servers": servers[k].count, "load_average": os.getloadavg()[0]}
