@@ -29,7 +29,7 @@ _MARGIN = 1.05
 
 def estimate_sample_bytes(cache, indices: list[int]) -> int:
     """Average bytes one sample of ``indices`` takes in Redis (header + pixels + key overhead)."""
-    if not indices:
+    if not len(indices):
         return 0
     rng = np.random.default_rng(0)
     pick = sorted(rng.choice(indices, size=min(_SAMPLE, len(indices)), replace=False).tolist())
