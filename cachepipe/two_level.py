@@ -163,7 +163,7 @@ class TwoLevelCache:
             map_size = cfg.l1_map_size or needed_map_size(files, kept)  # NOTE [L1 map size]
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
             if self._l1 is not None:
-                self._l1.expected_entries = files
+                self._l1.wanted = files, needed_map_size(files, kept)
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
         self._raw.l1_writable = self._l1 is not None and writable
         l2 = cfg.l2

@@ -98,7 +98,7 @@ class L1Mirror:
                 self.data_db = self.env.open_db(b"data", txn=txn)
                 self.meta_db = self.env.open_db(b"meta", txn=txn)
         self._refs = 1
-        self.expected_entries: int | None = None  # the source's files, for the full-map message
+        self.wanted: tuple[int, int] | None = None  # (the source's files, the map they need): full-map message
 
     def get_many(self, indices: Sequence[int]) -> tuple[list[bytes | None], list[int]]:
         """Read entries in one transaction.
@@ -155,10 +155,12 @@ class L1Mirror:
         stored = self.entries()
         line = (f"L1 mirror {self.path} is full: its LMDB map size is {self.map_size / 2**20:.1f} MiB "
                 f"({stored} entries stored); nothing of this batch was written")
-        if stored and self.expected_entries:
-            need = int(self.map_size / stored * self.expected_entries * 1.1) + (64 << 20)
-            line += (f"; the source's {self.expected_entries} entries need about {-(-need // 2**20)} MiB at the "
-                     f"rate these took: raise it with --l1-size {-(-need // 2**20)}mb (l1_map_size=)")
+        if self.wanted:  # the sizing rule's figure, or more when the stored entries took more (NOTE [L1 map size])
+            files, need = self.wanted
+            if stored:
+                need = max(need, int(self.map_size / stored * files * 1.1) + (64 << 20))
+            mib = -(-need // 2**20)
+            line += f"; the source's {files} entries need about {mib} MiB: raise it with --l1-size {mib}mb (l1_map_size=)"
         return line
 
     def delete(self, indices: Sequence[int]) -> None:
