@@ -263,28 +263,30 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
               "nothing_to_do": not len(np.setdiff1d(work, recheck, assume_unique=True))}
     used_before = l2_used(cache) if len(l2_todo) else 0
     in_l2 = np.isin(work, l2_todo)
-    chunks = [(work[s:s + batch_size].tolist(), work[s:s + batch_size][in_l2[s:s + batch_size]].tolist())
-              for s in range(0, len(work), batch_size)]
-    found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}
+    chunks = ((work[s:s + batch_size].tolist(), work[s:s + batch_size][in_l2[s:s + batch_size]].tolist())
+              for s in range(0, len(work), batch_size))  # made as the workers take them: no list of N
+    count = -(-len(work) // batch_size)
+    found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}  # "decoded": of ``recheck`` only
+    recheck = set(recheck.tolist())
     why: dict[int, str] = {}  # what was wrong with each unreadable file
-    if chunks:
+    if count:
         from tqdm import tqdm
 
         bar = tqdm(total=len(work), unit="img", desc="warmup", disable=not progress,
                    file=sys.stderr, dynamic_ncols=True)
-        if workers == 1 or len(chunks) == 1:
+        if workers == 1 or count == 1:
             results = (warm_chunk(cache, *c) for c in chunks)
             pool = None
         else:
             ctx = multiprocessing.get_context("spawn")
-            pool = ctx.Pool(min(workers, len(chunks)), initializer=_init_worker, initargs=(cache,))
+            pool = ctx.Pool(min(workers, count), initializer=_init_worker, initargs=(cache,))
             results = pool.imap_unordered(_run_chunk, chunks)
         try:
             for r in results:
                 for k in _SUMMED:
                     report[k] += r[k]
                 for k, v in found.items():
-                    v.update(r[k])
+                    v.update(recheck.intersection(r[k]) if k == "decoded" else r[k])
                 why.update(r["why"])
                 bar.update(r["done"])
                 if on_progress:
@@ -294,7 +296,6 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             if pool is not None:
                 pool.terminate()
                 pool.join()
-    recheck = set(recheck.tolist())
     recovered = recheck & (found["decoded"] | found["changed"])
     now_known = (known - recovered) | found["corrupt"]
     if now_known != known:

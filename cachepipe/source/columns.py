@@ -62,20 +62,6 @@ class Columns:
         """File ``index``'s path below its class folder, as bytes."""
         return self.names[int(self.offsets[index]):int(self.offsets[index + 1])].tobytes()
 
-    def take(self, keep: np.ndarray) -> Columns:
-        """The rows where ``keep`` (a boolean mask) is true, in order."""
-        lengths = np.diff(self.offsets.astype(np.int64))[keep]
-        starts = self.offsets[:-1][keep].astype(np.int64)
-        offsets = np.zeros(len(lengths) + 1, dtype=DTYPES["offsets"])
-        np.cumsum(lengths, out=offsets[1:])
-        if len(lengths):  # gather each kept name's bytes: position k of the new blob reads starts[row] + local
-            row = np.repeat(np.arange(len(lengths)), lengths)
-            local = np.arange(int(offsets[-1])) - offsets[:-1].astype(np.int64)[row]
-            names = self.names[starts[row] + local]
-        else:
-            names = np.zeros(0, dtype=DTYPES["names"])
-        return Columns(self.labels[keep], *(getattr(self, f)[keep] for f in IDENTITY), offsets, names)
-
 
 class ColumnsBuilder:
     """Rows of a manifest being scanned: a name and a label per file, then its identity."""
@@ -86,9 +72,6 @@ class ColumnsBuilder:
         self._names = bytearray()
         self._identity = {f: array("Q" if f == "inos" else "q") for f in IDENTITY}  # inode numbers are unsigned
         self.devices = array("q")  # st_dev per file: racy windows are per device (NOTE [file identity])
-
-    def __len__(self) -> int:
-        return len(self._labels)
 
     def add(self, name: str, label: int) -> int:
         """Append a file (``name``: its path below the class folder); returns its row."""
@@ -107,11 +90,12 @@ class ColumnsBuilder:
         ident["inos"][row], ident["ctimes"][row] = st.st_ino, st.st_ctime_ns
         self.devices[row] = st.st_dev
 
-    def columns(self, keep: np.ndarray | None = None) -> Columns:
-        """The arrays (only the rows where ``keep`` is true, when given)."""
-        ident = {f: np.frombuffer(self._identity[f], dtype=DTYPES[f].newbyteorder("=")).astype(DTYPES[f])
-                 for f in IDENTITY}
-        cols = Columns(np.frombuffer(self._labels, dtype=np.int32).astype(DTYPES["labels"]), *ident.values(),
-                       np.frombuffer(self._offsets, dtype=np.uint64).astype(DTYPES["offsets"]),
-                       np.frombuffer(bytes(self._names), dtype=np.uint8))
-        return cols if keep is None or keep.all() else cols.take(keep)
+    def columns(self) -> Columns:
+        """The arrays, views of this builder's buffers (no copy on a little-endian machine);
+        add nothing after this."""
+        def view(buf, native, field: str) -> np.ndarray:
+            return np.frombuffer(buf, dtype=native).astype(DTYPES[field], copy=False)
+
+        return Columns(view(self._labels, np.intc, "labels"),
+                       *(view(self._identity[f], self._identity[f].typecode, f) for f in IDENTITY),
+                       view(self._offsets, np.uint64, "offsets"), np.frombuffer(self._names, dtype=np.uint8))

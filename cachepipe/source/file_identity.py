@@ -77,15 +77,17 @@ def settle(cols: Columns, devices: np.ndarray, path_of: Callable[[int], str], st
     Returns:
         The columns to record (a file that vanished keeps its first stat: its reads fail).
     """
-    ident = {f: np.array(getattr(cols, f)) for f in IDENTITY}
-    windows = _windows(np.asarray(devices), ident["mtimes"], ident["ctimes"])
+    windows = _windows(np.asarray(devices), cols.mtimes, cols.ctimes)
     give_up = time.monotonic() + _MAX_WAIT_S
     since = started_ns
+    ident = None  # copies of the identity columns, made once a file needs a second stat
     while True:
-        latest = np.maximum(ident["mtimes"], ident["ctimes"])
+        now = ident or {f: getattr(cols, f) for f in IDENTITY}
+        latest = np.maximum(now["mtimes"], now["ctimes"])
         racy = np.flatnonzero(latest >= since - windows)
         if not len(racy):
             break
+        ident = ident or {f: np.array(getattr(cols, f)) for f in IDENTITY}
         wait = min((int((latest[racy] + windows[racy]).max()) - time.time_ns()) / 1e9, give_up - time.monotonic())
         if wait > 0:
             time.sleep(wait + 0.001)
@@ -101,4 +103,4 @@ def settle(cols: Columns, devices: np.ndarray, path_of: Callable[[int], str], st
                 ident[f][k] = v
         if not changed or time.monotonic() >= give_up:
             break
-    return dataclasses.replace(cols, **ident)
+    return cols if ident is None else dataclasses.replace(cols, **ident)
