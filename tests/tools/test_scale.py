@@ -1,13 +1,14 @@
 """The scale benchmark's measuring functions (``tools/scale/``), at a tiny N."""
 from __future__ import annotations
 
+import json
 import math
 import os
 
 import pytest
 
-from tools.scale.measure import growth, measure_tree, run_command
-from tools.scale.proc_memory import children, memory
+from tools.scale.measure import growth, run_command
+from tools.scale.proc_memory import memory
 from tools.scale.tree import build_tree, parse_count
 
 
@@ -32,12 +33,11 @@ def test_trees_are_hard_links_with_their_own_inodes(tmp_path):
         build_tree(tmp_path / "c", 0)
 
 
-def test_memory_and_children():
+def test_memory_and_run_command():
     me = memory()
-    assert 0 < me["uss"] <= me["rss"] and me["pss"] > 0
+    assert 0 < me["uss"] <= me["rss"] and me["pss"] > 0 and 0 < me["anon"] <= me["rss"]
     r = run_command(["sh", "-c", "sleep 0.5 & sleep 0.5; wait"])
-    assert r["rc"] == 0 and r["max_rss"] > 0 and r["seconds"] >= 0.5
-    assert children(1 << 22) == []  # no such process
+    assert r["rc"] == 0 and r["max_rss"] > 0 and r["seconds"] >= 0.5 and r["children_max_uss"] > 0
 
 
 def test_growth():
@@ -46,11 +46,18 @@ def test_growth():
     assert math.isnan(growth(10, 0.0, 100, 1.0))
 
 
-def test_measure_tree_at_a_tiny_n(tmp_path):
-    tree = build_tree(tmp_path / "tree", 40, classes=4, side=16)
-    r = measure_tree(tree, tmp_path / "work", cache_size=16, workers=1, batches=3, batch_size=4, contexts=("fork",))
-    assert all(r[k]["rc"] == 0 for k in ("scan", "warmup", "warmup_again", "stats")), r
-    assert r["warmup_rate"] > 0 and r["manifest_bytes"] > 0
-    fork = r["loader"]["fork"]
-    assert fork["batches"] == 3 and fork["construct_s"] > 0 and len(fork["worker_after"]) == 1
-    assert fork["worker_after"][0]["uss"] > 0 and "rss" in fork["rank_built"]
+def test_bench_scale_at_a_tiny_n(tmp_path, capsys):
+    from tools.cli import main
+
+    out = tmp_path / "scale.json"
+    assert main(["bench", "scale", "--files", "30,60", "--dir", str(tmp_path / "s"), "--contexts", "fork",
+                 "--workers", "1", "--batches", "3", "--batch-size", "4", "--cache-size", "16", "--image-px", "16",
+                 "--l1-files", "40", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["files"] for r in doc["rows"]] == [30, 60] and all(not r["failed"] for r in doc["rows"])
+    first = doc["rows"][0]
+    assert first["construct_fork_s"] > 0 and first["worker_uss_fork_mb"] > 0 and first["warmup_files_per_s"] > 0
+    growth, l1 = doc["tables"]
+    assert growth["rows"][0]["from"] == 30 and l1["rows"][0]["entries"] == 40 and l1["rows"][0]["rc"] == 0
+    assert "growth exponent" in capsys.readouterr().out
+    assert main(["bench", "scale", "--files", "60,30"]) == 2  # sizes must increase

@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from tools.scale.proc_memory import children, memory
+from tools.bench.harness.procs import children_of
+from tools.scale.proc_memory import memory
 
 __all__ = ["growth", "growth_rows", "l1_check", "manifest_bytes", "measure_tree", "run_command", "summary_row"]
 
@@ -37,7 +38,7 @@ def run_command(argv: list[str], *, env: dict | None = None, timeout: float = 36
 
     def sample() -> None:
         while not done.wait(0.2):
-            for pid in children(proc.pid):
+            for pid in children_of(proc.pid):
                 try:
                     now = memory(pid)
                 except OSError:

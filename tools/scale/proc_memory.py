@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["children", "memory"]
+__all__ = ["memory"]
 
 _FIELDS = {"Rss:": "rss", "Pss:": "pss", "Private_Clean:": "uss", "Private_Dirty:": "uss", "Anonymous:": "anon"}
 
@@ -29,25 +29,4 @@ def memory(pid: int | None = None) -> dict[str, int]:
             parts = line.split()
             if parts and parts[0] in _FIELDS:
                 out[_FIELDS[parts[0]]] += int(parts[1]) * 1024
-    return out
-
-
-def children(pid: int | None = None) -> list[int]:
-    """The live descendants of ``pid`` (default: this process), depth first."""
-    out: list[int] = []
-    todo = [pid or os.getpid()]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                with open(f"/proc/{p}/task/{t}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                continue
-            out.extend(kids)
-            todo.extend(kids)
     return out
