@@ -13,12 +13,16 @@ invalidation could not be trusted anyway. Old namespaces are listed by
 ``cachepipe stats`` and can be removed by hand.
 
 NOTE [manifest pickles as its path]
-A saved manifest pickles as the path of its file and the checksum this process verified
-(plus the few per-directory fields of its pointer): a spawn or forkserver DataLoader
-worker, or a warm-up worker, maps the same file (the node's processes share its pages)
-instead of receiving a copy of N entries. Fork workers inherit the map itself. A manifest
-not saved (``save_manifest=False``, ``cache=False``) pickles its arrays: compact, but a
-copy per worker.
+A saved manifest pickles as the path of its file, the checksum this process verified and
+its fingerprint and root (plus the scan fields of its pointer): a spawn or forkserver
+DataLoader worker, or a warm-up worker, maps the same file (the node's processes share
+its pages) instead of receiving a copy of N entries. Fork workers inherit the map itself.
+Ranks that scanned at once each write the file; the file holds nothing but the scan's
+result (no scan time), so what they write is the same bytes, and a worker that finds a
+file other than the one its rank verified verifies it whole and takes it only with the
+same fingerprint and root (the same samples). A manifest not saved
+(``save_manifest=False``, ``cache=False``) pickles its arrays: compact, but a copy per
+worker.
 """
 from __future__ import annotations
 
@@ -150,11 +154,10 @@ class Manifest:
 
     # -- pickling: NOTE [manifest pickles as its path] ----------------------------------
     def __reduce__(self):
-        extra = (self.dir_mtimes, self.skipped_files)
+        scan = (self.dir_mtimes, self.scanned_at, self.follow_external_links, self.skipped_files)
         if self.file is not None:
-            return _mapped, (str(self.file.path), self.file.checksum, *extra)
-        meta = (self.root, self.classes, self.fingerprint, self.scanned_at, self.follow_external_links)
-        return _unsaved, (meta, self._cols, *extra)
+            return _mapped, (str(self.file.path), self.file.checksum, self.fingerprint, self.root, scan)
+        return _unsaved, (self.root, self.classes, self.fingerprint, self._cols, scan)
 
     # -- scanning ---------------------------------------------------------------------
     @classmethod
@@ -241,8 +244,7 @@ class Manifest:
                 if saved.fingerprint != self.fingerprint or saved.meta["root"] != self.root:  # the tree moved
                     raise ManifestFileError(f"{path} is of {saved.meta['root']!r}, fingerprint {saved.fingerprint}")
             except (OSError, ManifestFileError):
-                meta = {"root": self.root, "classes": self.classes, "scanned_at": self.scanned_at,
-                        "follow_external_links": self.follow_external_links}
+                meta = {"root": self.root, "classes": self.classes}  # the scan's time and rules: its pointer's
                 checksum = write_manifest(path, meta, self._cols, self.fingerprint)
                 saved = ManifestFile.open(path, verify=False, checksum=checksum)
             self._adopt(saved)
@@ -264,9 +266,7 @@ class Manifest:
         m.class_to_idx = {c: i for i, c in enumerate(m.classes)}
         m.fingerprint, m.file = saved.fingerprint, saved
         m._use(saved.columns)
-        m.dir_mtimes, m.skipped_files = {}, []
-        m.scanned_at = float(meta.get("scanned_at", 0.0))
-        m.follow_external_links = bool(meta.get("follow_external_links", False))
+        m.dir_mtimes, m.skipped_files, m.scanned_at, m.follow_external_links = {}, [], 0.0, False  # the pointer's
         m.relpaths, m.samples, m.targets = Relpaths(m), Samples(m), Targets(m)
         return m
 
@@ -307,15 +307,22 @@ class Manifest:
                             follow_external_links=follow_external_links)
 
 
-def _mapped(path: str, checksum: int, dir_mtimes: dict, skipped: list) -> Manifest:
+def _mapped(path: str, checksum: int, fingerprint: str, root: str, scan: tuple) -> Manifest:
     """Unpickle a saved manifest: map its file again (NOTE [manifest pickles as its path])."""
-    m = Manifest._from_file(ManifestFile.open(path, verify=False, checksum=checksum))
-    m.dir_mtimes, m.skipped_files = dir_mtimes, skipped
+    try:
+        saved = ManifestFile.open(path, verify=False, checksum=checksum)
+    except ManifestFileError:  # rewritten since (another rank's scan): verified whole, the same samples or none
+        saved = ManifestFile.open(path)
+    if saved.fingerprint != fingerprint or saved.meta["root"] != root:
+        raise ManifestFileError(f"{path} now holds {saved.meta['root']!r}, fingerprint {saved.fingerprint}; "
+                                f"expected {root!r}, {fingerprint}")
+    m = Manifest._from_file(saved)
+    m.dir_mtimes, m.scanned_at, m.follow_external_links, m.skipped_files = scan
     return m
 
 
-def _unsaved(meta: tuple, cols: Columns, dir_mtimes: dict, skipped: list) -> Manifest:
-    root, classes, fingerprint, scanned_at, follow = meta
+def _unsaved(root: str, classes: list[str], fingerprint: str, cols: Columns, scan: tuple) -> Manifest:
+    dir_mtimes, scanned_at, follow, skipped = scan
     m = Manifest(root, classes, cols, fingerprint=fingerprint, dir_mtimes=dir_mtimes, scanned_at=scanned_at,
                  follow_external_links=follow)
     m.skipped_files = skipped

@@ -5,14 +5,15 @@ NOTE [manifest file]
 ``.beton`` holds its index: a fixed little-endian header, then each section at a
 64-byte-aligned offset, so that every column is a numpy view of the mapped file with no
 copy and no parsing per file. Nothing is unpickled: the header is ``struct``-parsed, the
-one variable section of metadata (root, classes, scan time, link policy) is JSON.
+one variable section of metadata (root, classes) is JSON.
 
 Header (112 bytes): magic ``b"CPMANIF\\n"``, format u32 (3), sections u32 (8), samples
 u64, classes u64, fingerprint 16 ASCII hex digits (NOTE [fingerprint stable across file
 formats]), total bytes u64, largest file u64, file length u64, XXH3-64 checksum u64 of
 the whole file with this field zeroed (NOTE [checksum]), then the section table, (offset
-u64, length u64) for ``meta``, ``labels``, ``sizes``, ``mtimes``, ``inos``, ``ctimes``,
-``offsets``, ``names``.
+u64, length u64) for ``meta`` (JSON: ``root``, ``classes``), ``labels``, ``sizes``,
+``mtimes``, ``inos``, ``ctimes``, ``offsets``, ``names``. It holds the scan's result
+only, so two scans of an unchanged tree write the same bytes.
 
 Opening checks the magic, the format, the lengths of every section against the sample
 count and the file's length, and (``verify=True``) the checksum, which reads the file
@@ -63,7 +64,7 @@ class ManifestFile:
 
     Attributes:
         path: the file.
-        meta: ``root``, ``classes``, ``scanned_at``, ``follow_external_links``.
+        meta: ``root``, ``classes``.
         columns: NOTE [manifest columns], read-only views of the mapped file.
         fingerprint, total_bytes, largest, checksum: from the header.
     """

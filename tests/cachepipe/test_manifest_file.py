@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cachepipe import CacheWarning, Manifest, TwoLevelCache
-from cachepipe.source.manifest_file import FILE_NAME, ManifestFile, ManifestFileError, read_root
+from cachepipe.source.manifest_file import FILE_NAME, ManifestFile, ManifestFileError, read_root, write_manifest
 from tests.cachepipe.conftest import reference_pixels
 
 
@@ -112,13 +112,25 @@ def test_pickle_is_the_path_not_the_entries(saved, tmp_path):
     assert len(blob) < 2000 and str(path).encode() in blob
     back = pickle.loads(blob)
     assert back.file.path == path and back.samples == m.samples and back.targets == m.targets
-    _replace(path, path.read_bytes())  # the same bytes: the file that was verified
-    assert pickle.loads(blob).samples == m.samples
-    _patch(path, 72, b"\x01" * 8)  # another file under the same name: refused by its checksum
-    with pytest.raises(ManifestFileError, match="replaced since it was opened"):
+    _patch(path, 72, b"\x01" * 8)  # another file under the same name that fails its checksum: refused
+    with pytest.raises(ManifestFileError, match="fails its checksum"):
         pickle.loads(blob)
     unsaved = Manifest.scan(source)  # not saved: its arrays travel
     assert pickle.loads(pickle.dumps(unsaved)).samples == unsaved.samples
+
+
+def test_ranks_that_scan_at_once_write_the_same_file(saved, tmp_path):
+    source, cache, m, path = saved
+    blob = pickle.dumps(m)
+    other = Manifest.scan(source)  # another rank's scan, a moment later
+    assert other.scanned_at != m.scanned_at
+    write_manifest(path, {"root": other.root, "classes": other.classes}, other._cols, other.fingerprint)
+    assert pickle.loads(blob).samples == m.samples  # the same bytes: its workers still open it
+    elsewhere = Manifest.scan(source)
+    elsewhere.root = str(tmp_path / "elsewhere")  # the same files under another root: another manifest
+    write_manifest(path, {"root": elsewhere.root, "classes": other.classes}, other._cols, other.fingerprint)
+    with pytest.raises(ManifestFileError, match="now holds .*elsewhere"):
+        pickle.loads(blob)
 
 
 def test_class_folder_of_100k_files(tmp_path, tiny_dataset):
