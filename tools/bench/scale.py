@@ -6,8 +6,10 @@ measures, each figure in a process of its own (``tools/scale/measure.py``): a fu
 (``stats`` with no saved manifest) and its peak RSS, the warm-up's rate and its workers'
 memory, a second warm-up ("nothing to do"), ``stats`` after it, the saved manifest's
 size, and per start method a training loader: its construction, the rank's memory beyond
-the interpreter, the first batch, the workers' USS / PSS / RSS and anonymous memory after
-``--batches`` batches, the time per batch and to draw an epoch's order. Then the growth
+the interpreter once built and after ``--batches`` batches, the first batch, the workers'
+USS / PSS / RSS and anonymous memory after them, the time per batch and to draw an epoch's
+order. (A warm-up worker's USS counts the LMDB pages it alone wrote, file pages the kernel
+drops at will: its anonymous memory is what it costs.) Then the growth
 exponent of every figure between consecutive sizes (1: linear in N; a cost per batch
 should stay near 0). ``--l1-files`` adds the L1 check: a tree of 1.5 KB files warmed into
 L1 alone, which must not fill its map (NOTE [L1 map size]). The issue-43 targets at
@@ -27,8 +29,8 @@ COLUMNS = ("files", "scan_s", "stats_s", "warmup_again_s", "construct_fork_s", "
            "first_batch_fork_s", "first_batch_spawn_s", "worker_uss_fork_mb", "worker_uss_spawn_mb",
            "per_batch_fork_ms", "manifest_mb")
 GROWTH = ("scan_s", "scan_rss_mb", "stats_s", "warmup_again_s", "manifest_mb", "construct_fork_s",
-          "rank_rss_fork_mb", "first_batch_spawn_s", "worker_uss_spawn_mb", "worker_anon_fork_mb",
-          "per_batch_fork_ms", "shuffle_s")
+          "rank_rss_after_fork_mb", "first_batch_spawn_s", "worker_uss_fork_mb", "worker_uss_spawn_mb",
+          "warmup_worker_anon_mb", "per_batch_fork_ms", "shuffle_s")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

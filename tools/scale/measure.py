@@ -179,7 +179,7 @@ def summary_row(files: int, r: dict) -> dict:
             continue
         worst = lambda key, field: _mb(max((w[field] for w in lr[key]), default=0))  # noqa: E731
         row.update({f"construct_{ctx}_s": lr["construct_s"], f"rank_rss_{ctx}_mb": _mb(lr["rank_built"]["rss"]),
-                    f"rank_uss_after_{ctx}_mb": _mb(lr["rank_after"]["uss"]),
+                    f"rank_rss_after_{ctx}_mb": _mb(lr["rank_after"]["rss"]),
                     f"first_batch_{ctx}_s": lr["first_batch_s"], f"per_batch_{ctx}_ms": 1e3 * lr["per_batch_s"],
                     f"worker_uss_{ctx}_mb": worst("worker_after", "uss"),
                     f"worker_anon_{ctx}_mb": worst("worker_after", "anon"),

@@ -3,7 +3,7 @@
 It prints one JSON line: the rank's memory beyond the interpreter (after its imports) once
 ``cached_dataloader`` is built, the construction time, the time to the first batch and the
 workers' memory then and after ``--batches`` batches, the mean time per batch, and the
-time to draw one epoch's order. Only the public API is used, so the same probe measures
+time to draw an epoch's order (the median of five). Only the public API is used, so the same probe measures
 any version of cachepipe (the figures before and after a change).
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import time
 
 from tools.scale.proc_memory import memory
@@ -55,10 +56,14 @@ def loader_probe(source: str, cache_dir: str, *, context: str, workers: int, bat
     per_batch = (time.perf_counter() - t0) / max(1, batches - 1)
     after = _worker_memory(loader)
     rank = memory()
-    t0 = time.perf_counter()
-    loader.set_epoch(epoch + 1)
-    loader.sampler.indices()
-    shuffle = time.perf_counter() - t0
+    draw = getattr(loader.sampler, "order", loader.sampler.indices)  # the array where there is one
+    times = []
+    for e in range(epoch + 1, epoch + 6):  # the median of 5 epochs' orders: one draw is noise-bound
+        loader.set_epoch(e)
+        t0 = time.perf_counter()
+        draw()
+        times.append(time.perf_counter() - t0)
+    shuffle = statistics.median(times)
     loader.close()
     return {"context": context, "workers": workers, "construct_s": construct, "first_batch_s": first,
             "per_batch_s": per_batch, "shuffle_s": shuffle, "batches": batches,
