@@ -13,7 +13,7 @@ import torch.utils.data
 from cachepipe import CacheConfig
 from loaders import CachedImageFolder
 from tests.torchvision_reference import torchvision_image_folder
-from tools.scale.tree import build_tree
+from tools.bench.parts.scale_tree import build_tree
 
 
 def test_samples_and_targets_keep_torchvision_contract(source, cache_dir):

@@ -1,4 +1,4 @@
-"""The scale benchmark's measuring functions (``tools/scale/``), at a tiny N."""
+"""The scale benchmark's measuring functions (``tools/bench/parts/scale_*.py``), at a tiny N."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from tools.scale.measure import growth, run_command
-from tools.scale.proc_memory import memory
-from tools.scale.tree import build_tree, parse_count
+from tools.bench.parts.scale_measure import growth, run_command
+from tools.bench.harness.proc_memory import memory
+from tools.bench.parts.scale_tree import build_tree, parse_count
 
 
 def test_parse_count():

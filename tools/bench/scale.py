@@ -1,8 +1,8 @@
 """``cachepipe bench scale --files 10k,100k,1.28M``: every per-N cost of a data set, and its growth.
 
 For each file count it builds an ImageFolder tree (NOTE [scale trees] in
-``tools/scale/tree.py``: 1,000 class folders of hard links, each tree its own inodes) and
-measures, each figure in a process of its own (``tools/scale/measure.py``): a full scan
+``tools/bench/parts/scale_tree.py``: 1,000 class folders of hard links, each tree its own inodes) and
+measures, each figure in a process of its own (``tools/bench/parts/scale_measure.py``): a full scan
 (``stats`` with no saved manifest) and its peak RSS, the warm-up's rate and its workers'
 memory, a second warm-up ("nothing to do"), ``stats`` after it, the saved manifest's
 size, and per start method a training loader: its construction, the rank's memory beyond
@@ -49,8 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> Result:
     from tools.bench.harness.flags import choices
-    from tools.scale.measure import growth_rows, l1_check, measure_tree, summary_row
-    from tools.scale.tree import build_tree, parse_count
+    from tools.bench.parts.scale_measure import growth_rows, l1_check, measure_tree, summary_row
+    from tools.bench.parts.scale_tree import build_tree, parse_count
 
     try:
         counts = [parse_count(t) for t in args.files.split(",") if t.strip()]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tools.bench.harness.procs import children_of
-from tools.scale.proc_memory import memory
+from tools.bench.harness.proc_memory import memory
 
 __all__ = ["growth", "growth_rows", "l1_check", "manifest_bytes", "measure_tree", "run_command", "summary_row"]
 
@@ -119,7 +119,7 @@ def measure_tree(tree: str | os.PathLike, work: str | os.PathLike, *, cache_size
     out["manifest_bytes"] = manifest_bytes(cache)
     out["loader"] = {}
     for ctx in contexts:
-        r = run_command([sys.executable, "-m", "tools.scale.probe", "loader", src, "--cache-dir", cache,
+        r = run_command([sys.executable, "-m", "tools.bench.parts.scale_probe", "loader", src, "--cache-dir", cache,
                          "--context", ctx, "--workers", str(workers), "--batches", str(batches),
                          "--batch-size", str(batch_size), "--size", str(cache_size),
                          "--cache-size", str(cache_size)], env=env)

@@ -1,4 +1,4 @@
-"""One loader measurement in a fresh process: ``python -m tools.scale.probe loader ...``.
+"""One loader measurement in a fresh process: ``python -m tools.bench.parts.scale_probe loader ...``.
 
 It prints one JSON line: the rank's memory beyond the interpreter (after its imports) once
 ``cached_dataloader`` is built, the construction time, the time to the first batch and the
@@ -14,7 +14,7 @@ import json
 import statistics
 import time
 
-from tools.scale.proc_memory import memory
+from tools.bench.harness.proc_memory import memory
 
 __all__ = ["loader_probe", "main"]
 
@@ -72,7 +72,7 @@ def loader_probe(source: str, cache_dir: str, *, context: str, workers: int, bat
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.scale.probe")
+    p = argparse.ArgumentParser(prog="python -m tools.bench.parts.scale_probe")
     sub = p.add_subparsers(dest="what", required=True)
     lp = sub.add_parser("loader", help="build a cached_dataloader and take batches")
     lp.add_argument("source")
