@@ -35,7 +35,7 @@ def key_bytes(namespace: str) -> int:
 
 def estimate_sample_bytes(cache, indices: list[int]) -> int:
     """Average bytes one sample of ``indices`` takes in Redis (header + pixels + key overhead)."""
-    if not indices:
+    if not len(indices):
         return 0
     rng = np.random.default_rng(0)
     pick = sorted(rng.choice(indices, size=min(_SAMPLE, len(indices)), replace=False).tolist())

@@ -29,6 +29,7 @@ from cachepipe.l1.guard import inspect_l1
 from cachepipe.l2.registry import open_store
 from cachepipe.l2.store import namespace
 from cachepipe.server.embedded_group import EmbeddedGroup
+from cachepipe.source.manifest_file import read_root
 
 __all__ = ["coverage", "evicting_shards", "l2_used", "running_l2", "warm_coverage"]
 
@@ -65,9 +66,8 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
         if mirror is None:
             l1["error"] = f"unusable: {problem} (reads bypass it; the next warm-up moves it aside)"
         else:
-            try:
-                present = mirror.present()
-                l1.update(entries=sum(1 for i in present if i < n), disk_bytes=mirror.disk_bytes())
+            try:  # an L1 is one fingerprint's, so its keys are sample indices: the count is its coverage
+                l1.update(entries=mirror.entries(), disk_bytes=mirror.disk_bytes())
             except lmdb.Error as exc:
                 l1["error"] = f"unreadable: {type(exc).__name__}: {exc}"
             finally:
@@ -88,12 +88,12 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
             finally:
                 store.close()
     if sizes and not l2["sizes"] and not l2["shards"]:  # no L2 (or not running): the sizes asked for, empty
-        l2["sizes"] = [_row(cache, size, 0, {}) for size in sizes]
+        l2["sizes"] = [_row(cache, size, 0, {}, _known_corrupt_count(cache)) for size in sizes]
     out["l2"] = l2
     root = Path(cfg.cache_dir)
     out["other_fingerprints"] = sorted(
         p.name for p in root.iterdir()
-        if p.is_dir() and p.name != m.fingerprint and (p / "manifest.json").exists()
+        if p.is_dir() and p.name != m.fingerprint and read_root(p) is not None
     ) if root.is_dir() else []
     return out
 
@@ -110,9 +110,13 @@ def running_l2(cfg) -> tuple[list[str], str]:
     return [], f"embedded server not running (socket {down[0].socket_path})"
 
 
-def _row(cache, size: int, present: int, partial: dict) -> dict:
+def _known_corrupt_count(cache) -> int:
     n = len(cache.manifest)
-    bad = sum(1 for i in known_corrupt(cache) if i < n)  # NOTE [corrupt files]: never cached
+    return sum(1 for i in known_corrupt(cache) if i < n)  # NOTE [corrupt files]: never cached
+
+
+def _row(cache, size: int, present: int, partial: dict, bad: int) -> dict:
+    n = len(cache.manifest)
     return {"size": size, "namespace": namespace(cache.config.prefix, cache.fingerprint, size),
             "present": present, "known_corrupt": bad, "percent": 100.0 * present / (n - bad) if n > bad else 0.0,
             "partial": partial}
@@ -122,13 +126,20 @@ def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[d
     """One row per cached size, from one scan of this source's keys on every shard."""
     n = len(cache.manifest)
     base = f"{cache.config.prefix}:{cache.fingerprint}:".encode()
+    cut = len(base)
     tag = DECODER_TAG.encode()  # keys of another decoder are never read (NOTE [decoder tag])
+    found: dict[bytes, list[int]] = {}
+    for key in store.scan(base.decode() + "*"):  # linear: one append per key, one array per size
+        parts = key[cut:].split(b":")  # <size>:<decoder tag>:<index>
+        if len(parts) == 3 and parts[1] == tag and parts[2].isdigit():
+            found.setdefault(parts[0], []).append(int(parts[2]))
     present: dict[int, np.ndarray] = {}
-    for key in store.scan(base.decode() + "*"):
-        parts = key[len(base):].split(b":")  # <size>:<decoder tag>:<index>
-        if len(parts) == 3 and parts[1] == tag and parts[0].isdigit() and parts[2].isdigit() \
-                and int(parts[2]) < n:
-            present.setdefault(int(parts[0]), np.zeros(n, dtype=bool))[int(parts[2])] = True
+    for size, idx in found.items():
+        if size.isdigit():
+            idx = np.asarray(idx, dtype=np.int64)
+            mask = present.setdefault(int(size), np.zeros(n, dtype=bool))
+            mask[idx[idx < n]] = True  # replicas give a key twice: counted once
+    bad = _known_corrupt_count(cache)
     rows = []
     for size in (sorted(present) if sizes is None else sizes):
         ns = open_store(urls, namespace(cache.config.prefix, cache.fingerprint, size), Counter(),
@@ -137,8 +148,8 @@ def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[d
             partial = ns.partial()
         finally:
             ns.close()
-        found = present.get(size)
-        rows.append(_row(cache, size, int(found.sum()) if found is not None else 0, partial))
+        mask = present.get(size)
+        rows.append(_row(cache, size, int(mask.sum()) if mask is not None else 0, partial, bad))
     return rows
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = ["private_dir", "write_private"]
@@ -36,14 +37,16 @@ def private_dir(path: str | os.PathLike) -> Path:
     return path
 
 
-def write_private(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp name, then ``os.replace``), mode 0600."""
+def write_private(path: str | os.PathLike, data: bytes | Sequence) -> None:
+    """Write ``data`` (bytes, or a sequence of bytes-like parts written in order) to ``path``
+    atomically (temp name, then ``os.replace``), mode 0600."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in ([data] if isinstance(data, (bytes, bytearray, memoryview)) else data):
+                f.write(part)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

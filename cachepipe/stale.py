@@ -16,7 +16,6 @@ server is never started for this: when it is not running, its keys are gone alre
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections import Counter
@@ -24,18 +23,11 @@ from pathlib import Path
 
 from cachepipe.coverage import running_l2
 from cachepipe.l2.registry import open_store
+from cachepipe.source.manifest_file import read_root
 
 __all__ = ["drop", "stale_fingerprints", "stale_l2_keys"]
 
 _FINGERPRINT = re.compile(r"[0-9a-f]{16}")
-
-
-def _root_of(directory: Path) -> str | None:
-    try:
-        with open(directory / "manifest.json") as f:
-            return json.load(f).get("root")  # any manifest format
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def stale_fingerprints(cache) -> list[str]:
@@ -45,7 +37,7 @@ def stale_fingerprints(cache) -> list[str]:
         return []
     return sorted(p.name for p in root.iterdir()
                   if p.is_dir() and _FINGERPRINT.fullmatch(p.name) and p.name != cache.fingerprint
-                  and _root_of(p) == cache.manifest.root)
+                  and read_root(p) == cache.manifest.root)  # the header alone, never the arrays
 
 
 def _store(cache):

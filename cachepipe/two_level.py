@@ -25,6 +25,7 @@ from cachepipe.errors import CorruptSampleError, SampleTooLargeError
 from cachepipe.l1.guard import open_l1
 from cachepipe.l1.mirror import L1Mirror
 from cachepipe.l1.raw_levels import RawLevels
+from cachepipe.l1.sizing import needed_map_size
 from cachepipe.l2.codec import encode_sample
 from cachepipe.l2.level import L2Level
 from cachepipe.l2.registry import open_store
@@ -74,7 +75,8 @@ class TwoLevelCache:
             cores; NOTE [a node's L2] in ``cachepipe.server.embedded_group``); ``l2_memory`` is their total.
         timeout: Redis socket timeout in seconds.
         use_l1: keep the L1 mirror.
-        l1_map_size: LMDB map size in bytes (default: 2x the source bytes + 64 MiB).
+        l1_map_size: LMDB map size in bytes (default: from the file count and bytes, NOTE
+            [L1 map size] in ``cachepipe/l1/sizing.py``).
         follow_external_links: follow symlinks that leave the source root (default: skip
             them with a warning; NOTE [symlinks in the source]).
         max_file_bytes: the largest source file read for one sample (default 1 GiB); a
@@ -144,12 +146,12 @@ class TwoLevelCache:
         self.last_errors: dict[int, str] = {}  # bad samples of the last get_many: index -> reason
 
     def __getstate__(self) -> dict:
-        return {"config": self.config, "fingerprint": self._fingerprint}
+        return {"config": self.config, "manifest": self._manifest}  # NOTE [manifest pickles as its path]
 
     def __setstate__(self, state: dict) -> None:
         self.config = state["config"]
-        self._fingerprint = state["fingerprint"]
-        self._manifest = None
+        self._manifest = state["manifest"]
+        self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
 
     def _open(self) -> None:
@@ -160,9 +162,12 @@ class TwoLevelCache:
             self._reset_process_state()
         cfg = self.config
         if cfg.use_l1:
-            kept = sum(n for n in self.manifest.sizes if n <= cfg.max_file_bytes)  # NOTE [bounded reads]
-            map_size = cfg.l1_map_size or 2 * kept + (64 << 20)
+            m = self.manifest  # files too large are never stored (NOTE [bounded reads])
+            files, kept = m.kept_count(cfg.max_file_bytes), m.kept_bytes(cfg.max_file_bytes)
+            map_size = cfg.l1_map_size or needed_map_size(files, kept)  # NOTE [L1 map size]
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
+            if self._l1 is not None:
+                self._l1.wanted = files, needed_map_size(files, kept)
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
         self._raw.l1_writable = self._l1 is not None and writable
         l2 = cfg.l2
@@ -178,9 +183,7 @@ class TwoLevelCache:
     # -- properties --------------------------------------------------------------------
     @property
     def manifest(self) -> Manifest:
-        """The source's :class:`~cachepipe.Manifest` (loaded from the cache dir in workers)."""
-        if self._manifest is None:
-            self._manifest = Manifest.load(self.config.cache_dir, self._fingerprint)
+        """The source's :class:`~cachepipe.Manifest` (mapped from the cache dir, NOTE [manifest file])."""
         return self._manifest
 
     @property

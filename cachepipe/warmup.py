@@ -11,7 +11,9 @@ L2 is too small (NOTE [fixed L2 subset]) is a subset of the samples its ranks dr
 ``locality="node"``. L1 is a per-node local disk mirror: by default (``l1_scope="all"``)
 each node mirrors the whole source; ``"partition"`` mirrors only its part.
 Work is found by asking each level what it lacks (LMDB keys, pipelined EXISTS), so a
-killed run resumes where it stopped and a finished one has nothing to do.
+killed run resumes where it stopped and a finished one has nothing to do; a finished one
+knows it without N round trips (an L1 holding N entries, NOTE [completion record] in
+``cachepipe/warm_record.py``). Every per-sample set is a numpy array.
 
 NOTE [corrupt files]
 A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NOTE
@@ -60,8 +62,10 @@ from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
 from cachepipe.decode import decode_and_resize
 from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, L2UnavailableError, SampleTooLargeError
 from cachepipe.l1.corrupt_record import known_corrupt, save_corrupt
+from cachepipe.l1.sizing import l1_disk_bytes
 from cachepipe.l2.codec import encode_sample
 from cachepipe.stale import stale_fingerprints, stale_l2_keys
+from cachepipe.warm_record import is_complete, record_complete
 
 __all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
 
@@ -72,7 +76,7 @@ class L2TooSmallError(MemoryError):
     """L2 cannot hold the partition; the message says how much memory it needs."""
 
 
-def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int | None = None) -> list[int]:
+def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int | None = None) -> np.ndarray:
     """The sorted indices (among the first ``limit`` when given) that node ``node_rank`` of
     ``num_nodes`` warms into L2: all with one node, else those whose L2 shard is on it
     (NOTE [warm-up partitions]); a sample no live shard holds is in no partition.
@@ -86,7 +90,7 @@ def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int 
         raise ValueError(f"need 0 <= node_rank < num_nodes, got {node_rank=} {num_nodes=}")
     n = len(cache) if limit is None else min(limit, len(cache))
     if num_nodes == 1:
-        return list(range(n))
+        return np.arange(n, dtype=np.int64)
     from cachepipe.l2.placement import LocalityError
 
     store = cache.store
@@ -94,14 +98,17 @@ def node_partition(cache, *, node_rank: int = 0, num_nodes: int = 1, limit: int 
         raise LocalityError(f"{num_nodes} nodes warm the samples held by their own L2, so they need one Redis URL "
                             f"per node, in node order (--l2 URL of node 0's server ...), or --l2 shm://, but the "
                             f"cache has no L2")
-    return np.flatnonzero(store.node_of(range(n), num_nodes) == node_rank).tolist()  # raises LocalityError
+    return np.flatnonzero(store.node_of(np.arange(n, dtype=np.int64), num_nodes) == node_rank)  # raises LocalityError
 
 
-def plan_warmup(cache, part: list[int], *, l1_scope: str = "all", limit: int | None = None):
+def plan_warmup(cache, part: np.ndarray, *, l1_scope: str = "all", limit: int | None = None, node: str = "0/1",
+                evicting: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(l1_todo, l2_todo)``: sorted indices missing from L1 (among the first
     ``limit`` samples when given) and from L2 (of the node's partition ``part``, from
     :func:`node_partition`), plus, in both, the partition's known corrupt files, which
-    every warm-up re-checks (NOTE [corrupt files]).
+    every warm-up re-checks (NOTE [corrupt files]). L1 is complete when it holds N entries
+    and L2 when ``node``'s completion record holds (NOTE [completion record]); otherwise
+    every key is asked for.
 
     Raises:
         ValueError: bad ``l1_scope``.
@@ -110,13 +117,20 @@ def plan_warmup(cache, part: list[int], *, l1_scope: str = "all", limit: int | N
     if l1_scope not in ("all", "partition"):
         raise ValueError(f"l1_scope must be one of 'all', 'partition'; got {l1_scope!r}")
     n = len(cache) if limit is None else min(limit, len(cache))
-    bad = known_corrupt(cache) & set(part)
-    l1_todo: list[int] = []
-    if cache.l1 is not None:
-        present = cache.l1.present()  # known corrupt files included: NOTE [corrupt files]
-        l1_todo = [i for i in (range(n) if l1_scope == "all" else part) if i not in present]
-    l2_todo = cache.store.missing(part) if cache.store is not None else []
-    return l1_todo, sorted(set(l2_todo) | bad)
+    part = np.asarray(part, dtype=np.int64)
+    bad = np.intersect1d(_known(cache), part)
+    l1_todo = np.zeros(0, dtype=np.int64)
+    if cache.l1 is not None and cache.l1.entries() < len(cache):  # an L1 holds one fingerprint's indices
+        scope = np.arange(n, dtype=np.int64) if l1_scope == "all" else part
+        l1_todo = np.setdiff1d(scope, cache.l1.present(), assume_unique=True)  # known corrupt included
+    l2_todo = np.zeros(0, dtype=np.int64)
+    if cache.store is not None and not is_complete(cache, node, part, bad, evicting or []):
+        l2_todo = np.asarray(cache.store.missing(part.tolist()), dtype=np.int64)
+    return l1_todo, np.union1d(l2_todo, bad)
+
+
+def _known(cache) -> np.ndarray:
+    return np.asarray(sorted(known_corrupt(cache)), dtype=np.int64)
 
 
 def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
@@ -161,8 +175,8 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
             "decoded": [i for i, _ in encoded], "why": {i: str(raw[i]) for i in unreadable}}
 
 
-def _names(manifest, indices: set[int]) -> list[str]:
-    return [manifest.relpaths[i] for i in sorted(indices)]
+def _names(manifest, indices) -> list[str]:
+    return [manifest.relpath(i) for i in sorted(int(i) for i in indices)]
 
 
 _WORKER_CACHE = None
@@ -221,54 +235,58 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
                          "partitions would never reach it")
     t0 = time.perf_counter()
     m = cache.manifest
+    node = f"{node_rank}/{num_nodes}"
     part = node_partition(cache, node_rank=node_rank, num_nodes=num_nodes, limit=limit)
-    l1_todo, l2_missing = plan_warmup(cache, part, l1_scope=l1_scope, limit=limit)
+    evicting = evicting_shards(cache.store)  # warned once: they undo what is written
+    l1_todo, l2_missing = plan_warmup(cache, part, l1_scope=l1_scope, limit=limit, node=node, evicting=evicting)
     known = known_corrupt(cache)
-    recheck = known & set(l2_missing)
-    if check_capacity and l1_todo:
-        limit = cache.config.max_file_bytes  # larger files are never stored (NOTE [bounded reads])
-        problem = check_l1_space(cache.l1_path, sum(m.sizes[i] for i in l1_todo if m.sizes[i] <= limit))
+    recheck = np.intersect1d(_known(cache), l2_missing)
+    if check_capacity and len(l1_todo):
+        sizes = m.sizes[l1_todo]
+        sizes = sizes[sizes <= cache.config.max_file_bytes]  # larger files are never stored (NOTE [bounded reads])
+        problem = check_l1_space(cache.l1_path, l1_disk_bytes(len(sizes), int(sizes.sum())))  # NOTE [L1 map size]
         if problem:
             raise L1FullError(28, problem)
     l2_todo = l2_missing
-    if check_capacity and l2_todo:
+    if check_capacity and len(l2_todo):
         per_sample = estimate_sample_bytes(cache, l2_todo)
         problems = l2_shortfalls(cache.store, l2_todo, per_sample)
         if problems and require_full:
             raise L2TooSmallError("; ".join(problems))
         if problems:
-            l2_todo = l2_fitting(cache.store, l2_todo, per_sample)
+            l2_todo = np.asarray(l2_fitting(cache.store, l2_todo.tolist(), per_sample), dtype=np.int64)
+    work = np.union1d(l1_todo, l2_todo)
     report = {"samples": len(m), "partition": len(part),
               "cache_size": cache.config.cache_size, "fingerprint": m.fingerprint,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
-              "nothing_to_do": set(l1_todo) | set(l2_todo) <= recheck}
-    used_before = l2_used(cache) if l2_todo else 0
-    evicting = evicting_shards(cache.store)  # warned once: they undo what is written
-    l2_set = set(l2_todo)
-    work = sorted(set(l1_todo) | l2_set)
-    chunks = [(c, [i for i in c if i in l2_set])
-              for c in (work[s:s + batch_size] for s in range(0, len(work), batch_size))]
-    found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}
+              "nothing_to_do": not len(np.setdiff1d(work, recheck, assume_unique=True))}
+    used_before = l2_used(cache) if len(l2_todo) else 0
+    in_l2 = np.isin(work, l2_todo)
+    chunks = ((work[s:s + batch_size].tolist(), work[s:s + batch_size][in_l2[s:s + batch_size]].tolist())
+              for s in range(0, len(work), batch_size))  # made as the workers take them: no list of N
+    count = -(-len(work) // batch_size)
+    found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}  # "decoded": of ``recheck`` only
+    recheck = set(recheck.tolist())
     why: dict[int, str] = {}  # what was wrong with each unreadable file
-    if chunks:
+    if count:
         from tqdm import tqdm
 
         bar = tqdm(total=len(work), unit="img", desc="warmup", disable=not progress,
                    file=sys.stderr, dynamic_ncols=True)
-        if workers == 1 or len(chunks) == 1:
+        if workers == 1 or count == 1:
             results = (warm_chunk(cache, *c) for c in chunks)
             pool = None
         else:
             ctx = multiprocessing.get_context("spawn")
-            pool = ctx.Pool(min(workers, len(chunks)), initializer=_init_worker, initargs=(cache,))
+            pool = ctx.Pool(min(workers, count), initializer=_init_worker, initargs=(cache,))
             results = pool.imap_unordered(_run_chunk, chunks)
         try:
             for r in results:
                 for k in _SUMMED:
                     report[k] += r[k]
                 for k, v in found.items():
-                    v.update(r[k])
+                    v.update(recheck.intersection(r[k]) if k == "decoded" else r[k])
                 why.update(r["why"])
                 bar.update(r["done"])
                 if on_progress:
@@ -283,10 +301,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     if now_known != known:
         save_corrupt(cache, now_known)
     report["corrupt"] = _names(m, found["corrupt"] - known)
-    report["known_corrupt"] = _names(m, now_known & set(part))
+    report["known_corrupt"] = _names(m, np.intersect1d(np.asarray(sorted(now_known), dtype=np.int64), part))
     report["recovered"] = _names(m, recovered)
     report["unreadable"] = _names(m, found["unreadable"])
-    report["unreadable_reasons"] = {m.relpaths[i]: why[i] for i in sorted(found["unreadable"])}
+    report["unreadable_reasons"] = {m.relpath(i): why[i] for i in sorted(found["unreadable"])}
     report["changed"] = _names(m, found["changed"])
     not_samples = now_known | found["unreadable"] | found["changed"]
     report.update(warm_coverage(cache, report, part, len(l2_missing), len(l2_missing) - len(l2_todo),
@@ -294,7 +312,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     report["l2_bytes_per_sample"] = ((l2_used(cache) - used_before) / report["l2_written"]
                                      if report["l2_written"] else 0.0)
     if cache.store is not None:
-        cache.store.mark_partial(f"{node_rank}/{num_nodes}", report["l2_uncached"])
+        cache.store.mark_partial(node, report["l2_uncached"])
+        if not (report["l2_uncached"] or report["l2_write_errors"] or found["unreadable"] or found["changed"]
+                or evicting):
+            record_complete(cache, node, part)  # NOTE [completion record]
     report["stale_fingerprints"], report["l2_stale_keys"] = _stale(cache) if report["l2_uncached"] else ([], 0)
     report["seconds"] = time.perf_counter() - t0
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0

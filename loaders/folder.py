@@ -13,6 +13,7 @@ from PIL import Image
 from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
 from cachepipe.l2.spec import l2_setting
 from cachepipe.source.reader import read_file
+from cachepipe.source.views import Samples
 from loaders._optional import torchvision_datasets
 from loaders.replacement import fill_batch
 
@@ -40,7 +41,8 @@ class CachedImageFolder(_base()):
     (one, where torchvision is installed: NOTE [torchvision base class]).
 
     Classes, ``class_to_idx``, ``samples`` (absolute paths), ``targets`` and their order
-    follow torchvision's rules (sorted class folders, files by sorted ``os.walk``, image
+    follow torchvision's rules (sequences built on demand from the manifest's arrays, NOTE
+    [lazy sample lists]: a dataset of 1.28M files costs a rank and its workers megabytes) (sorted class folders, files by sorted ``os.walk``, image
     extensions case-insensitive), and so do ``extensions``, ``is_valid_file`` and
     ``allow_empty`` (NOTE [torchvision arguments]). A sample is the cached uint8
     ``(H, W, 3)`` numpy array whose shorter side is ``cache_size``; ``output="pil"`` gives
@@ -49,7 +51,8 @@ class CachedImageFolder(_base()):
     ``__getitems__(indices)`` fetches a whole batch with one round trip per Redis shard;
     torch's DataLoader calls it with each batch's index list and passes the returned list of
     ``(sample, target)`` pairs to its ``collate_fn``. Cache connections open lazily in each
-    process, so the dataset is safe in DataLoader workers (fork or spawn).
+    process, so the dataset is safe in DataLoader workers (fork, spawn or forkserver); it
+    pickles with the path of its mapped manifest (NOTE [manifest pickles as its path]).
 
     Args:
         root: ImageFolder root (``<root>/<class>/**/<image>``).
@@ -159,9 +162,10 @@ class CachedImageFolder(_base()):
         self.on_error = on_error
         self.classes = list(self.manifest.classes)
         self.class_to_idx = dict(self.manifest.class_to_idx)
-        self.samples = [(os.path.join(self.root, rel), int(label)) for rel, label in self.manifest.samples]
+        # NOTE [lazy sample lists]: torchvision's lists, as views of the manifest's mapped arrays
+        self.samples = Samples(self.manifest, root=self.root)
         self.imgs = self.samples  # torchvision's alias
-        self.targets = [label for _, label in self.samples]
+        self.targets = self.manifest.targets
         self.skipped: list[int] = []  # indices left out (on_error="skip"), in this process
         self._warned: set[int] = set()  # bad samples already warned about, in this process
         self._why: dict[int, str] = {}  # what was wrong with a bad sample
@@ -180,7 +184,7 @@ class CachedImageFolder(_base()):
         if self.loader is not None:
             return self.loader(path)
         data = read_file(path)  # never blocks on a FIFO nor reads a 40 GB file whole (NOTE [bounded reads])
-        return decode_and_resize(data, self.cache_size, index=index, path=self.manifest.samples[index][0])
+        return decode_and_resize(data, self.cache_size, index=index, path=self.manifest.relpath(index))
 
     def load(self, index: int) -> np.ndarray:
         """The untransformed uint8 HWC sample ``index``.
@@ -213,7 +217,7 @@ class CachedImageFolder(_base()):
                     if self.loader is not None or isinstance(exc, CorruptSampleError):
                         raise
                     raise CorruptSampleError(f"cannot read the file ({exc})", index=i,
-                                             path=self.manifest.samples[i][0]) from exc
+                                             path=self.manifest.relpath(i)) from exc
                 self._why[i] = exc.reason if isinstance(exc, CorruptSampleError) else f"{type(exc).__name__}: {exc}"
                 arrays.append(None)
         return arrays

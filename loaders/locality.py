@@ -111,6 +111,10 @@ class NodeLocality:
 
     def indices(self, *, epoch: int, seed: int, rank: int, world_size: int, drop_last: bool) -> list[int]:
         """This rank's sample indices for ``epoch`` (NOTE [node-local order])."""
+        return self.order(epoch=epoch, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last).tolist()
+
+    def order(self, *, epoch: int, seed: int, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+        """:meth:`indices` as an int64 array."""
         n, nodes = len(self.home), world_size // self.local_size
         g = torch.Generator()
         g.manual_seed(seed + epoch)
@@ -145,17 +149,21 @@ class NodeLocality:
         mine = np.flatnonzero(node == rank // self.local_size)
         mine = mine[np.argsort(position[mine], kind="stable")]  # in permutation order: shuffled within the node
         pad = mine if len(mine) else order
-        mine = np.concatenate([mine, np.resize(pad, quota - len(mine))]).tolist()
+        mine = np.concatenate([mine, np.resize(pad, quota - len(mine))])
         return mine[rank % self.local_size::self.local_size]
 
     def validation_indices(self, *, rank: int, world_size: int) -> list[int]:
         """This rank's share of the validation samples its node holds (NOTE [validation on its node])."""
+        return self.validation_order(rank=rank, world_size=world_size).tolist()
+
+    def validation_order(self, *, rank: int, world_size: int) -> np.ndarray:
+        """:meth:`validation_indices` as an int64 array."""
         nodes = world_size // self.local_size
         node = self.home.astype(np.int64)
         lost = np.flatnonzero(node < 0)
         node[lost] = np.arange(len(lost)) % nodes
         mine = np.flatnonzero(node == rank // self.local_size)
-        return mine[rank % self.local_size::self.local_size].tolist()
+        return mine[rank % self.local_size::self.local_size]
 
     @staticmethod
     def _surplus(part: np.ndarray, m: int, counts: np.ndarray, label: np.ndarray, late: np.ndarray,

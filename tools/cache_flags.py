@@ -44,7 +44,7 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
                              + " ".join(registered_schemes()) + "; unset: the embedded Redis in --cache-dir")
     parser.add_argument("--redis-cluster", metavar="URL", default=None,
                         help="a Redis Cluster seed node, redis://host:port (same as "
-                             "--redis redis-cluster://host:port)")
+                             "--l2 redis-cluster://host:port)")
     parser.add_argument("--no-l2", action="store_true", help="use no L2 (L1 + source only)")
     if source:
         parser.add_argument("--cache-size", default=None, metavar="N[,N...]",
@@ -63,6 +63,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
                         help="embedded redis-server processes, reads spread over them by key (docs/cache.md, "
                              "sizing); unset: one per 8 cores; use the same for warmup and train")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
+    parser.add_argument("--l1-size", default=None, metavar="SIZE",
+                        help="LMDB map size of the L1 mirror (e.g. 64gb); unset: from the source's file count "
+                             "and bytes (docs/cache.md, L1); a full L1 says how much it needs")
     parser.add_argument("--max-file-size", default="1gb", metavar="SIZE",
                         help="the largest source file read for one sample (e.g. 1gb, 512mb); a larger one is "
                              "a bad sample, never read (skipped in training, listed as corrupt by warmup)")
@@ -110,18 +113,20 @@ def cache_config(args: argparse.Namespace, source, cache_size: int = 256, cache_
     """
     return CacheConfig(source, args.cache_dir or cache_dir or DEFAULT_CACHE_DIR, l2_from_args(args), cache_size,
                        prefix=args.prefix, replicas=args.replicas, timeout=args.timeout,
-                       follow_external_links=args.follow_external_links, max_file_bytes=_file_size(args))
+                       follow_external_links=args.follow_external_links,
+                       max_file_bytes=_bytes(args.max_file_size, "--max-file-size"),
+                       l1_map_size=None if args.l1_size is None else _bytes(args.l1_size, "--l1-size"))
 
 
-def _file_size(args: argparse.Namespace) -> int:
-    """Bytes of ``--max-file-size`` (Redis' units, as ``--l2-memory``, without ``%``)."""
-    text = str(args.max_file_size)
+def _bytes(text, flag: str) -> int:
+    """Bytes of a size flag (Redis' units, as ``--l2-memory``, without ``%``)."""
+    text = str(text)
     try:
         if "%" in text:
             raise ValueError
         return parse_memory(text)
     except ValueError:
-        raise ValueError(f"--max-file-size {text!r}: expected a positive size such as 1gb or 512mb") from None
+        raise ValueError(f"{flag} {text!r}: expected a positive size such as 1gb or 512mb") from None
 
 
 def cache_sizes_from_args(args: argparse.Namespace, default: tuple[int, ...] = (256,)) -> tuple[int, ...]:

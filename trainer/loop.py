@@ -97,6 +97,9 @@ class _Run:
         carry = carried_residuals(self, index)  # NOTE [residual at a phase switch] in comm/engine_residuals.py
         if self.loader is not None and hasattr(self.loader, "close"):
             self.loader.close()
+        # the old phase's loader (its workers, dataset and buffers) is freed before the next one is
+        # built, so a phase switch never holds two of them
+        self.loader = None
         self.loader = make_loader(self.spec, train=True, batch_size=phase.batch_size, size=phase.size,
                                   cache_size=self.recipe.cache_size_of(phase))
         self.cache_seen = loader_counts(self.loader)

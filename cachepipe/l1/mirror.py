@@ -9,8 +9,9 @@ any moment loses at most the open batch and a re-run resumes from the committed 
 Reads verify the size and checksum; a mismatch is a miss, never bad bytes.
 Durability: ``metasync=False`` keeps atomicity and consistency and only lets an OS crash
 (not a process kill) undo the last commit. The map size is sized from the manifest
-(2x the source bytes + 64 MiB, LMDB files are sparse); a full map or disk aborts the
-transaction and raises :class:`~cachepipe.errors.L1FullError` with the numbers.
+(NOTE [L1 map size] in ``l1/sizing.py``); a full map or disk aborts the transaction and
+raises :class:`~cachepipe.errors.L1FullError` with the numbers, a full map with the size
+the source's entries need at the rate the stored ones took.
 Each process opens its own environment lazily (see NOTE [per-process handles] in
 ``two_level.py``).
 """
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import lmdb
+import numpy as np
 
 from cachepipe.checksum import checksum64
 from cachepipe.errors import L1FullError
@@ -96,6 +98,7 @@ class L1Mirror:
                 self.data_db = self.env.open_db(b"data", txn=txn)
                 self.meta_db = self.env.open_db(b"meta", txn=txn)
         self._refs = 1
+        self.wanted: tuple[int, int] | None = None  # (the source's files, the map they need): full-map message
 
     def get_many(self, indices: Sequence[int]) -> tuple[list[bytes | None], list[int]]:
         """Read entries in one transaction.
@@ -138,9 +141,7 @@ class L1Mirror:
                     txn.put(key, data, db=self.data_db)
                     txn.put(key, _META.pack(len(data), checksum64(data)), db=self.meta_db)
         except lmdb.MapFullError:
-            raise L1FullError(errno.ENOSPC, f"L1 mirror {self.path} is full: its LMDB map size is "
-                              f"{self.map_size / 2**20:.1f} MiB ({self.entries()} entries "
-                              f"stored); nothing of this batch was written") from None
+            raise L1FullError(errno.ENOSPC, self._full_message()) from None
         except lmdb.Error as exc:
             if "No space left" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
                 free = _free_bytes(self.path)
@@ -150,6 +151,18 @@ class L1Mirror:
             raise
         return len(items)
 
+    def _full_message(self) -> str:
+        stored = self.entries()
+        line = (f"L1 mirror {self.path} is full: its LMDB map size is {self.map_size / 2**20:.1f} MiB "
+                f"({stored} entries stored); nothing of this batch was written")
+        if self.wanted:  # the sizing rule's figure, or more when the stored entries took more (NOTE [L1 map size])
+            files, need = self.wanted
+            if stored:
+                need = max(need, int(self.map_size / stored * files * 1.1) + (64 << 20))
+            mib = -(-need // 2**20)
+            line += f"; the source's {files} entries need about {mib} MiB: raise it with --l1-size {mib}mb (l1_map_size=)"
+        return line
+
     def delete(self, indices: Sequence[int]) -> None:
         """Remove entries (used after a verification failure)."""
         with self.env.begin(write=True) as txn:
@@ -158,12 +171,13 @@ class L1Mirror:
                 txn.delete(key, db=self.meta_db)
                 txn.delete(key, db=self.data_db)
 
-    def present(self) -> set[int]:
-        """Indices with an entry (from ``meta`` only; cheap)."""
+    def present(self) -> np.ndarray:
+        """Indices with an entry, sorted (int64; from ``meta``'s keys only, no value is read)."""
         if self.empty:
-            return set()
-        with self.env.begin() as txn:
-            return {_KEY.unpack(k)[0] for k in txn.cursor(db=self.meta_db).iternext(values=False)}
+            return np.zeros(0, dtype=np.int64)
+        with self.env.begin() as txn:  # big-endian u64 keys, in key order: one join, one view
+            keys = b"".join(txn.cursor(db=self.meta_db).iternext(values=False))
+        return np.frombuffer(keys, dtype=">u8").astype(np.int64)
 
     def entries(self) -> int:
         if self.empty:

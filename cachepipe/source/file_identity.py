@@ -31,9 +31,15 @@ stable inode numbers (some FUSE mounts) re-warms after each mount.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import time
+from collections.abc import Callable
+
+import numpy as np
+
+from cachepipe.source.columns import IDENTITY, Columns
 
 __all__ = ["identity", "is_regular", "settle"]
 
@@ -53,45 +59,48 @@ def is_regular(st: os.stat_result) -> bool:
     return stat.S_ISREG(st.st_mode)
 
 
-def _windows(stats: list[os.stat_result]) -> dict[int, int]:
-    """Racy window per device: coarse unless some timestamp on it has a sub-second part."""
-    fine = {st.st_dev for st in stats if st.st_mtime_ns % 10**9 or st.st_ctime_ns % 10**9}
-    return {st.st_dev: _FINE_WINDOW_NS if st.st_dev in fine else _COARSE_WINDOW_NS for st in stats}
+def _windows(devices: np.ndarray, mtimes: np.ndarray, ctimes: np.ndarray) -> np.ndarray:
+    """Racy window per file: its device's, coarse unless some timestamp on it has a sub-second part."""
+    fine = np.unique(devices[(mtimes % 10**9 != 0) | (ctimes % 10**9 != 0)])
+    return np.where(np.isin(devices, fine), _FINE_WINDOW_NS, _COARSE_WINDOW_NS)
 
 
-def settle(paths: list[str], stats: list[os.stat_result], started_ns: int) -> list[os.stat_result]:
-    """``stats`` with the racy ones (NOTE [file identity]) taken again once settled.
+def settle(cols: Columns, devices: np.ndarray, path_of: Callable[[int], str], started_ns: int) -> Columns:
+    """``cols`` with the racy identities (NOTE [file identity]) taken again once settled.
 
     Args:
-        paths: the files.
-        stats: their stats, taken after ``started_ns``.
+        cols: the scan's columns (NOTE [manifest columns]), stats taken after ``started_ns``.
+        devices: each file's ``st_dev``.
+        path_of: the path of file ``i``, to stat it again.
         started_ns: when the scan began (``time.time_ns()``).
 
     Returns:
-        The stats to record (a file that vanished keeps its first stat: its reads fail).
+        The columns to record (a file that vanished keeps its first stat: its reads fail).
     """
-    stats = list(stats)
-    windows = _windows(stats)
+    windows = _windows(np.asarray(devices), cols.mtimes, cols.ctimes)
     give_up = time.monotonic() + _MAX_WAIT_S
     since = started_ns
+    ident = None  # copies of the identity columns, made once a file needs a second stat
     while True:
-        racy = [k for k, st in enumerate(stats)
-                if max(st.st_mtime_ns, st.st_ctime_ns) >= since - windows[st.st_dev]]
-        if not racy:
-            return stats
-        until = max(max(stats[k].st_mtime_ns, stats[k].st_ctime_ns) + windows[stats[k].st_dev] for k in racy)
-        wait = min((until - time.time_ns()) / 1e9, give_up - time.monotonic())
+        now = ident or {f: getattr(cols, f) for f in IDENTITY}
+        latest = np.maximum(now["mtimes"], now["ctimes"])
+        racy = np.flatnonzero(latest >= since - windows)
+        if not len(racy):
+            break
+        ident = ident or {f: np.array(getattr(cols, f)) for f in IDENTITY}
+        wait = min((int((latest[racy] + windows[racy]).max()) - time.time_ns()) / 1e9, give_up - time.monotonic())
         if wait > 0:
             time.sleep(wait + 0.001)
         since = time.time_ns()
-        changed = []
-        for k in racy:
+        changed = False
+        for k in racy.tolist():
             try:
-                again = os.stat(paths[k])
+                again = identity(os.stat(path_of(k)))
             except OSError:
                 continue
-            if identity(again) != identity(stats[k]):
-                changed.append(k)
-            stats[k] = again
+            changed |= again != tuple(int(ident[f][k]) for f in IDENTITY)
+            for f, v in zip(IDENTITY, again):
+                ident[f][k] = v
         if not changed or time.monotonic() >= give_up:
-            return stats
+            break
+    return cols if ident is None else dataclasses.replace(cols, **ident)

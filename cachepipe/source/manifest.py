@@ -1,16 +1,6 @@
-"""The manifest: index -> (relpath, label, size, mtime) of an ImageFolder tree, and its fingerprint.
+"""The manifest: index -> (relpath, label, identity) of an ImageFolder tree, and its fingerprint.
 
-NOTE [manifest reuse]
-Scanning a large tree on NFS costs one ``stat`` per file, so a scan is saved in the
-cache directory (``<cache_dir>/<fingerprint>/manifest.json``, with a pointer
-``<cache_dir>/sources/<hash of root>.json`` holding the mtime of every directory seen).
-:meth:`Manifest.load_or_scan` reuses it when every one of those directories still has
-its recorded mtime: adding, removing or renaming a file (including the usual
-"write a temp file, rename over the old one" replacement) changes its directory's mtime.
-Directory mtimes that were within 2 s of the scan are not trusted (a file created in
-the same clock tick would go unseen) and force a rescan next time. Editing a file *in
-place* does not touch its directory: pass ``verify="files"`` (one stat per file, no
-listing) or ``rescan=True`` to catch that.
+Saving, loading and the reuse of a saved scan: NOTE [manifest reuse] in ``source/reuse.py``.
 
 NOTE [changed files]
 Policy: the fingerprint is a hash of every (relpath, label) and file identity (size,
@@ -21,121 +11,153 @@ served. This costs a re-warm after a change, which is the right trade for a trai
 that changes rarely: sample indices shift when files come and go, so per-entry
 invalidation could not be trusted anyway. Old namespaces are listed by
 ``cachepipe stats`` and can be removed by hand.
+
+NOTE [manifest pickles as its path]
+A saved manifest pickles as the path of its file, the checksum this process verified and
+its fingerprint and root (plus the scan fields of its pointer): a spawn or forkserver
+DataLoader worker, or a warm-up worker, maps the same file (the node's processes share
+its pages) instead of receiving a copy of N entries. Fork workers inherit the map itself.
+Ranks that scanned at once each write the file; the file holds nothing but the scan's
+result (no scan time), so what they write is the same bytes, and a worker that finds a
+file other than the one its rank verified verifies it whole and takes it only with the
+same fingerprint and root (the same samples). A manifest not saved
+(``save_manifest=False``, ``cache=False``) pickles its arrays: compact, but a copy per
+worker.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from cachepipe.errors import EmptyFolderError
-from cachepipe.private_files import private_dir, write_private
-from cachepipe.source.file_identity import identity, settle
+from cachepipe.private_files import private_dir
+from cachepipe.source.columns import Columns
+from cachepipe.source.file_identity import settle
+from cachepipe.source.fingerprint import fingerprint as fingerprint_of
+from cachepipe.source.manifest_file import FILE_NAME, ManifestFile, ManifestFileError, write_manifest
+from cachepipe.source.reuse import load_or_scan, write_pointer
 from cachepipe.source.scan import Walker
+from cachepipe.source.views import Relpaths, Samples, Targets
 
 __all__ = ["IMG_EXTENSIONS", "Manifest"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-_FORMAT = 2  # 2: inode and ctime in the identity (NOTE [file identity]); 1 is rescanned
-_RACY_SECONDS = 2.0
-
-
-def _atomic_write_json(path: Path, obj: object) -> None:
-    private_dir(path.parent)  # NOTE [private cache files]
-    # ensure_ascii keeps non-UTF-8 names (surrogate escapes) as \udcXX escapes
-    write_private(path, json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode())
-
-
-def _source_key(root: str) -> str:
-    return hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
-
-
-def _readable(path: Path) -> bool:
-    try:
-        with open(path) as f:
-            Manifest.from_json(json.load(f))
-        return True
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+_LEGACY = "manifest.json"  # formats 1 and 2
 
 
 class Manifest:
-    """An ImageFolder tree (``<root>/<class>/**/<file>``) frozen into a sample list.
+    """An ImageFolder tree (``<root>/<class>/**/<file>``) frozen into flat arrays.
 
     Same classes, ``class_to_idx``, sample order and extensions as torchvision's
     ``ImageFolder``: class folders sorted by name, files found by walking each class
     folder in sorted order, extensions in :data:`IMG_EXTENSIONS`, case-insensitive;
     symlinks are followed only inside the root and each real directory is walked once
-    (NOTE [symlinks in the source]).
+    (NOTE [symlinks in the source]). Per file it holds NOTE [manifest columns]; the lists
+    torchvision code expects are lazy views of them (NOTE [lazy sample lists]).
+
+    Args:
+        root: the source root.
+        classes: sorted class folder names.
+        columns: the arrays (NOTE [manifest columns]).
+        fingerprint: the stored fingerprint (default: computed from the arrays).
+        dir_mtimes: mtime of every directory of the scan (NOTE [manifest reuse]).
+        scanned_at: when the scan began (seconds since the epoch).
+        follow_external_links: how the scan treated links leaving the root.
 
     Attributes:
-        root: absolute source root (str).
-        classes: sorted class folder names.
-        class_to_idx: class name -> label.
-        samples: list of ``(relpath, label)``; relpath is relative to ``root``.
-        targets: list of labels.
-        sizes: file sizes in bytes.
-        mtimes: file mtimes in nanoseconds.
-        inos, ctimes: file inode numbers and ctimes in nanoseconds.
+        root: absolute source root (str); classes, class_to_idx.
+        labels, sizes, mtimes, inos, ctimes: read-only numpy arrays (labels int32, the rest
+            64-bit; times in nanoseconds).
+        relpaths: each file's path relative to ``root`` (a lazy sequence of str).
+        samples: ``(relpath, label)`` per file; targets: labels as ints (lazy sequences).
         fingerprint: 16 hex chars, hash of every relpath, label and identity (size,
             mtime, inode, ctime: NOTE [file identity]); independent of ``root`` so nodes
             mounting the data elsewhere agree.
+        file: the saved file this manifest maps, or ``None``.
         skipped_files: entries of the scan that were not regular files (a FIFO, socket
             or device named like an image), left out with a warning; empty when loaded.
 
     Example:
         >>> m = Manifest.scan("/data/imagenet/train")  # doctest: +SKIP
-        >>> m.samples[0], m.fingerprint  # doctest: +SKIP
+        >>> m.samples[0], m.labels[:4], m.fingerprint  # doctest: +SKIP
     """
 
-    def __init__(self, root: str | os.PathLike, classes: Sequence[str], relpaths: Sequence[str],
-                 labels: Sequence[int], sizes: Sequence[int], mtimes: Sequence[int], inos: Sequence[int],
-                 ctimes: Sequence[int], dir_mtimes: dict[str, int] | None = None, scanned_at: float = 0.0) -> None:
-        if not (len(relpaths) == len(labels) == len(sizes) == len(mtimes) == len(inos) == len(ctimes)):
-            raise ValueError("relpaths, labels, sizes, mtimes, inos and ctimes must have the same length")
+    def __init__(self, root: str | os.PathLike, classes: Sequence[str], columns: Columns, *,
+                 fingerprint: str | None = None, dir_mtimes: dict[str, int] | None = None, scanned_at: float = 0.0,
+                 follow_external_links: bool = False) -> None:
+        if len(columns) and int(columns.labels.max()) >= len(classes):
+            raise ValueError(f"labels reach {int(columns.labels.max())} but there are {len(classes)} classes")
         self.root = os.path.abspath(os.fspath(root))
         self.classes = list(classes)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
-        self.relpaths = list(relpaths)
-        self.targets = [int(t) for t in labels]
-        self.sizes = [int(s) for s in sizes]
-        self.mtimes = [int(m) for m in mtimes]
-        self.inos = [int(i) for i in inos]
-        self.ctimes = [int(c) for c in ctimes]
-        self.skipped_files: list[str] = []
-        self.samples = list(zip(self.relpaths, self.targets))
+        self._use(columns)
+        self.fingerprint = fingerprint or fingerprint_of(self.classes, columns)
         self.dir_mtimes = dict(dir_mtimes or {})
         self.scanned_at = scanned_at
-        self.follow_external_links = False  # how the scan treated links (pointer reuse)
-        h = hashlib.sha256(f"cachepipe-manifest-v{_FORMAT}\0".encode())
-        for c in self.classes:
-            h.update(os.fsencode(c) + b"\0")
-        h.update(b"\1")
-        for rel, lab, *ident in zip(self.relpaths, self.targets, self.sizes, self.mtimes, self.inos, self.ctimes):
-            h.update(os.fsencode(rel) + f"\0{lab}\0{ident[0]}\0{ident[1]}\0{ident[2]}\0{ident[3]}\n".encode())
-        self.fingerprint = h.hexdigest()[:16]
+        self.follow_external_links = follow_external_links  # how the scan treated links (pointer reuse)
+        self.skipped_files: list[str] = []
+        self.file: ManifestFile | None = None
+        self.relpaths, self.samples, self.targets = Relpaths(self), Samples(self), Targets(self)
+
+    def _use(self, cols: Columns) -> None:
+        for f in ("labels", "sizes", "mtimes", "inos", "ctimes"):
+            arr = getattr(cols, f)
+            if arr.flags.writeable:
+                arr = arr.view()
+                arr.flags.writeable = False
+            setattr(self, f, arr)
+        self._cols = cols
+        self._prefix = [c + os.sep for c in self.classes]
+        self._total = None
 
     def __len__(self) -> int:
-        return len(self.relpaths)
+        return len(self.labels)
 
     def __repr__(self) -> str:
         return (f"Manifest(root={self.root!r}, samples={len(self)}, classes={len(self.classes)}, "
                 f"fingerprint={self.fingerprint!r})")
 
+    def relpath(self, index: int) -> str:
+        """Path of sample ``index`` relative to the root."""
+        return self._prefix[self.labels[index]] + os.fsdecode(self._cols.name(index))
+
     def path(self, index: int) -> str:
         """Absolute path of sample ``index``."""
-        return os.path.join(self.root, self.relpaths[index])
+        return os.path.join(self.root, self.relpath(index))
 
     def identity(self, index: int) -> tuple[int, int, int, int]:
         """``(size, mtime_ns, inode, ctime_ns)`` of sample ``index`` at the scan (NOTE [file identity])."""
-        return self.sizes[index], self.mtimes[index], self.inos[index], self.ctimes[index]
+        return int(self.sizes[index]), int(self.mtimes[index]), int(self.inos[index]), int(self.ctimes[index])
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.sizes)
+        """Bytes of all files (from the file's header when saved)."""
+        if self._total is None:
+            self._total = self.file.total_bytes if self.file is not None else int(self.sizes.sum())
+        return self._total
+
+    def kept_bytes(self, max_file_bytes: int) -> int:
+        """Bytes of the files no larger than ``max_file_bytes`` (NOTE [bounded reads])."""
+        largest = self.file.largest if self.file is not None else int(self.sizes.max(initial=0))
+        if largest <= max_file_bytes:
+            return self.total_bytes
+        return int(self.sizes[self.sizes <= max_file_bytes].sum())
+
+    def kept_count(self, max_file_bytes: int) -> int:
+        """Files no larger than ``max_file_bytes``."""
+        largest = self.file.largest if self.file is not None else int(self.sizes.max(initial=0))
+        return len(self) if largest <= max_file_bytes else int((self.sizes <= max_file_bytes).sum())
+
+    # -- pickling: NOTE [manifest pickles as its path] ----------------------------------
+    def __reduce__(self):
+        scan = (self.dir_mtimes, self.scanned_at, self.follow_external_links, self.skipped_files)
+        if self.file is not None:
+            return _mapped, (str(self.file.path), self.file.checksum, self.fingerprint, self.root, scan)
+        return _unsaved, (self.root, self.classes, self.fingerprint, self._cols, scan)
 
     # -- scanning ---------------------------------------------------------------------
     @classmethod
@@ -191,85 +213,75 @@ class Manifest:
         files = walker.files([os.path.join(root, name) for name in classes], is_valid_file)
         walker.warn()
         dir_mtimes = {".": os.stat(root).st_mtime_ns, **files.dir_mtimes}
-        have = set(files.labels)
-        empty = [name for label, name in enumerate(classes) if label not in have]
+        cols = files.rows.columns()
+        empty = np.flatnonzero(np.bincount(cols.labels, minlength=len(classes)) == 0).tolist()
         if empty and not allow_empty:
-            shown = ", ".join(repr(e) for e in empty[:5]) + (", ..." if len(empty) > 5 else "")
+            shown = ", ".join(repr(classes[e]) for e in empty[:5]) + (", ..." if len(empty) > 5 else "")
             rule = "is_valid_file" if extensions is None and custom else "/".join(ends)
             raise EmptyFolderError(f"{len(empty)} of {len(classes)} class folders in {root!r} hold no valid "
                                    f"file ({rule}): {shown}")
         if custom or empty:
             dir_mtimes = {}
-        ids = [identity(st) for st in settle(files.paths, files.stats, started_ns)]  # NOTE [file identity]
-        columns = [list(col) for col in zip(*ids)] if ids else [[], [], [], []]
-        m = cls(root, classes, [os.path.relpath(p, root) for p in files.paths], files.labels, *columns,
-                dir_mtimes, started_ns / 1e9)
-        m.follow_external_links = follow_external_links
+        prefix = [os.path.join(root, c) for c in classes]
+        cols = settle(cols, np.frombuffer(files.rows.devices, dtype=np.int64),  # NOTE [file identity]
+                      lambda k: os.path.join(prefix[cols.labels[k]], os.fsdecode(cols.name(k))), started_ns)
+        m = cls(root, classes, cols, dir_mtimes=dir_mtimes, scanned_at=started_ns / 1e9,
+                follow_external_links=follow_external_links)
         m.skipped_files = files.irregular
         return m
 
     # -- persistence --------------------------------------------------------------------
-    def to_json(self) -> dict:
-        return {"format": _FORMAT, "root": self.root, "fingerprint": self.fingerprint,
-                "classes": self.classes, "relpaths": self.relpaths, "labels": self.targets,
-                "sizes": self.sizes, "mtimes": self.mtimes, "inos": self.inos, "ctimes": self.ctimes,
-                "dir_mtimes": self.dir_mtimes,
-                "scanned_at": self.scanned_at}
+    def save(self, cache_dir: str | os.PathLike) -> Path:
+        """Write ``<cache_dir>/<fingerprint>/manifest.cpm`` (NOTE [manifest file]) unless a
+        good one is there, map it (NOTE [manifest pickles as its path]) and, for a manifest
+        that :meth:`load_or_scan` may reuse, write the source pointer (all atomic)."""
+        cache_dir = Path(cache_dir)
+        directory = private_dir(cache_dir / self.fingerprint)  # NOTE [private cache files]
+        path = directory / FILE_NAME
+        if self.file is None or self.file.path != path:
+            try:
+                saved = ManifestFile.open(path)
+                if saved.fingerprint != self.fingerprint or saved.meta["root"] != self.root:  # the tree moved
+                    raise ManifestFileError(f"{path} is of {saved.meta['root']!r}, fingerprint {saved.fingerprint}")
+            except (OSError, ManifestFileError):
+                meta = {"root": self.root, "classes": self.classes}  # the scan's time and rules: its pointer's
+                checksum = write_manifest(path, meta, self._cols, self.fingerprint)
+                saved = ManifestFile.open(path, verify=False, checksum=checksum)
+            self._adopt(saved)
+            (directory / _LEGACY).unlink(missing_ok=True)  # format 2's copy: NOTE [manifest reuse]
+        if self.dir_mtimes:  # without them the manifest cannot be reused by root (Manifest.scan)
+            write_pointer(self, cache_dir)
+        return path
+
+    def _adopt(self, saved: ManifestFile) -> None:
+        """Serve from ``saved`` (the same files, mapped) from now on."""
+        self._use(saved.columns)
+        self.file = saved
 
     @classmethod
-    def from_json(cls, obj: dict) -> Manifest:
-        if obj.get("format") != _FORMAT:
-            raise ValueError(f"unsupported manifest format {obj.get('format')!r}")
-        m = cls(obj["root"], obj["classes"], obj["relpaths"], obj["labels"], obj["sizes"],
-                obj["mtimes"], obj["inos"], obj["ctimes"], obj.get("dir_mtimes"), obj.get("scanned_at", 0.0))
-        if m.fingerprint != obj["fingerprint"]:
-            raise ValueError("manifest file does not match its fingerprint")
+    def _from_file(cls, saved: ManifestFile) -> Manifest:
+        meta = saved.meta
+        m = cls.__new__(cls)
+        m.root, m.classes = meta["root"], list(meta["classes"])
+        m.class_to_idx = {c: i for i, c in enumerate(m.classes)}
+        m.fingerprint, m.file = saved.fingerprint, saved
+        m._use(saved.columns)
+        m.dir_mtimes, m.skipped_files, m.scanned_at, m.follow_external_links = {}, [], 0.0, False  # the pointer's
+        m.relpaths, m.samples, m.targets = Relpaths(m), Samples(m), Targets(m)
         return m
-
-    def save(self, cache_dir: str | os.PathLike) -> Path:
-        """Write ``<cache_dir>/<fingerprint>/manifest.json`` and, for a manifest that
-        :meth:`load_or_scan` may reuse, the source pointer (atomic)."""
-        cache_dir = Path(cache_dir)
-        path = cache_dir / self.fingerprint / "manifest.json"
-        if not path.exists():
-            _atomic_write_json(path, self.to_json())
-        if self.dir_mtimes:  # without them the manifest cannot be reused by root (Manifest.scan)
-            _atomic_write_json(cache_dir / "sources" / f"{_source_key(self.root)}.json",
-                               {"root": self.root, "fingerprint": self.fingerprint,
-                                "dir_mtimes": self.dir_mtimes, "scanned_at": self.scanned_at,
-                                "follow_external_links": self.follow_external_links})
-        return path
 
     @classmethod
     def load(cls, cache_dir: str | os.PathLike, fingerprint: str) -> Manifest:
-        """Read a saved manifest by fingerprint (no file system scan).
+        """Map a saved manifest by fingerprint (no file system scan; its checksum is verified).
 
         Raises:
             FileNotFoundError: no such manifest in ``cache_dir``.
+            ManifestFileError: (a ``ValueError``) the file cannot be used; the message names it.
         """
-        with open(Path(cache_dir) / fingerprint / "manifest.json") as f:
-            return cls.from_json(json.load(f))
-
-    def _unchanged(self, verify: str) -> bool:
-        if not self.dir_mtimes:
-            return False
-        racy = int((self.scanned_at - _RACY_SECONDS) * 1e9)
-        for rel, mt in self.dir_mtimes.items():
-            try:
-                now = os.stat(os.path.join(self.root, rel)).st_mtime_ns
-            except OSError:
-                return False
-            if now != mt or mt >= racy:
-                return False
-        if verify == "files":
-            for i in range(len(self)):
-                try:
-                    st = os.stat(self.path(i))
-                except OSError:
-                    return False
-                if identity(st) != self.identity(i):
-                    return False
-        return True
+        saved = ManifestFile.open(Path(cache_dir) / fingerprint / FILE_NAME)
+        if saved.fingerprint != fingerprint:
+            raise ManifestFileError(f"{saved.path} holds fingerprint {saved.fingerprint}, not {fingerprint}")
+        return cls._from_file(saved)
 
     @classmethod
     def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *,
@@ -291,34 +303,27 @@ class Manifest:
         Raises:
             FileNotFoundError, ValueError: as :meth:`scan`; ValueError for a bad ``verify``.
         """
-        if verify not in ("dirs", "files"):
-            raise ValueError(f"verify must be one of 'dirs', 'files'; got {verify!r}")
-        root = os.path.abspath(os.fspath(root))
-        if not os.path.isdir(root):
-            raise FileNotFoundError(f"source {root!r} does not exist or is not a directory")
-        pointer = Path(cache_dir) / "sources" / f"{_source_key(root)}.json"
-        if not rescan and pointer.exists():
-            fingerprint = None
-            try:
-                with open(pointer) as f:
-                    ptr = json.load(f)
-                fingerprint = ptr["fingerprint"]
-                m = cls.load(cache_dir, fingerprint)
-                m.dir_mtimes, m.scanned_at = ptr["dir_mtimes"], ptr["scanned_at"]
-                m.follow_external_links = bool(ptr.get("follow_external_links", False))
-                if m.root == root and m.follow_external_links == follow_external_links and m._unchanged(verify):
-                    return m
-            except (OSError, ValueError, KeyError, TypeError):
-                # unreadable pointer or manifest: drop them so the rescan rewrites them
-                if not save:
-                    return cls.scan(root, follow_external_links=follow_external_links)
-                pointer.unlink(missing_ok=True)
-                if isinstance(fingerprint, str):
-                    bad = Path(cache_dir) / fingerprint / "manifest.json"
-                    if not _readable(bad):
-                        bad.unlink(missing_ok=True)
-        m = cls.scan(root, follow_external_links=follow_external_links)
-        if save:
-            m.save(cache_dir)
-        return m
+        return load_or_scan(cls, root, cache_dir, verify=verify, rescan=rescan, save=save,
+                            follow_external_links=follow_external_links)
 
+
+def _mapped(path: str, checksum: int, fingerprint: str, root: str, scan: tuple) -> Manifest:
+    """Unpickle a saved manifest: map its file again (NOTE [manifest pickles as its path])."""
+    try:
+        saved = ManifestFile.open(path, verify=False, checksum=checksum)
+    except ManifestFileError:  # rewritten since (another rank's scan): verified whole, the same samples or none
+        saved = ManifestFile.open(path)
+    if saved.fingerprint != fingerprint or saved.meta["root"] != root:
+        raise ManifestFileError(f"{path} now holds {saved.meta['root']!r}, fingerprint {saved.fingerprint}; "
+                                f"expected {root!r}, {fingerprint}")
+    m = Manifest._from_file(saved)
+    m.dir_mtimes, m.scanned_at, m.follow_external_links, m.skipped_files = scan
+    return m
+
+
+def _unsaved(root: str, classes: list[str], fingerprint: str, cols: Columns, scan: tuple) -> Manifest:
+    dir_mtimes, scanned_at, follow, skipped = scan
+    m = Manifest(root, classes, cols, fingerprint=fingerprint, dir_mtimes=dir_mtimes, scanned_at=scanned_at,
+                 follow_external_links=follow)
+    m.skipped_files = skipped
+    return m

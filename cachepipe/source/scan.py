@@ -16,7 +16,10 @@ the tree, files and labels included, until the path is too long. Here:
 The check is made at scan time; a link changed afterwards changes its directory's mtime
 and so forces a rescan (NOTE [manifest reuse]). Only regular files are samples: a FIFO,
 socket or device named like an image is left out with a warning (opening a FIFO blocks
-until a writer comes, reading a device may never end).
+until a writer comes, reading a device may never end), and so is a file that cannot be
+stat'ed (a path longer than the kernel's 4 KB ``PATH_MAX``: it could never be opened),
+named in the warning. What the walk keeps of each file is a row of NOTE [manifest
+columns], never its ``os.stat_result``.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachepipe.errors import CacheWarning
+from cachepipe.source.columns import ColumnsBuilder
 from cachepipe.source.file_identity import is_regular
 
 __all__ = ["Files", "Walker"]
@@ -33,11 +37,9 @@ __all__ = ["Files", "Walker"]
 
 @dataclass
 class Files:
-    """The files of a walk over the class folders, in sample order."""
+    """The files of a walk over the class folders, in sample order (rows of NOTE [manifest columns])."""
 
-    paths: list[str] = field(default_factory=list)
-    labels: list[int] = field(default_factory=list)
-    stats: list[os.stat_result] = field(default_factory=list)
+    rows: ColumnsBuilder = field(default_factory=ColumnsBuilder)
     dir_mtimes: dict[str, int] = field(default_factory=dict)  # relative to the root
     irregular: list[str] = field(default_factory=list)  # named like images, not regular files
 
@@ -59,7 +61,8 @@ class Walker:
         self.root_real = os.path.realpath(root)
         self.irregular: list[str] = []
         self.follow_external = follow_external_links
-        self.skipped: list[tuple[str, str]] = []  # (path, why)
+        self.skipped: list[tuple[str, str]] = []  # links and unlistable directories: (path, why)
+        self.unstatable: list[tuple[str, str]] = []  # entries whose stat fails: (path, error)
         self.seen = {self._key(root)}
 
     def classes(self, root: str) -> list[str]:
@@ -119,7 +122,8 @@ class Walker:
                     continue
                 try:
                     key = self._key(e.path)
-                except OSError:
+                except OSError as exc:  # e.g. ENAMETOOLONG: a path the kernel cannot open
+                    self.unstatable.append((e.path, exc.strerror))
                     continue
                 if key in self.seen:
                     self.skipped.append((e.path, "is a directory already walked (a loop or a second "
@@ -138,6 +142,7 @@ class Walker:
         for label, top in enumerate(class_dirs):
             for dirpath, fnames in self.walk(top):
                 out.dir_mtimes[os.path.relpath(dirpath, self.root)] = os.stat(dirpath).st_mtime_ns
+                below = os.path.relpath(dirpath, top)
                 for fname in fnames:  # sorted by the walk
                     full = os.path.join(dirpath, fname)
                     if not is_valid_file(full):
@@ -146,27 +151,41 @@ class Walker:
                         st = os.stat(full)
                     except FileNotFoundError:  # dangling symlink: ImageFolder would fail to open it too
                         continue
+                    except OSError as exc:  # e.g. ENAMETOOLONG: a path the kernel cannot open
+                        self.unstatable.append((full, exc.strerror))
+                        continue
                     if not is_regular(st):
                         out.irregular.append(full)
                         continue
-                    out.paths.append(full)
-                    out.labels.append(label)
-                    out.stats.append(st)
+                    out.rows.set_identity(out.rows.add(fname if below == "." else os.path.join(below, fname),
+                                                       label), st)
         self.irregular = out.irregular
         return out
 
     def warn(self) -> None:
-        """One warning listing the links skipped and one listing the irregular files (if any)."""
+        """One warning for each kind of entry left out: irregular files, files that cannot be
+        stat'ed, links (if any)."""
         if self.irregular:
             n = len(self.irregular)
             shown = ", ".join(repr(p) for p in self.irregular[:5]) + (f" (and {n - 5} more)" if n > 5 else "")
             warnings.warn(f"skipped {n} source entr{'y' if n == 1 else 'ies'} named like an image but not a "
                           f"regular file (a FIFO, socket or device: reading one can block forever): {shown}",
                           CacheWarning, stacklevel=4)
+        if self.unstatable:
+            n = len(self.unstatable)
+            shown = "; ".join(f"{_short(p)!r} ({why})" for p, why in self.unstatable[:5])
+            warnings.warn(f"skipped {n} source entr{'y' if n == 1 else 'ies'} that cannot be stat'ed (e.g. a path "
+                          f"over the kernel's 4 KB limit, which no process can open): {shown}"
+                          + (f" (and {n - 5} more)" if n > 5 else ""), CacheWarning, stacklevel=4)
         if not self.skipped:
             return
-        shown = "; ".join(f"{p!r} {why}" for p, why in self.skipped[:5])
+        shown = "; ".join(f"{_short(p)!r} {why}" for p, why in self.skipped[:5])
         more = f" (and {len(self.skipped) - 5} more)" if len(self.skipped) > 5 else ""
         warnings.warn(f"skipped {len(self.skipped)} link(s) in the source: {shown}{more}; pass "
                       f"follow_external_links=True (--follow-external-links) to follow links that "
                       f"leave the root", CacheWarning, stacklevel=4)
+
+
+def _short(path: str, keep: int = 120) -> str:
+    """``path`` with its middle elided past ``keep`` characters (a 4 KB path in a warning line)."""
+    return path if len(path) <= keep else f"{path[:keep // 2]}...{path[-keep // 2:]}"

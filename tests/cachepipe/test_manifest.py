@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import pytest
 
 from cachepipe import CacheWarning, Manifest
@@ -115,18 +116,13 @@ def test_racy_directory_forces_rescan(source, tmp_path, monkeypatch):
 
 def test_save_load_round_trip(source, tmp_path):
     m = Manifest.scan(source)
-    m.save(tmp_path / "c")
+    path = m.save(tmp_path / "c")
+    assert path.name == "manifest.cpm" and m.file is not None  # the scan now serves from the mapped file
     back = Manifest.load(tmp_path / "c", m.fingerprint)
-    assert (back.samples, back.sizes, back.mtimes, back.classes) == (m.samples, m.sizes, m.mtimes, m.classes)
+    assert back.samples == m.samples and back.classes == m.classes and back.fingerprint == m.fingerprint
+    for col in ("labels", "sizes", "mtimes", "inos", "ctimes"):
+        np.testing.assert_array_equal(getattr(back, col), getattr(m, col))
+        assert not getattr(back, col).flags.writeable
+    assert back.targets == m.targets == [t for _, t in m.samples] and back.total_bytes == int(m.sizes.sum())
     with pytest.raises(ValueError, match="verify"):
         Manifest.load_or_scan(source, tmp_path / "c", verify="everything")
-
-
-def test_damaged_saved_manifest_is_rescanned_and_rewritten(source, tmp_path):
-    cache = tmp_path / "c"
-    m = Manifest.load_or_scan(source, cache)
-    saved = cache / m.fingerprint / "manifest.json"
-    saved.write_text(saved.read_text()[:100])  # torn file (e.g. copied half-way)
-    again = Manifest.load_or_scan(source, cache)
-    assert again.fingerprint == m.fingerprint and again.samples == m.samples
-    assert Manifest.load(cache, m.fingerprint).samples == m.samples  # rewritten whole

@@ -148,8 +148,8 @@ def test_recorded_corrupt_file_is_rechecked_and_cleared(cache):
 
 
 def test_file_recorded_too_large_is_recovered_under_a_larger_limit(cache):
-    big = max(cache.manifest.sizes)
-    k = cache.manifest.sizes.index(big)
+    k = int(np.argmax(cache.manifest.sizes))
+    big = int(cache.manifest.sizes[k])
     small = _rescanned(cache, max_file_bytes=big - 1)  # the limit is not in the fingerprint
     r = warmup(small, progress=False)
     assert r["corrupt"] == [small.manifest.relpaths[k]] and known_corrupt(small) == {k}

@@ -143,6 +143,15 @@ def test_partitions_need_a_shared_l2(src, cache_dir, capsys):
     assert "needs an L2 placed by node" in _err_line(capsys)
 
 
+def test_l1_size_flag_and_a_full_l1_that_says_what_it_needs(src, cache_dir, capsys):
+    warm = ["warmup", str(src), "--cache-dir", str(cache_dir), "--no-l2", "--quiet", "--workers", "1"]
+    assert main([*warm, "--l1-size", "70kb"]) == 6
+    line = _err_line(capsys)
+    assert "is full" in line and re.search(r"the source's 24 entries need about \d+ MiB", line)
+    assert main([*warm, "--l1-size", "1gb"]) == 0
+    assert main([*warm, "--l1-size", "many"]) == 2 and "--l1-size 'many'" in _err_line(capsys)
+
+
 def test_unreachable_redis(src, cache_dir, redis_server, capsys):
     url = redis_server.url
     redis_server.kill()

@@ -1,0 +1,93 @@
+"""Whether a saved scan is still the source: the pointer of a root, and its reuse.
+
+NOTE [manifest reuse]
+Scanning a large tree on NFS costs one ``stat`` per file, so a scan is saved in the
+cache directory (``<cache_dir>/<fingerprint>/manifest.cpm``, NOTE [manifest file], with a
+pointer ``<cache_dir>/sources/<hash of root>.json`` holding the mtime of every directory
+seen). :meth:`Manifest.load_or_scan` reuses it when every one of those directories still
+has its recorded mtime: adding, removing or renaming a file (including the usual "write a
+temp file, rename over the old one" replacement) changes its directory's mtime.
+Directory mtimes that were within 2 s of the scan are not trusted (a file created in
+the same clock tick would go unseen) and force a rescan next time. Editing a file *in
+place* does not touch its directory: pass ``verify="files"`` (one stat per file, no
+listing) or ``rescan=True`` to catch that. A saved manifest that cannot be used (torn,
+foreign, another format, damaged, of another root) is a rescan, and the rescan rewrites
+it; a format 1 or 2 ``manifest.json`` left by an older cachepipe is rescanned once into
+the binary file (keeping its fingerprint: NOTE [fingerprint stable across file formats]).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from cachepipe.private_files import private_dir, write_private
+from cachepipe.source.file_identity import identity
+
+__all__ = ["load_or_scan", "write_pointer"]
+
+_RACY_SECONDS = 2.0
+
+
+def _pointer(cache_dir: str | os.PathLike, root: str) -> Path:
+    return Path(cache_dir) / "sources" / f"{hashlib.sha256(os.fsencode(root)).hexdigest()[:16]}.json"
+
+
+def write_pointer(m, cache_dir: str | os.PathLike) -> None:
+    """Write the pointer of ``m.root`` to ``m`` (atomic, private; NOTE [private cache files])."""
+    path = _pointer(cache_dir, m.root)
+    private_dir(path.parent)
+    write_private(path, json.dumps({"root": m.root, "fingerprint": m.fingerprint, "dir_mtimes": m.dir_mtimes,
+                                    "scanned_at": m.scanned_at, "follow_external_links": m.follow_external_links},
+                                   separators=(",", ":"), ensure_ascii=True).encode())  # keeps surrogates
+
+
+def _unchanged(m, verify: str) -> bool:
+    if not m.dir_mtimes:
+        return False
+    racy = int((m.scanned_at - _RACY_SECONDS) * 1e9)
+    for rel, mt in m.dir_mtimes.items():
+        try:
+            now = os.stat(os.path.join(m.root, rel)).st_mtime_ns
+        except OSError:
+            return False
+        if now != mt or mt >= racy:
+            return False
+    if verify == "files":
+        for i in range(len(m)):
+            try:
+                st = os.stat(m.path(i))
+            except OSError:
+                return False
+            if identity(st) != m.identity(i):
+                return False
+    return True
+
+
+def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *, verify: str = "dirs",
+                 rescan: bool = False, save: bool = True, follow_external_links: bool = False):
+    """``cls.load_or_scan`` (:meth:`cachepipe.Manifest.load_or_scan`, whose docstring this follows)."""
+    if verify not in ("dirs", "files"):
+        raise ValueError(f"verify must be one of 'dirs', 'files'; got {verify!r}")
+    root = os.path.abspath(os.fspath(root))
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"source {root!r} does not exist or is not a directory")
+    pointer = _pointer(cache_dir, root)
+    if not rescan and pointer.exists():
+        try:
+            with open(pointer) as f:
+                ptr = json.load(f)
+            m = cls.load(cache_dir, ptr["fingerprint"])
+            m.dir_mtimes, m.scanned_at = dict(ptr["dir_mtimes"]), float(ptr["scanned_at"])
+            m.follow_external_links = bool(ptr.get("follow_external_links", False))
+            if m.root == root and m.follow_external_links == follow_external_links and _unchanged(m, verify):
+                return m
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            # an unreadable pointer, or a manifest that cannot be used: the rescan rewrites them
+            if save:
+                pointer.unlink(missing_ok=True)
+    m = cls.scan(root, follow_external_links=follow_external_links)
+    if save:
+        m.save(cache_dir)
+    return m
