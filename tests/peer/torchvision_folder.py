@@ -42,8 +42,14 @@ def extract(test_file: Path, target: str) -> str:
     """The imports and the :data:`CASES` classes of torchvision's ``test_datasets.py``, as a module."""
     text = test_file.read_text()
     tree = ast.parse(text, str(test_file))
-    imports = [ast.get_source_segment(text, n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    classes = {n.name: ast.get_source_segment(text, n) for n in tree.body if isinstance(n, ast.ClassDef)}
+    lines = text.splitlines()
+
+    def source(node: ast.stmt) -> str:  # whole lines, so a comment that ends the last one stays
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        return "\n".join(lines[first - 1:node.end_lineno])
+
+    imports = [source(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    classes = {n.name: source(n) for n in tree.body if isinstance(n, ast.ClassDef)}
     missing = [c for c in CASES if c not in classes]
     if missing:
         raise ValueError(f"--vision: {test_file} has no {', '.join(missing)}")
