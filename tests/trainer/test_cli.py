@@ -104,9 +104,11 @@ def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match, cap
 
 
 def test_a_run_that_fails_is_a_one_line_error_with_exit_1(tmp_path, small_dataset):
-    # the flags are fine; the ranks find the problem (embedded Redis with node locality)
+    # the flags are fine (batch 8: the 48 images give 24 per rank); the ranks find the problem (embedded
+    # Redis with node locality)
     res = _cli("train", "--data", small_dataset, "--recipe", "demo", "--locality", "node", "--nprocs", "2",
-               "--nodes", "2", "--cache-dir", tmp_path / "cache", "--set", "train.workers=0", "--out", tmp_path / "o")
+               "--nodes", "2", "--batch-size", "8", "--cache-dir", tmp_path / "cache", "--set", "train.workers=0",
+               "--out", tmp_path / "o")
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(r"rank \d failed: LocalityError: locality='node' cannot place samples on "
