@@ -20,7 +20,8 @@ from cachepipe.decode import resized_shape
 from cachepipe.l2.codec import encoded_size
 from cachepipe.source.reader import open_regular
 
-__all__ = ["L2_MARGIN", "estimate_sample_bytes", "key_bytes", "l2_fitting", "l2_shortfalls", "check_l1_space"]
+__all__ = ["L2_MARGIN", "estimate_sample_bytes", "format_bytes", "key_bytes", "l2_fitting", "l2_shortfalls",
+           "check_l1_space"]
 
 _KEY_OVERHEAD = 96
 _SAMPLE = 32
@@ -117,6 +118,19 @@ def check_l1_space(path: str | os.PathLike, need_bytes: int) -> str | None:
     free = shutil.disk_usage(probe).free
     need = int(need_bytes * 1.05)
     if need > free:
-        return (f"L1 needs ~{need / 2**30:.2f} GiB on the disk of {path} but only "
-                f"{free / 2**30:.2f} GiB is free")
+        return f"L1 needs ~{format_bytes(need)} on the disk of {path} but only {format_bytes(free)} is free"
     return None
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in the largest binary unit that keeps the figure at least 1 (``412 KiB``,
+    ``1.50 GiB``, ``3 B``): a small cache on a nearly full disk reads "~412 KiB ... 96.0 KiB
+    is free", not "~0.00 GiB ... 0.00 GiB"."""
+    value, unit = float(n), 0
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    while abs(value) >= 1024 and unit < len(units) - 1:
+        value, unit = value / 1024, unit + 1
+    if unit == 0:
+        return f"{int(value)} B"
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:.{digits}f} {units[unit]}"

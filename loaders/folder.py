@@ -13,11 +13,12 @@ from PIL import Image
 from cachepipe import CacheConfig, CorruptSampleError, Manifest, TwoLevelCache, decode_and_resize
 from cachepipe.l2.spec import l2_setting
 from cachepipe.source.reader import read_file
+from cachepipe.source.scan import Walker
 from cachepipe.source.views import Samples
 from loaders._optional import torchvision_datasets
 from loaders.replacement import fill_batch
 
-__all__ = ["CachedImageFolder", "ON_ERROR", "OUTPUTS"]
+__all__ = ["CachedImageFolder", "FileLoader", "ON_ERROR", "OUTPUTS"]
 
 ON_ERROR = ("raise", "skip")
 OUTPUTS = ("numpy", "pil")
@@ -34,6 +35,24 @@ def _base() -> type:
     torch ``Dataset`` with the same behaviour; ``loaders._optional`` decides which."""
     datasets = torchvision_datasets()
     return torch.utils.data.Dataset if datasets is None else datasets.ImageFolder
+
+
+class FileLoader:
+    """``CachedImageFolder.loader`` on the cache path: ``loader(path)`` reads and decodes one
+    file as the cache holds it (``decode_and_resize`` to ``cache_size``), a PIL image for
+    ``output="pil"``, else a uint8 array: what ``ds[i]`` gives before ``transform``, for
+    torchvision code that calls ``ds.loader(path)`` itself. Picklable (workers).
+    """
+
+    def __init__(self, cache_size: int, output: str) -> None:
+        self.cache_size, self.output = int(cache_size), output
+
+    def __call__(self, path: str):
+        sample = decode_and_resize(read_file(path), self.cache_size, path=path)
+        return Image.fromarray(sample) if self.output == "pil" else sample
+
+    def __repr__(self) -> str:
+        return f"FileLoader(cache_size={self.cache_size}, output={self.output!r})"
 
 
 class CachedImageFolder(_base()):
@@ -60,7 +79,8 @@ class CachedImageFolder(_base()):
         target_transform: applied to each label.
         loader: ``loader(path) -> sample`` as torchvision's; given, every sample is
             ``loader(path)`` of its file and the cache is not used (a warning says so
-            unless ``cache=False``); ``output`` does not apply.
+            unless ``cache=False``); ``output`` does not apply. ``ds.loader`` is it, else a
+            :class:`FileLoader` giving the cache's pixels.
         is_valid_file: ``f(path) -> bool`` choosing the files (instead of ``extensions``).
         allow_empty: keep class folders without a valid file instead of raising.
         extensions: file endings to keep (default: torchvision's ``IMG_EXTENSIONS``),
@@ -90,8 +110,9 @@ class CachedImageFolder(_base()):
 
     Raises:
         EmptyFolderError: (a ``FileNotFoundError``, as torchvision's, and a ``ValueError``)
-            an empty root or a class folder without a valid file; the message lists what
-            was found.
+            an empty root or a class folder without a valid file; the message begins with
+            torchvision's ("Found no valid file for the classes ...": NOTE [torchvision's
+            messages] in ``cachepipe.source.scan``) and lists what was found.
         FileNotFoundError: ``root`` does not exist.
         ValueError: a bad ``on_error`` or ``output``, ``extensions`` with
             ``is_valid_file``, or a ``cache`` built for other files.
@@ -104,11 +125,14 @@ class CachedImageFolder(_base()):
     """
 
     # NOTE [torchvision arguments]
-    # extensions / is_valid_file / allow_empty choose the files: the manifest is scanned
-    # with those rules (Manifest.scan), and the cache serves it like any other (its own
-    # fingerprint, so its own L1 mirror and L2 namespace). A custom loader changes the
+    # extensions / is_valid_file / allow_empty, and a subclass's find_classes() (called
+    # with the root, as torchvision's DatasetFolder does), choose the files: the manifest is
+    # scanned with those rules (Manifest.scan), and the cache serves it like any other (its
+    # own fingerprint, so its own L1 mirror and L2 namespace). A custom loader changes the
     # pixels themselves, which the cache cannot know, so it is honoured by not caching:
-    # every read calls loader(path), as torchvision does.
+    # every read calls loader(path), as torchvision does. ``ds.loader`` is always a
+    # callable, as torchvision's: the custom loader, else a FileLoader giving the cache's
+    # pixels (set at construction; assigning another afterwards changes nothing).
 
     def __init__(self, root: str | os.PathLike, transform: Callable | None = None,
                  target_transform: Callable | None = None, loader: Callable[[str], Any] | None = None,
@@ -120,9 +144,12 @@ class CachedImageFolder(_base()):
             raise ValueError(f"unknown on_error {on_error!r}; valid: {list(ON_ERROR)}")
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r}; valid: {list(OUTPUTS)}")
-        custom = extensions is not None or is_valid_file is not None or allow_empty
+        chosen = None  # NOTE [torchvision arguments]: a find_classes() override chooses the classes
+        if type(self).find_classes is not CachedImageFolder.find_classes:
+            chosen = dict(self.find_classes(os.fspath(root))[1])
+        custom = extensions is not None or is_valid_file is not None or allow_empty or chosen is not None
         manifest = (Manifest.scan(root, extensions=extensions, is_valid_file=is_valid_file, allow_empty=allow_empty,
-                                  follow_external_links=follow_external_links)
+                                  follow_external_links=follow_external_links, class_to_idx=chosen)
                     if custom or cache is False or loader is not None else None)
         if loader is not None and cache is not False:
             warnings.warn("CachedImageFolder(loader=...): every sample is loader(path) of its file; the cache is "
@@ -158,7 +185,9 @@ class CachedImageFolder(_base()):
         datasets = torchvision_datasets()  # VisionDataset's joint transforms (NOTE [torchvision base class])
         self.transforms = (datasets.vision.StandardTransform(transform, target_transform)
                            if datasets is not None and (transform or target_transform) else None)
-        self.loader, self.extensions, self.output = loader, extensions, output
+        self._custom_loader = loader  # what reads the files when it is not None (NOTE [torchvision arguments])
+        self.loader = loader if loader is not None else FileLoader(self.cache_size, output)
+        self.extensions, self.output = extensions, output
         self.on_error = on_error
         self.classes = list(self.manifest.classes)
         self.class_to_idx = dict(self.manifest.class_to_idx)
@@ -170,19 +199,29 @@ class CachedImageFolder(_base()):
         self._warned: set[int] = set()  # bad samples already warned about, in this process
         self._why: dict[int, str] = {}  # what was wrong with a bad sample
 
+    def find_classes(self, directory: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+        """torchvision's ``find_classes``: the class folders of ``directory``, sorted, as
+        ``(classes, class_to_idx)``, with cachepipe's link rules (NOTE [symlinks in the
+        source] in ``cachepipe.source.scan``). A subclass may override it, as torchvision's
+        ``DatasetFolder`` allows, to choose the classes and their labels (0..n-1): the
+        samples are then the files of those classes (NOTE [torchvision arguments])."""
+        root = os.path.abspath(os.fspath(directory))
+        classes = Walker(root).classes(root)
+        return classes, {c: i for i, c in enumerate(classes)}
+
     def __len__(self) -> int:
         return len(self.samples)
 
     def __repr__(self) -> str:
-        source = ("loader" if self.loader is not None else "files") if self.cache is None else type(self.cache).__name__
+        source = ("loader" if self._custom_loader is not None else "files") if self.cache is None else type(self.cache).__name__
         return (f"CachedImageFolder(root={self.root!r}, samples={len(self)}, classes={len(self.classes)}, "
                 f"cache_size={self.cache_size}, source={source})")
 
     # ---- raw samples ------------------------------------------------------------------
     def _read_file(self, index: int):
         path = self.samples[index][0]
-        if self.loader is not None:
-            return self.loader(path)
+        if self._custom_loader is not None:
+            return self._custom_loader(path)
         data = read_file(path)  # never blocks on a FIFO nor reads a 40 GB file whole (NOTE [bounded reads])
         return decode_and_resize(data, self.cache_size, index=index, path=self.manifest.relpath(index))
 
@@ -208,13 +247,13 @@ class CachedImageFolder(_base()):
                 self._why.update(self.cache.last_errors)
         arrays = []
         # a custom loader's errors pass through as torchvision's do; "skip" replaces them
-        bad = (CorruptSampleError, OSError) if self.loader is None else (OSError, ValueError)
+        bad = (CorruptSampleError, OSError) if self._custom_loader is None else (OSError, ValueError)
         for i in indices:
             try:
                 arrays.append(self._read_file(i))
             except bad as exc:
                 if not skip:
-                    if self.loader is not None or isinstance(exc, CorruptSampleError):
+                    if self._custom_loader is not None or isinstance(exc, CorruptSampleError):
                         raise
                     raise CorruptSampleError(f"cannot read the file ({exc})", index=i,
                                              path=self.manifest.relpath(i)) from exc
@@ -255,7 +294,7 @@ class CachedImageFolder(_base()):
 
     # ---- torchvision Dataset protocol -------------------------------------------------
     def _apply(self, sample, target):
-        if self.output == "pil" and self.loader is None:
+        if self.output == "pil" and self._custom_loader is None:
             sample = Image.fromarray(sample)
         if self.transform is not None:
             sample = self.transform(sample)

@@ -37,5 +37,8 @@ def torchvision_image_folder(root, extensions=None, is_valid_file=None, allow_em
                     available_classes.add(target_class)
     empty_classes = set(class_to_idx) - available_classes
     if empty_classes and not allow_empty:
-        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(sorted(empty_classes))}. ")
+        msg = f"Found no valid file for the classes {', '.join(sorted(empty_classes))}. "
+        if extensions is not None:
+            msg += f"Supported extensions are: {extensions if isinstance(extensions, str) else ', '.join(extensions)}"
+        raise FileNotFoundError(msg)
     return classes, class_to_idx, instances

@@ -108,6 +108,7 @@ _FLAG_RULES = {
     "batch_size": (lambda v: v >= 1, "must be >= 1"),
     "size": (lambda v: v >= 1, "must be >= 1"),
     "lr": (lambda v: v > 0, "must be > 0"),
+    "seed": (lambda v: 0 <= v < 2**32, "must be in [0, 2**32 - 1] (numpy's and torch's seeds)"),
     "nprocs": (lambda v: v >= 1, "must be >= 1"),
     "threads": (lambda v: v >= 0, "must be >= 0"),
     "ckpt_every": (lambda v: v >= 0, "must be >= 0"),
@@ -245,6 +246,7 @@ def main(args: argparse.Namespace) -> int:
             _check_topology(args.nprocs, args.nodes, args.local_size)
         _check_paths(args, out)
         _check_warmup_steps(recipe, args.data, nprocs)
+        _check_batches(recipe, args.data, nprocs)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     rank0 = os.environ.get("RANK", "0") == "0"
@@ -274,6 +276,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"train: to resume: {resume_command(args, out)}")
         elif rows:
             print("train: " + final_line(rows, time.perf_counter() - start, out))
+        elif args.resume:  # a finished run: its table, and that nothing was left
+            from trainer.metrics import read_metrics
+            from trainer.progress import print_finished
+
+            print_finished(read_metrics(out) if (Path(out) / "metrics.jsonl").is_file() else [], out,
+                           recipe.total_epochs)
     return 0
 
 
@@ -312,6 +320,22 @@ def _check_warmup_steps(recipe, data: str, world_size: int) -> None:
         from trainer.schedules import check_warmup_steps
 
         check_warmup_steps(recipe, count_images(data, "train"), world_size)
+
+
+def _check_batches(recipe, data: str, world_size: int) -> None:
+    """A phase whose batch per rank asks for more training images than the ranks hold has no
+    step (training drops a partial batch): refused before anything starts, in flags."""
+    from trainer.data.layout import images_at_least
+
+    have = images_at_least(data, "train", max(p.batch_size for p in recipe.phases) * world_size)
+    for i, p in enumerate(recipe.phases):
+        if p.batch_size * world_size > have:
+            fit = have // world_size
+            fix = (f"lower it to at most {fit}" if fit else
+                   f"train on at most {have} rank(s) (--nprocs)")
+            raise ValueError(f"batch size {p.batch_size} per rank (--batch-size, phases[{i}].batch_size): the {have} "
+                             f"training images over {world_size} rank(s) give no full batch (training drops a "
+                             f"partial one); {fix}")
 
 
 def _check_topology(nprocs: int, nodes: int | None, local_size: int | None) -> None:

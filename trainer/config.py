@@ -248,6 +248,7 @@ class TrainConfig:
 
     def __post_init__(self):
         _need(self.amp in AMP_MODES, f"train.amp {self.amp!r} is unknown; valid: {list(AMP_MODES)}")
+        _need(0 <= self.seed < 2**32, f"train.seed (--seed) must be in [0, 2**32 - 1]; got {self.seed}")
         _need(self.eval_size == 0 or 16 <= self.eval_size <= 1024,
               f"train.eval_size must be 0 or in [16, 1024]; got {self.eval_size}")
         _need(self.eval_batch_size >= 0, f"train.eval_batch_size must be >= 0; got {self.eval_batch_size}")

@@ -13,7 +13,7 @@ import sys
 from comm.registry import get_algorithm
 from trainer.config import AUTO
 
-__all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "print_row"]
+__all__ = ["HEADER", "describe_run", "epoch_bar", "final_line", "format_row", "print_finished", "print_row"]
 
 # Two header lines: which columns belong to training, which to validation, which to the
 # time per training iteration (the MLSys paper's Figure 1 parts) and which to the cache
@@ -107,3 +107,12 @@ def final_line(rows: list[dict], seconds: float, out) -> str:
     return (f"final top-1 {last['val_top1']:.1f}%, top-5 {last['val_top5']:.1f}%, validation loss "
             f"{last.get('val_loss', float('nan')):.3f} after epoch {last['epoch']} in {seconds:.0f} s; "
             f"metrics in {out / 'metrics.jsonl'} (plot: cachepipe report {out})")
+
+
+def print_finished(rows: list[dict], out, epochs: int) -> None:
+    """What resuming a run with no epoch left prints: its table (the header and the rows of
+    its ``metrics.jsonl``) and that nothing was trained."""
+    for i, row in enumerate(rows):
+        print_row(row, header=i == 0)
+    print(f"train: the run in {out} has trained all {epochs} epochs; nothing to resume (to train on: "
+          f"--epochs N with --allow-changes)", flush=True)

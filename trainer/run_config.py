@@ -131,15 +131,27 @@ def _current_form(saved: dict) -> dict:
         return saved
 
 
+# A dense phase (comm.Algorithm.sparse false: dense, hier, powersgd, ...) reads none of these:
+# they are the top-k selection's and Deep Gradient Compression's (trainer.config.PhaseConfig).
+_SPARSE_ONLY = ("density", "selector", "density_warmup_epochs", "density_warmup_steps", "density_schedule",
+                "momentum_correction", "momentum_masking", "lr_scaled_residuals", "local_clipping", "dense_vectors")
+
+
 def _effective(recipe) -> dict:
     """``recipe.to_dict()`` with each phase's density and ``lr_scaled_residuals`` as the
     phase uses them (an unset one is its algorithm's default, NOTE [gtopk's training
     defaults] in comm/collectives/gtopk.py): a resume compares what decides the result, so
     a checkpoint that wrote ``density: 0.01`` and a recipe that leaves it unset agree for
-    ``hitopk`` and differ for ``gtopk``."""
+    ``hitopk`` and differ for ``gtopk``; a dense phase has none of :data:`_SPARSE_ONLY`, so
+    resuming a dense run with another ``--density`` is no change."""
+    from comm.registry import ALGORITHMS
+
     data = recipe.to_dict()
     for phase, row in zip(recipe.phases, data["phases"]):
         row.update(density=phase.sparse_density, lr_scaled_residuals=phase.residuals_follow_lr)
+        if phase.comm in ALGORITHMS and not ALGORITHMS[phase.comm].sparse:
+            for key in _SPARSE_ONLY:
+                row.pop(key, None)
     return data
 
 

@@ -40,7 +40,7 @@ from cachepipe.source.file_identity import settle
 from cachepipe.source.fingerprint import fingerprint as fingerprint_of
 from cachepipe.source.manifest_file import FILE_NAME, ManifestFile, ManifestFileError, write_manifest
 from cachepipe.source.reuse import load_or_scan, write_pointer
-from cachepipe.source.scan import Walker
+from cachepipe.source.scan import Walker, by_label, no_class_folders, no_valid_file
 from cachepipe.source.views import Relpaths, Samples, Targets
 
 __all__ = ["IMG_EXTENSIONS", "Manifest"]
@@ -163,7 +163,7 @@ class Manifest:
     @classmethod
     def scan(cls, root: str | os.PathLike, *, extensions: str | Sequence[str] | None = None,
              is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
-             follow_external_links: bool = False) -> Manifest:
+             follow_external_links: bool = False, class_to_idx: dict[str, int] | None = None) -> Manifest:
         """Walk ``root`` with torchvision ``ImageFolder`` / ``DatasetFolder`` rules, links as
         NOTE [symlinks in the source] says.
 
@@ -175,8 +175,10 @@ class Manifest:
             allow_empty: keep class folders without a valid file (their label exists,
                 no sample has it) instead of raising.
             follow_external_links: also follow links whose target leaves the root.
+            class_to_idx: the classes to walk and their labels (0..n-1), as a
+                ``find_classes()`` override gives them (default: every class folder, sorted).
 
-        A manifest scanned with ``extensions`` or ``is_valid_file`` (or with empty classes)
+        A manifest scanned with ``extensions``, ``is_valid_file`` or ``class_to_idx`` (or with empty classes)
         is not reused by :meth:`load_or_scan` (NOTE [manifest reuse]): those rules are not
         part of the saved pointer, so it records no directory mtimes.
 
@@ -184,11 +186,13 @@ class Manifest:
             FileNotFoundError: ``root`` does not exist or is not a directory.
             EmptyFolderError: (a ``FileNotFoundError`` and ``ValueError``) no class folders,
                 or class folders without any valid file; the message says what was found.
-            ValueError: both ``extensions`` and ``is_valid_file`` given.
+            ValueError: both ``extensions`` and ``is_valid_file`` given; labels of
+                ``class_to_idx`` that are not 0..n-1.
         """
         if extensions is not None and is_valid_file is not None:
             raise ValueError("extensions and is_valid_file cannot both be given (as in torchvision's DatasetFolder)")
         custom = extensions is not None or is_valid_file is not None
+        chosen = class_to_idx is not None and by_label(class_to_idx)
         if is_valid_file is None:
             ends = IMG_EXTENSIONS if extensions is None else (
                 (extensions,) if isinstance(extensions, str) else tuple(extensions))
@@ -203,24 +207,21 @@ class Manifest:
         with os.scandir(root) as it:
             entries = list(it)
         walker = Walker(root, follow_external_links)
-        classes = walker.classes(root)
+        classes = walker.classes(root) if chosen is False else chosen
         if not classes:
-            files = sorted(e.name for e in entries)
-            shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
-            raise EmptyFolderError(f"no class folders in {root!r} (an ImageFolder root holds one folder "
-                                   f"per class); found {len(files)} other entries"
-                                   + (f": {shown}" if files else ""))
-        files = walker.files([os.path.join(root, name) for name in classes], is_valid_file)
+            raise EmptyFolderError(no_class_folders(root, [e.name for e in entries]))
+        walk = sorted(classes)  # torchvision walks sorted(class_to_idx)
+        if chosen is not False:
+            walker.mark(root, classes)
+        label = {c: i for i, c in enumerate(classes)}
+        files = walker.files([os.path.join(root, name) for name in walk], is_valid_file, [label[c] for c in walk])
         walker.warn()
         dir_mtimes = {".": os.stat(root).st_mtime_ns, **files.dir_mtimes}
         cols = files.rows.columns()
         empty = np.flatnonzero(np.bincount(cols.labels, minlength=len(classes)) == 0).tolist()
         if empty and not allow_empty:
-            shown = ", ".join(repr(classes[e]) for e in empty[:5]) + (", ..." if len(empty) > 5 else "")
-            rule = "is_valid_file" if extensions is None and custom else "/".join(ends)
-            raise EmptyFolderError(f"{len(empty)} of {len(classes)} class folders in {root!r} hold no valid "
-                                   f"file ({rule}): {shown}")
-        if custom or empty:
+            raise EmptyFolderError(no_valid_file(root, classes, empty, None if extensions is None and custom else ends))
+        if custom or empty or chosen is not False:
             dir_mtimes = {}
         prefix = [os.path.join(root, c) for c in classes]
         cols = settle(cols, np.frombuffer(files.rows.devices, dtype=np.int64),  # NOTE [file identity]

@@ -32,7 +32,7 @@ from cachepipe.errors import CacheWarning
 from cachepipe.source.columns import ColumnsBuilder
 from cachepipe.source.file_identity import is_regular
 
-__all__ = ["Files", "Walker"]
+__all__ = ["Files", "Walker", "by_label", "no_class_folders", "no_valid_file"]
 
 
 @dataclass
@@ -81,6 +81,14 @@ class Walker:
             self.seen.add(key)
             names.append(e.name)
         return names
+
+    def mark(self, root: str, classes: list[str]) -> None:
+        """Mark the folders of ``classes`` (chosen by a ``find_classes()``, not listed) seen."""
+        for name in classes:
+            try:
+                self.seen.add(self._key(os.path.join(root, name)))
+            except OSError:  # a class without a folder: the walk says it cannot be listed
+                pass
 
     @staticmethod
     def _key(path: str) -> tuple[int, int]:
@@ -135,11 +143,12 @@ class Walker:
         out.sort(key=lambda row: row[0])
         return out
 
-    def files(self, class_dirs: list[str], is_valid_file: Callable[[str], bool]) -> Files:
-        """Every valid regular file under ``class_dirs`` (label = position), stat'ed, in
-        torchvision's order; irregular ones are listed apart (see :meth:`warn`)."""
+    def files(self, class_dirs: list[str], is_valid_file: Callable[[str], bool],
+              labels: list[int] | None = None) -> Files:
+        """Every valid regular file under ``class_dirs`` (label: ``labels``' entry, default the
+        position), stat'ed, in torchvision's order; irregular ones are listed apart (see :meth:`warn`)."""
         out = Files()
-        for label, top in enumerate(class_dirs):
+        for label, top in zip(range(len(class_dirs)) if labels is None else labels, class_dirs):
             for dirpath, fnames in self.walk(top):
                 out.dir_mtimes[os.path.relpath(dirpath, self.root)] = os.stat(dirpath).st_mtime_ns
                 below = os.path.relpath(dirpath, top)
@@ -184,6 +193,40 @@ class Walker:
         warnings.warn(f"skipped {len(self.skipped)} link(s) in the source: {shown}{more}; pass "
                       f"follow_external_links=True (--follow-external-links) to follow links that "
                       f"leave the root", CacheWarning, stacklevel=4)
+
+
+def by_label(class_to_idx: dict[str, int]) -> list[str]:
+    """The classes of a ``find_classes()`` mapping in label order.
+
+    Raises:
+        ValueError: the labels are not 0..n-1, each once (a manifest stores a sample's label as
+            the index of its class folder).
+    """
+    classes = sorted(class_to_idx, key=lambda c: class_to_idx[c])
+    if [class_to_idx[c] for c in classes] != list(range(len(classes))):
+        raise ValueError(f"find_classes() must label its {len(classes)} classes 0..{len(classes) - 1}, each once; "
+                         f"got {dict(sorted(class_to_idx.items(), key=lambda kv: kv[1])[:5])}")
+    return classes
+
+
+# NOTE [torchvision's messages]: an empty root and an empty class folder raise what
+# torchvision's ImageFolder raises (FileNotFoundError, as EmptyFolderError is) with its
+# words first, so code matching them keeps working; what cachepipe adds follows.
+def no_class_folders(root: str, entries: list[str]) -> str:
+    """The message for a root without class folders (NOTE [torchvision's messages])."""
+    files = sorted(entries)
+    shown = ", ".join(files[:5]) + (", ..." if len(files) > 5 else "")
+    return (f"Couldn't find any class folder in {root}. An ImageFolder root holds one folder per class; found "
+            f"{len(files)} other entries" + (f": {shown}" if files else ""))
+
+
+def no_valid_file(root: str, classes: list[str], empty: list[int], ends: tuple[str, ...] | None) -> str:
+    """The message for class folders without a valid file (NOTE [torchvision's messages]);
+    ``ends``: the extensions, None when ``is_valid_file`` chose."""
+    msg = f"Found no valid file for the classes {', '.join(sorted(classes[e] for e in empty))}. "
+    if ends is not None:
+        msg += f"Supported extensions are: {', '.join(ends)}"
+    return msg.rstrip() + f" ({len(empty)} of {len(classes)} class folders in {root!r})"
 
 
 def _short(path: str, keep: int = 120) -> str:

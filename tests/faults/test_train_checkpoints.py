@@ -160,3 +160,15 @@ def test_resume_compares_the_density_a_phase_uses_not_how_it_was_written(comm, c
     cfg = RunConfig(recipe=small_recipe(comm=comm), data="d", out="o")
     assert cfg.recipe.phases[0].density is None
     assert cfg.changes(saved) == changes
+
+
+@pytest.mark.parametrize("comm, changes", [
+    ("dense", []),  # dense reads no density: a new --density changes nothing it does
+    ("hitopk", ["recipe.phases.0.density: 0.01 -> 0.05"])])
+def test_a_new_density_is_a_change_only_for_a_phase_that_uses_one(comm, changes):
+    from trainer.recipes import override
+
+    saved = RunConfig(recipe=small_recipe(comm=comm), data="d", out="o").settings()
+    assert RunConfig(recipe=override(small_recipe(comm=comm), density=0.05), data="d", out="o").changes(saved) == changes
+    longer = RunConfig(recipe=small_recipe(comm=comm, epochs=2), data="d", out="o")
+    assert longer.changes(saved) == ["recipe.phases.0.epochs: 1 -> 2"]  # what a dense phase reads still counts

@@ -81,17 +81,20 @@ def test_empty_root_and_empty_class_raise_file_not_found_as_torchvision(tmp_path
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "stray.jpg").write_bytes(b"x")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError) as theirs:
         torchvision_image_folder(str(empty))
-    with pytest.raises(FileNotFoundError, match=r"no class folders.*stray\.jpg") as info:
+    with pytest.raises(FileNotFoundError, match=r"stray\.jpg") as info:
         CachedImageFolder(empty, cache=False)
+    assert str(info.value).startswith(str(theirs.value))  # NOTE [torchvision's messages]: theirs first
     assert isinstance(info.value, ValueError)  # code written against earlier cachepipe still catches it
     (source / "class_9999").mkdir()
     (source / "class_9999" / "readme.txt").write_text("no images here")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError) as theirs:
         torchvision_image_folder(str(source))
-    with pytest.raises(FileNotFoundError, match=r"1 of 5 class folders.*class_9999"):
-        CachedImageFolder(source, cache=False)
+    for cache in (False, None):
+        with pytest.raises(FileNotFoundError, match=r"1 of 5 class folders") as info:
+            CachedImageFolder(source, cache=cache, cache_dir=source.parent / "cache")
+        assert str(info.value).startswith(str(theirs.value))
     with pytest.raises(FileNotFoundError, match="does not exist"):
         CachedImageFolder(tmp_path / "missing", cache=False)
 
@@ -239,3 +242,55 @@ def test_index_errors_and_repr(source):
     shutil.rmtree(source / "class_0000")  # the dataset keeps its manifest; reading a gone file fails clearly
     with pytest.raises(FileNotFoundError):
         ds[0]
+
+
+class _TwoClasses(CachedImageFolder):
+    """A subclass choosing its classes and labels, as torchvision's DatasetFolder lets it."""
+
+    def find_classes(self, directory):
+        self.asked = directory
+        return ["b", "C"], {"b": 0, "C": 1}
+
+
+@pytest.mark.parametrize("cache", ["files", "cache"])
+def test_a_find_classes_override_chooses_classes_and_labels_as_torchvision(odd_tree, cache_dir, cache):
+    kwargs = dict(cache=False) if cache == "files" else dict(cache_dir=cache_dir, redis=False)
+    ds = _TwoClasses(odd_tree, cache_size=16, **kwargs)
+    classes, _, every = torchvision_image_folder(str(odd_tree))
+    label = {"b": 0, "C": 1}  # torchvision walks sorted(class_to_idx): C's files, then b's
+    expected = [(p, label[classes[t]]) for p, t in every if classes[t] in label]
+    assert ds.asked == str(odd_tree) and ds.classes == ["b", "C"] and ds.class_to_idx == label
+    assert ds.samples == expected and ds.targets == [t for _, t in expected] and len(ds) == 5
+    plain = CachedImageFolder(odd_tree, cache=False, cache_size=16)
+    paths = [p for p, _ in plain.samples]
+    for i, (path, target) in enumerate(expected):
+        img, t = ds[i]
+        assert t == target and np.array_equal(img, plain[paths.index(path)][0])
+    if cache == "cache":  # its own manifest and namespace; the default one still serves all 7
+        assert ds.manifest.fingerprint != CachedImageFolder(odd_tree, **kwargs).manifest.fingerprint
+        assert len(CachedImageFolder(odd_tree, **kwargs)) == 7
+
+
+def test_find_classes_labels_must_be_0_to_n_minus_1(odd_tree):
+    class Gaps(CachedImageFolder):
+        def find_classes(self, directory):
+            return ["a", "b"], {"a": 0, "b": 5}
+
+    with pytest.raises(ValueError, match=r"find_classes\(\) must label its 2 classes 0\.\.1"):
+        Gaps(odd_tree, cache=False)
+    assert CachedImageFolder(odd_tree, cache=False).find_classes(odd_tree) == (
+        ["C", "a", "b"], {"C": 0, "a": 1, "b": 2})  # torchvision's method, with cachepipe's link rules
+
+
+@pytest.mark.parametrize("output", ["numpy", "pil"])
+def test_loader_is_a_callable_giving_the_datasets_sample_on_the_cache_path(source, cache_dir, output):
+    import pickle
+
+    ds = CachedImageFolder(source, cache_dir=cache_dir, redis=False, cache_size=24, output=output)
+    assert callable(ds.loader)  # torchvision's attribute: what turns a path into a sample
+    path, target = ds.samples[2]
+    sample, label = ds[2]
+    assert label == target and np.array_equal(np.asarray(ds.loader(path)), np.asarray(sample))
+    assert isinstance(ds.loader(path), Image.Image if output == "pil" else np.ndarray)
+    again = pickle.loads(pickle.dumps(ds.loader))
+    assert np.array_equal(np.asarray(again(path)), np.asarray(sample))

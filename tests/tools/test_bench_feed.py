@@ -34,3 +34,8 @@ def test_feed_rejects_a_negative_step_and_unknown_outputs(source, cache_dir, cap
     assert len(err) == 1 and "--step-ms must be >= 0" in err[0]
     assert cli_main(["bench", "feed", str(source), "--cache-dir", str(cache_dir), "--outputs", "int4"]) == 2
     assert "--outputs 'int4'" in capsys.readouterr().err
+    # a batch larger than the set: one line in flags, before the warm-up (it spoke of drop_last=False)
+    assert cli_main(["bench", "feed", str(source), "--cache-dir", str(cache_dir), "--no-l2", "--batch-size",
+                     "100000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--batch-size 100000: SRC has" in err[0] and "drop_last" not in err[0]

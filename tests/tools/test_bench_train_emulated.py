@@ -216,6 +216,8 @@ def test_real_photos_train_at_their_own_size_within_the_step_budget(tmp_path):
     (["--emulate", "2x2", "--comm", "dense,hitopk", "--comm-epochs", "gtopk=10"],
      r"--comm-epochs 'gtopk=10': 'gtopk' is not in --comm \['dense', 'hitopk'\]"),
     (["--emulate", "2x2", "--comm-epochs", "hitopk=0"], "--comm-epochs 'hitopk=0': expected COMM=N with N >= 1"),
+    (["--emulate", "2x2", "--comm", "dense,hitopk", "--comm-epochs", "hitopk=3,hitopk=4"],
+     r"--comm-epochs 'hitopk=3,hitopk=4': 'hitopk' is given twice"),
 ])
 def test_cli_bad_input_is_one_line_naming_the_flag(argv, match, tmp_path, capsys):
     code = cli(["bench", "train", *argv, "--out", str(tmp_path / "o")])

@@ -134,7 +134,7 @@ def test_missing_or_invalid_source(tmp_path, cache_dir, capsys):
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "a.jpg").write_bytes(b"x")
     assert main(["warmup", str(tmp_path / "flat"), "--cache-dir", str(cache_dir)]) == 3
-    assert "no class folders" in _err_line(capsys)
+    assert "Couldn't find any class folder in" in _err_line(capsys)
     assert main(["stats", str(tmp_path / "nope"), "--cache-dir", str(cache_dir)]) == 3
 
 

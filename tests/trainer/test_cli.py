@@ -74,6 +74,16 @@ def test_demo_with_a_tiny_setting_trains_logs_and_reports(tmp_path):
      r"schedule.warmup_steps must be >= 0; got -1"),
     (["--data", "{data}", "--recipe", "demo", "--set", "phases.0.density_warmup_epochs=9"],
      r"phases\[0\]: phase density_warmup_epochs must be in \[0, 8\]"),
+    (["--data", "{data}", "--recipe", "demo", "--seed", "-1"], r"^cachepipe train: error: --seed -1: must be in "
+                                                               r"\[0, 2\*\*32 - 1\]"),
+    (["--data", "{data}", "--recipe", "demo", "--set", "train.seed=4294967296"],
+     r"train.seed \(--seed\) must be in \[0, 2\*\*32 - 1\]; got 4294967296$"),
+    # 48 training images: no full batch of 100000 (training drops a partial batch); said in flags
+    (["--data", "{data}", "--recipe", "demo", "--batch-size", "100000"],
+     r"batch size 100000 per rank \(--batch-size, phases\[0\].batch_size\): the 48 training images over 1 "
+     r"rank\(s\) give no full batch \(training drops a partial one\); lower it to at most 48$"),
+    (["--data", "{data}", "--recipe", "demo", "--batch-size", "13", "--nprocs", "4"],
+     r"the 48 training images over 4 rank\(s\) give no full batch .*; lower it to at most 12$"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match, capsys):
     # in this process: ``python -m tools`` is ``sys.exit(main())``, and a subprocess per case
@@ -94,9 +104,11 @@ def test_bad_input_is_a_one_line_error(tmp_path, small_dataset, args, match, cap
 
 
 def test_a_run_that_fails_is_a_one_line_error_with_exit_1(tmp_path, small_dataset):
-    # the flags are fine; the ranks find the problem (embedded Redis with node locality)
+    # the flags are fine (batch 8: the 48 images give 24 per rank); the ranks find the problem (embedded
+    # Redis with node locality)
     res = _cli("train", "--data", small_dataset, "--recipe", "demo", "--locality", "node", "--nprocs", "2",
-               "--nodes", "2", "--cache-dir", tmp_path / "cache", "--set", "train.workers=0", "--out", tmp_path / "o")
+               "--nodes", "2", "--batch-size", "8", "--cache-dir", tmp_path / "cache", "--set", "train.workers=0",
+               "--out", tmp_path / "o")
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(r"rank \d failed: LocalityError: locality='node' cannot place samples on "
@@ -172,3 +184,9 @@ def test_first_run_without_recipe_names_it_stops_where_asked_and_resumes(tmp_pat
     assert "final top-1" in again.stdout and "after epoch 1" in again.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [0, 1] and all("val_loss" in r for r in rows)
+    done = _cli(*argv[1:])  # nothing left: the run's table, under its header, and that nothing was trained
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "validation" in lines[1] and "top1" in lines[2] and lines[3].split()[0] == "0" and lines[4].split()[0] == "1"
+    assert lines[5] == f"train: the run in {out} has trained all 2 epochs; nothing to resume (to train on: --epochs N " \
+                       f"with --allow-changes)"

@@ -189,3 +189,37 @@ def test_dgc_fields_can_be_set_from_the_command_line():
     assert r.optim.clip_norm == 5.0
     r = override(load_recipe("demo"), sets=["phases.0.density_warmup_epochs=0", "phases.0.density_schedule=[0.25, 0.05]"])
     assert r.phases[0].density_schedule == (0.25, 0.05)
+
+
+def _train_flags(*argv):
+    import argparse
+
+    from tools import train
+
+    parser = argparse.ArgumentParser()
+    train.configure(parser)
+    return train._recipe(parser.parse_args(["--recipe", "demo", *argv]))
+
+
+@pytest.mark.parametrize("argv, field, value", [
+    (["--lr", "1e-5"], "optim.lr", 1e-5),
+    (["--lr", "0.00001"], "optim.lr", 1e-5),  # Python writes it 1e-05, which YAML 1.1 reads as a string
+    (["--exchange-fraction", "0.00001"], "train.exchange_fraction", 1e-5),
+    (["--set", "optim.lr=1e-5"], "optim.lr", 1e-5),
+    (["--set", "optim.weight_decay=5E-4"], "optim.weight_decay", 5e-4),
+])
+def test_numbers_in_exponent_form_are_numbers(argv, field, value):
+    """NOTE [numbers in recipes]: every spelling of a small number reaches the recipe as that number."""
+    section, name = field.split(".")
+    assert getattr(getattr(_train_flags(*argv), section), name) == value
+
+
+def test_a_recipe_file_takes_exponent_form_and_a_quoted_number_stays_a_string(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text("optim: {lr: 1e-5}\nphases: [{epochs: 2, density: 1e-3, density_schedule: [5e-2, 1e-2]}]\n")
+    recipe = load_recipe(path)
+    assert recipe.optim.lr == 1e-5 and recipe.phases[0].density == 1e-3
+    assert recipe.phases[0].density_schedule == (0.05, 0.01)
+    path.write_text("optim: {lr: '1e-5'}\nphases: [{epochs: 1}]\n")
+    with pytest.raises(ValueError, match=r"optim.lr must be a number; got '1e-5'"):
+        load_recipe(path)

@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> Result:
     from cachepipe import TwoLevelCache
     from tools.bench.harness.data import epochs, source_root, warm
     from tools.bench.harness.l2 import compared_l2, describe_l2, l2_servers
+    from tools.bench.parts.loader_emulated import check_batch
     from tools.cache_flags import cache_config
 
     _check(args)
@@ -178,6 +179,9 @@ def run(args: argparse.Namespace) -> Result:
     with compared_l2(args, config) as configs:
         for k, cfg in enumerate(configs):
             cache = TwoLevelCache(cfg)
+            if len(cache) < args.batch_size:  # one line naming the flag, before the warm-up
+                cache.close()
+                check_batch(len(cache.manifest), 1, args.batch_size)
             warm(cache)  # the first from the source, the others from its warm L1
             servers[k], where[k] = l2_servers(cfg), describe_l2(cfg)
             print(f"dataset {root}: {len(cache)} images; L2 {where[k]} warm ({cache.stats()['l2_writes']} writes); "

@@ -1,9 +1,10 @@
 """The one check of a data root's layout: ``<root>/{train,val}/<class>/<image>``."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-__all__ = ["IMAGE_SUFFIXES", "check_data_root", "class_folders", "count_images"]
+__all__ = ["IMAGE_SUFFIXES", "check_data_root", "class_folders", "count_images", "images_at_least"]
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png", ".bmp", ".webp")
 
@@ -19,6 +20,23 @@ def count_images(root: str | Path, split: str) -> int:
     folder = Path(root) / split
     return sum(1 for c in class_folders(root, split) for f in (folder / c).iterdir()
                if f.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def images_at_least(root: str | Path, split: str, need: int) -> int:
+    """Image files under ``root/split/<class>/`` and below, counted until ``need`` are found
+    (a batch-size check costs a listing or two, not a scan of ImageNet). Both the
+    ImageFolder and the memory loader's suffixes count, so a result under ``need`` means
+    no loader finds ``need``."""
+    from cachepipe.source.manifest import IMG_EXTENSIONS
+
+    ends = tuple(set(IMAGE_SUFFIXES) | set(IMG_EXTENSIONS))
+    found = 0
+    for c in class_folders(root, split):
+        for _, _, files in os.walk(Path(root) / split / c, followlinks=True):
+            found += sum(1 for f in files if f.lower().endswith(ends))
+            if found >= need:
+                return found
+    return found
 
 
 def check_data_root(root: str | Path) -> int:

@@ -7,6 +7,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import yaml
@@ -14,12 +15,34 @@ import yaml
 from trainer.config import Recipe, option_keys
 from trainer.recipes.parse import from_dict
 
-__all__ = ["RECIPE_DIR", "available", "from_dict", "load_recipe", "override", "recipe_from_dict"]
+__all__ = ["RECIPE_DIR", "available", "from_dict", "load_recipe", "override", "parse_yaml", "recipe_from_dict"]
 
 RECIPE_DIR = Path(__file__).resolve().parent
 # A warm-up is given in epochs or in steps (NOTE [warm-ups in steps] in trainer/schedules.py):
 # a --set of one form replaces the recipe's other form instead of clashing with it.
 _ONE_OF = ({"warmup_epochs", "warmup_steps"}, {"density_warmup_epochs", "density_warmup_steps"})
+
+
+class _Loader(yaml.SafeLoader):
+    """NOTE [numbers in recipes]: PyYAML follows YAML 1.1, whose floats need a dot: ``1e-5``,
+    and ``1e-05`` (how Python writes 0.00001, which ``--lr 0.00001`` hands to ``--set``) are
+    strings there, so ``optim.lr: 1e-5`` was refused as "must be a number". This loader adds
+    YAML 1.2's exponent form (``1e-5``, ``2E3``, ``+1e-05``) to the float resolver; a quoted
+    ``'1e-5'`` stays a string, as YAML says."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+                              list("-+0123456789."))
+
+
+def parse_yaml(text: str):
+    """``text`` parsed as YAML, exponent-form numbers as floats (NOTE [numbers in recipes]).
+
+    Raises:
+        yaml.YAMLError: not valid YAML.
+    """
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects
 
 
 def available() -> list[str]:
@@ -43,14 +66,14 @@ def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
     if not path.is_file():
         raise ValueError(f"recipe file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = parse_yaml(path.read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"recipe {path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     return from_dict(data, path.stem)
 
 
 def _parse_value(text: str):
-    return yaml.safe_load(text)
+    return parse_yaml(text)
 
 
 def override(recipe: Recipe, *, epochs: int | None = None, comm: str | None = None, density: float | None = None,

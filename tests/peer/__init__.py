@@ -1,0 +1,1 @@
+"""Peer suites: other projects' own tests, fetched and run against cachepipe (docs/peer-suites.md)."""
