@@ -69,8 +69,13 @@ def _sizes():
     return [1_000, 2 * TILE + 17]
 
 
-@pytest.mark.parametrize("dist", DIST_CASES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+# Every distribution in float32; the half types only change the kernels' loads (and the
+# ties their rounding makes), so three distributions cover them (the suite's time, issue 42).
+DIST_DTYPE_CASES = ([(dist, torch.float32) for dist in DIST_CASES]
+                    + [(dist, dtype) for dtype in DTYPES[1:] for dist in ("gaussian", "cauchy", "ties")])
+
+
+@pytest.mark.parametrize("dist, dtype", DIST_DTYPE_CASES, ids=lambda v: str(v))
 @pytest.mark.parametrize("size", ["below_one_block", "ragged_blocks"])
 def test_kernel_selects_what_the_torch_path_selects(dist, dtype, size):
     n = dict(zip(["below_one_block", "ragged_blocks"], _sizes()))[size]
