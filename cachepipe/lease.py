@@ -12,7 +12,9 @@ shared ``flock`` on ``<cache_dir>/<fingerprint>/lease`` for as long as the cache
 (forked DataLoader workers share their parent's; spawned ones take their own). ``drop``
 takes it exclusively without waiting; when any process holds it, the namespace is refused
 as in use, before anything is deleted, and ``drop`` keeps it while it deletes, so no run
-opens the namespace half-dropped. A lock dies with its process (``kill -9`` included),
+opens the namespace half-dropped. The process that builds the cache (a rank) takes it at
+once, so that the lease does not lapse between its loaders' workers; a cache collected
+without ``close()`` lets go of it then. A lock dies with its process (``kill -9`` included),
 so a lease is never stale and needs no refresh, no clock and no Redis command. It is
 node-local, as the cache dir is: a run on another node reading the same L2 namespace is not
 seen, but its node keeps the manifest, so the keys it re-creates are found by ``stats`` and
@@ -24,9 +26,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import weakref
 from pathlib import Path
 
-__all__ = ["NamespaceInUseError", "hold_lease", "release_lease", "take_exclusive"]
+__all__ = ["Lease", "NamespaceInUseError", "hold_lease", "release_lease", "take_exclusive"]
 
 LEASE = "lease"
 
@@ -50,10 +53,26 @@ def _open(directory: Path) -> int | None:
         return None
 
 
-def hold_lease(directory: str | os.PathLike) -> int | None:
-    """Hold the shared lease of the namespace directory ``directory``; returns its fd (close it,
-    :func:`release_lease`, to let go), ``None`` when none can be held there (no such
-    directory, read-only and never leased, or a ``drop`` holds it right now)."""
+class Lease:
+    """A shared lease held by this process (NOTE [namespace lease]); let go by :meth:`release`
+    or when the object is collected."""
+
+    def __init__(self, fd: int) -> None:
+        self.pid = os.getpid()
+        self._close = weakref.finalize(self, os.close, fd)
+
+    def release(self) -> None:
+        """Let go (once; in a forked child, only the child's copy is forgotten)."""
+        if self.pid == os.getpid():
+            self._close()
+        else:
+            self._close.detach()
+
+
+def hold_lease(directory: str | os.PathLike) -> Lease | None:
+    """Hold the shared lease of the namespace directory ``directory`` (:meth:`Lease.release`
+    lets go), ``None`` when none can be held there (no such directory, read-only and never
+    leased, or a ``drop`` holds it right now)."""
     directory = Path(directory)
     if os.path.islink(directory) or not directory.is_dir():
         return None
@@ -65,11 +84,11 @@ def hold_lease(directory: str | os.PathLike) -> int | None:
     except OSError:  # a drop holds it: the namespace is going away
         os.close(fd)
         return None
-    return fd
+    return Lease(fd)
 
 
 def release_lease(fd: int | None) -> None:
-    """Let go of a lease from :func:`hold_lease` or :func:`take_exclusive` (``None``: nothing)."""
+    """Let go of the exclusive lease of :func:`take_exclusive` (``None``: nothing)."""
     if fd is not None:
         os.close(fd)
 
