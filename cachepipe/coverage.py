@@ -27,7 +27,7 @@ from cachepipe.errors import CacheWarning, L2UnavailableError
 from cachepipe.l1.corrupt_record import known_corrupt
 from cachepipe.l1.guard import inspect_l1
 from cachepipe.l2.registry import open_store
-from cachepipe.l2.store import namespace
+from cachepipe.l2.store import glob_escape, namespace
 from cachepipe.server.embedded_group import EmbeddedGroup
 from cachepipe.source.manifest_file import read_root
 
@@ -100,14 +100,20 @@ def coverage(cache, sizes: Sequence[int] | None = None) -> dict:
 
 def running_l2(cfg) -> tuple[list[str], str]:
     """The L2 URLs of a :class:`~cachepipe.CacheConfig` without starting anything, and why
-    there are none: the embedded server only when it runs (its keys die with it)."""
+    there are none: of the embedded servers, those that run (a server's keys die with it).
+
+    A recorded server that is down (a ``redis-N/`` left by a run with more servers) holds
+    no key and is left out; the others are still read (issue 46, item 4). One that runs
+    but does not answer (busy, stopped) holds keys: it is kept, so that reading it fails
+    loudly instead of its keys being taken for absent.
+    """
     if not cfg.l2.is_embedded:
         return list(cfg.l2.urls), ""
     servers = EmbeddedGroup.found(cfg.cache_dir).servers
-    down = [s for s in servers if not s.ping()]
-    if not down:
-        return [s.url for s in servers], ""
-    return [], f"embedded server not running (socket {down[0].socket_path})"
+    running = [s.url for s in servers if s.ping() or s.identity() is not None]
+    if running:
+        return running, ""
+    return [], f"embedded server not running (socket {servers[0].socket_path})"
 
 
 def _known_corrupt_count(cache) -> int:
@@ -129,7 +135,7 @@ def _sizes(cache, store, urls: list[str], sizes: Sequence[int] | None) -> list[d
     cut = len(base)
     tag = DECODER_TAG.encode()  # keys of another decoder are never read (NOTE [decoder tag])
     found: dict[bytes, list[int]] = {}
-    for key in store.scan(base.decode() + "*"):  # linear: one append per key, one array per size
+    for key in store.scan(glob_escape(base.decode()) + "*"):  # linear: one append per key, one array per size
         parts = key[cut:].split(b":")  # <size>:<decoder tag>:<index>
         if len(parts) == 3 and parts[1] == tag and parts[2].isdigit():
             found.setdefault(parts[0], []).append(int(parts[2]))

@@ -5,7 +5,11 @@ L1 holds the raw bytes of every source file and the manifests list their names, 
 cache directory must not widen who can read the data. Every directory the cache creates
 is made 0700 and every file 0600 (LMDB's files through its ``mode`` argument, Redis'
 through the umask it is started with). An existing directory owned by someone else is
-refused: its owner could swap files under us.
+refused: its owner could swap files under us. So is a symbolic link where the cache keeps
+a directory of its own (``<fingerprint>/``, ``sources/``, ``redis/``, ``l1/``): writing
+through it would put manifests, pointers, pid files and ``chmod`` on whatever it names
+(issue 46, item 17). Only the cache dir itself may be a link (``/local/cache`` ->
+``/mnt/nvme/cache``), which its user chose.
 """
 from __future__ import annotations
 
@@ -14,16 +18,35 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["private_dir", "write_private"]
+__all__ = ["SymlinkedEntryError", "check_not_link", "private_dir", "write_private"]
 
 
-def private_dir(path: str | os.PathLike) -> Path:
+class SymlinkedEntryError(PermissionError):
+    """A cache dir entry is a symbolic link (NOTE [private cache files]): never followed."""
+
+
+def check_not_link(path: str | os.PathLike) -> None:
+    """Raise :class:`SymlinkedEntryError` when ``path`` is a symbolic link (absent is fine)."""
+    if os.path.islink(path):
+        raise SymlinkedEntryError(f"{path} is a symbolic link (to {os.readlink(path)}); cachepipe never "
+                                  f"follows a link inside its cache dir (it would write through it): remove "
+                                  f"the link")
+
+
+def private_dir(path: str | os.PathLike, *, follow_link: bool = False) -> Path:
     """Create ``path`` (and missing parents) with mode 0700; tighten it if it is ours.
 
+    Args:
+        follow_link: accept ``path`` being a symbolic link to a directory (the cache dir
+            itself, chosen by its user); default: refuse one (NOTE [private cache files]).
+
     Raises:
-        PermissionError: ``path`` exists and belongs to another user.
+        PermissionError: ``path`` exists and belongs to another user;
+            :class:`SymlinkedEntryError` (a ``PermissionError``): it is a symbolic link.
     """
     path = Path(path)
+    if not follow_link:
+        check_not_link(path)
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = os.stat(path)
     if st.st_uid != os.geteuid():

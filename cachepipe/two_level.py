@@ -31,6 +31,7 @@ from cachepipe.l2.level import L2Level
 from cachepipe.l2.registry import open_store
 from cachepipe.l2.spec import L2Spec, l2_setting, resolve_l2
 from cachepipe.l2.store import SampleStore, namespace
+from cachepipe.lease import Lease, hold_lease
 from cachepipe.private_files import private_dir
 from cachepipe.server.embedded import EmbeddedRedis, parse_memory
 from cachepipe.server.embedded_group import EmbeddedGroup
@@ -122,7 +123,7 @@ class TwoLevelCache:
             raise ValueError(f"the manifest is of {manifest.root!r}, the cache config of {config.source!r}")
         self.config = config
         if save_manifest:  # ranks race to create it: private_dir tolerates that
-            private_dir(config.cache_dir)  # NOTE [private cache files]
+            private_dir(config.cache_dir, follow_link=True)  # NOTE [private cache files]
         if manifest is not None:
             if save_manifest:
                 manifest.save(config.cache_dir)
@@ -133,6 +134,7 @@ class TwoLevelCache:
                                                    follow_external_links=config.follow_external_links)
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
+        self._lease = hold_lease(self.l1_path.parent) if save_manifest else None  # NOTE [namespace lease]
 
     # -- pickling and per-process state -----------------------------------------------
     def _reset_process_state(self) -> None:
@@ -141,6 +143,7 @@ class TwoLevelCache:
         self._store: SampleStore | None = None
         self._raw: RawLevels | None = None
         self._l2: L2Level | None = None
+        self._lease: Lease | None = None  # NOTE [namespace lease]
         self.counters: Counter = Counter()
         self.started_server = False  # this process started the embedded server
         self.last_errors: dict[int, str] = {}  # bad samples of the last get_many: index -> reason
@@ -178,6 +181,7 @@ class TwoLevelCache:
             share = l2.memory if l2.servers == 1 else parse_memory(l2.memory) // l2.servers
             self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
                                (lambda i: self.embedded_server(index=i)) if l2.is_embedded else None, share)
+        self._lease = self._lease or hold_lease(self.l1_path.parent)  # NOTE [namespace lease]
         self._pid = os.getpid()
 
     # -- properties --------------------------------------------------------------------
@@ -326,6 +330,8 @@ class TwoLevelCache:
                 self._l1.close()
             if self._raw is not None:
                 self._raw.close()
+            if self._lease is not None:
+                self._lease.release()
         counters, started = self.counters, self.started_server
         self._reset_process_state()
         self.counters, self.started_server = counters, started

@@ -3,10 +3,13 @@
 Drops the namespaces of SRC's older fingerprints (NOTE [stale namespaces] in
 ``cachepipe/stale.py``): their L2 keys on every shard and their directory in the cache
 dir. ``--fingerprint FP`` drops exactly the ones named (also one with no manifest here,
-as ``cachepipe stats`` lists them); the current fingerprint is never dropped.
+as ``cachepipe stats`` lists them); the current fingerprint is never dropped, nor another
+source's namespace. Everything is checked before anything is deleted.
 
-Exit status: 0 (also when there is nothing to drop), 2 bad flag values, 3 missing or
-invalid source, 4 L2 unreachable or refusing a command.
+Exit status: 0 (also when there is nothing to drop), 2 bad flag values (a malformed
+fingerprint, the current one, another source's), 3 missing or invalid source, 4 L2
+unreachable or refusing a command, 5 a namespace in use by a running process of this node
+(NOTE [namespace lease]), 6 a cache dir entry that cannot be removed (read-only, a link).
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ def _fail(message: str, code: int) -> int:
 
 def main(args: argparse.Namespace) -> int:
     from cachepipe.errors import L2UnavailableError
-    from cachepipe.stale import drop
+    from cachepipe.lease import NamespaceInUseError
+    from cachepipe.stale import NamespaceError, drop
     from tools.cache_flags import cache_from_args, check_args
 
     try:
@@ -54,6 +58,10 @@ def main(args: argparse.Namespace) -> int:
         return _fail(str(exc), 2)
     except L2UnavailableError as exc:
         return _fail(str(exc), 4)
+    except NamespaceInUseError as exc:
+        return _fail(str(exc), 5)
+    except OSError as exc:  # NamespaceError, or a cache dir that cannot be read
+        return _fail(str(exc) if isinstance(exc, NamespaceError) else f"{args.cache_dir}: {exc.strerror or exc}", 6)
     if args.json:
         print(json.dumps(result, indent=1))
     elif not result["fingerprints"]:

@@ -1,8 +1,8 @@
 """``cachepipe server {start,stop,status} --cache-dir DIR``: the embedded Redis servers of a cache dir.
 
 Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran (or it
-could not be stopped); 2 for a ``--cache-dir`` that is not a directory or a bad
-``--l2-memory``; 4 when it cannot start. ``stop`` and ``status`` never create the cache
+could not be stopped); 2 for a ``--cache-dir`` that is not a directory or whose server
+directory (``redis/``, ``redis-N/``) is a symbolic link, or a bad ``--l2-memory``; 4 when it cannot start. ``stop`` and ``status`` never create the cache
 directory.
 """
 from __future__ import annotations
@@ -38,6 +38,12 @@ def main(args: argparse.Namespace) -> int:
 
     if os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
         raise UsageError(f"--cache-dir {args.cache_dir} is not a directory; name the cache directory")
+    if os.path.isdir(args.cache_dir):  # NOTE [private cache files]: a server dir that is a link is never followed
+        for entry in sorted(os.listdir(args.cache_dir)):
+            path = os.path.join(args.cache_dir, entry)
+            if (entry == "redis" or entry.startswith("redis-")) and os.path.islink(path):
+                raise UsageError(f"--cache-dir {args.cache_dir}: {path} is a symbolic link (to {os.readlink(path)}); "
+                                 f"cachepipe never follows a link inside its cache dir: remove it")
     if args.action == "start":
         if args.l2_servers is not None and args.l2_servers < 1:
             raise UsageError(f"--l2-servers must be >= 1, got {args.l2_servers}")

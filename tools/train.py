@@ -265,7 +265,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"cachepipe train: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # one process: a cache or run file that could not be written after the checks
-        print(f"cachepipe train: error: {exc.strerror or exc}: {exc.filename}", file=sys.stderr)
+        print(f"cachepipe train: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""),
+              file=sys.stderr)
         return 1
     except Stopped as exc:
         print(f"cachepipe train: {exc}: every rank stopped with it; --resume {out} continues from the newest "

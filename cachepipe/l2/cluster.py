@@ -15,7 +15,7 @@ from redis.retry import Retry
 from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2UnavailableError, warn_once
 from cachepipe.l2.placement import LocalityError, node_of_hosts
-from cachepipe.l2.redis_url import redact
+from cachepipe.l2.redis_url import credentials, redact, split_url
 from cachepipe.l2.shards import make_client
 from cachepipe.l2.store import PARTIAL_KEY, SampleStore, is_oom, shard_row
 
@@ -27,7 +27,7 @@ _CHUNK = 2048
 
 
 def _node(url: str) -> ClusterNode:
-    hostport = url.split("://", 1)[1].split("/", 1)[0]
+    hostport = split_url(url)[2].split("/", 1)[0].split("?", 1)[0]  # never the user part (NOTE [Redis URL credentials])
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"a cluster URL looks like redis-cluster://host:port, got {redact(url)!r}")
@@ -50,6 +50,7 @@ class ClusterStore(SampleStore):
             raise ValueError("replicas must be 1 for a Redis Cluster (it replicates by itself)")
         self.urls = [redact(u) for u in urls]  # messages only; _node() reads host and port
         self._seeds = list(urls)
+        self._username, self._password = credentials(urls[0])  # NOTE [Redis URL credentials]
         self.namespace = namespace
         self.counters = counters
         self.timeout = timeout
@@ -61,6 +62,7 @@ class ClusterStore(SampleStore):
     def client(self) -> RedisCluster:
         if self._client is None:
             self._client = RedisCluster(startup_nodes=[_node(u) for u in self._seeds],
+                                        username=self._username, password=self._password,
                                         socket_timeout=self.timeout,
                                         socket_connect_timeout=self.timeout,
                                         retry=Retry(NoBackoff(), 0))
@@ -102,7 +104,7 @@ class ClusterStore(SampleStore):
         node = node_of_hosts(primaries, [(n.host, n.port) for n in map(_node, self.urls)])
         alive = np.zeros(len(primaries), dtype=bool)
         for k, (host, port) in enumerate(primaries):
-            client = make_client(f"redis://{host}:{port}/0", self.timeout)
+            client = make_client(f"redis://{host}:{port}/0", self.timeout, self._username, self._password)
             try:
                 alive[k] = bool(client.ping())
             except _ERRORS:

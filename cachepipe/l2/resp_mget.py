@@ -11,6 +11,17 @@ socket), ``AUTH`` and ``SELECT`` from the URL, and ``MGET``; everything else (wr
 ``INFO``) stays on redis-py, and a ``rediss://`` URL reads through redis-py (TLS decrypts
 into its own buffers, so there is no copy to save).
 
+NOTE [MGET connection errors]: an error line is raised as redis-py raises it (issue 46,
+item 13): ``WRONGPASS``, ``NOAUTH`` and a refused ``AUTH`` as ``AuthenticationError`` (a
+``ConnectionError``), ``NOPERM`` as ``NoPermissionError``, so that the store backs off a
+shard with wrong credentials (NOTE [dead shard backoff]) instead of connecting and
+authenticating again on every batch. A server that closed an idle connection (its
+``timeout`` setting, a restart, ``CLIENT KILL``) fails the next command on that socket;
+redis-py checks a pooled connection before use and reconnects, and so does this reader:
+a connection error on a socket opened by an earlier call is retried once on a fresh one
+(``MGET`` has no side effects), so it costs no batch of misses. A fresh socket that fails,
+a timeout or an authentication error is not retried.
+
 NOTE [reused reply buffer]: a batch's reply is tens of MB (128 samples of ~250 KB); a
 fresh buffer per reply is a fresh mapping (it is above malloc's mmap threshold), every
 page of which the kernel zero-fills and faults in again. So each connection keeps its
@@ -30,7 +41,7 @@ import numpy as np
 import redis
 from redis.connection import parse_url
 
-from cachepipe.l2.redis_url import redact
+from cachepipe.l2.redis_url import connect_url, redact
 
 __all__ = ["MGetConnection"]
 
@@ -59,7 +70,7 @@ class MGetConnection:
     """
 
     def __init__(self, url: str, timeout: float = 1.0) -> None:
-        kw = parse_url(url)
+        kw = parse_url(connect_url(url))  # NOTE [Redis URL credentials]
         if kw.get("connection_class") not in (None, redis.UnixDomainSocketConnection):
             raise ValueError(f"MGetConnection speaks plain TCP and Unix sockets, not {url.split(':', 1)[0]}://")
         self.url = redact(url)  # only used in messages
@@ -104,7 +115,7 @@ class MGetConnection:
         self._sock.sendall(_pack(args))
         line = _Reply(self._sock, np.empty(_MAX_LINE, dtype=np.uint8), self.url).line()
         if line[:1] == b"-":
-            raise redis.ResponseError(line[1:].decode(errors="replace"))
+            raise _error(line)
         return line
 
     def close(self) -> None:
@@ -123,24 +134,41 @@ class MGetConnection:
 
         Raises:
             redis.ConnectionError, redis.TimeoutError: the server is gone or too slow
-                (the connection is dropped and reopened on the next call).
-            redis.ResponseError: the server refused the command.
+                (the connection is dropped and reopened on the next call; a connection
+                an earlier call opened is first retried once, NOTE [MGET connection errors]).
+            redis.AuthenticationError: the server refused the URL's credentials.
+            redis.ResponseError: the server refused the command (``NoPermissionError``:
+                the ACL user may not run it).
         """
         if not keys:
             return []
+        reused = self._sock is not None and self._pid == os.getpid()
+        try:
+            return self._mget(keys)
+        except redis.AuthenticationError:
+            raise
+        except redis.ConnectionError:
+            if not reused:
+                raise
+        return self._mget(keys)  # the server closed an idle connection: once on a fresh one
+
+    def _mget(self, keys: Sequence[str]) -> list[memoryview | None]:
         sock = self._socket()
         try:
             sock.sendall(_pack(["MGET", *keys]))
             reply = _Reply(sock, self._reply_buffer(len(keys) * (self._value_bytes + 16) + 64), self.url)
             header = reply.line()
             if header[:1] == b"-":
-                raise redis.ResponseError(header[1:].decode(errors="replace"))
+                raise _error(header)
             if header[:1] != b"*" or int(header[1:]) != len(keys):
                 raise redis.ConnectionError(f"unexpected MGET reply header {header[:40]!r} from {self.url}")
             values = [reply.bulk() for _ in keys]
         except socket.timeout:
             self.close()
             raise redis.TimeoutError(f"timeout reading from {self.url}") from None
+        except redis.AuthenticationError:
+            self.close()  # NOAUTH: AUTH again on the next connection, after the store's backoff
+            raise
         except redis.ResponseError:
             raise  # the error line was the whole reply: the stream is still aligned
         except BaseException as exc:
@@ -221,6 +249,20 @@ class _Reply:
             raise redis.ConnectionError(f"bulk value of {n} bytes not followed by CRLF from {self.url}")
         self.pos += n + 2
         return value
+
+
+_AUTH_ERRORS = ("WRONGPASS", "NOAUTH", "ERR invalid password", "ERR invalid username-password pair",
+                "ERR Client sent AUTH, but no password is set", "ERR AUTH <password> called without")
+
+
+def _error(line: bytes) -> redis.RedisError:
+    """The exception redis-py raises for the error line ``-...`` (NOTE [MGET connection errors])."""
+    text = line[1:].decode(errors="replace")
+    if text.startswith(_AUTH_ERRORS):
+        return redis.AuthenticationError(text)
+    if text.startswith("NOPERM"):
+        return redis.exceptions.NoPermissionError(text)
+    return redis.ResponseError(text)
 
 
 def _pack(args: Sequence[str]) -> bytes:

@@ -27,7 +27,7 @@ from cachepipe.backoff import ShardHealth
 from cachepipe.errors import L2PermissionError, L2UnavailableError, warn_once
 from cachepipe.l2.hashing import rendezvous_owners, shard_seed
 from cachepipe.l2.placement import LocalityError, first_live_owner
-from cachepipe.l2.redis_url import canonical, redact
+from cachepipe.l2.redis_url import canonical, connect_url, redact
 from cachepipe.l2.resp_mget import MGetConnection
 from cachepipe.l2.store import PARTIAL_KEY, SampleStore, is_oom, shard_row
 
@@ -53,12 +53,14 @@ def _quiet_connects() -> dict:
 _QUIET = _quiet_connects()
 
 
-def make_client(url: str, timeout: float) -> redis.Redis:
+def make_client(url: str, timeout: float, username: str | None = None, password: str | None = None) -> redis.Redis:
     """A client with no hidden retries (failures are handled by NOTE [dead shard backoff])
-    that sends only the commands of NOTE [Redis ACL]."""
-    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+    that sends only the commands of NOTE [Redis ACL]; ``username``/``password`` (a Redis
+    Cluster node's) when the URL has none (NOTE [Redis URL credentials])."""
+    auth = {k: v for k, v in (("username", username), ("password", password)) if v is not None}
+    return redis.Redis.from_url(connect_url(url), socket_timeout=timeout, socket_connect_timeout=timeout,
                                 retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-                                health_check_interval=0, socket_read_size=_READ_SIZE, **_QUIET)
+                                health_check_interval=0, socket_read_size=_READ_SIZE, **auth, **_QUIET)
 
 
 def _why(exc: BaseException, command: str = "") -> str:
@@ -143,6 +145,11 @@ class ShardedRedisStore(SampleStore):
     def _failed(self, s: int, exc: BaseException, what: str) -> None:
         self.health[s].failed(exc)
         self.counters["l2_errors"] += 1
+        if isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError)):
+            warn_once(self._warned, f"auth{s}", f"L2 shard {self.names[s]} refused cachepipe's {what} "
+                      f"({type(exc).__name__}: {exc}): check the password in its URL and the Redis user's ACL "
+                      f"(docs/cache.md, Security); reading from replicas/L1/source and retrying it with backoff")
+            return
         warn_once(self._warned, f"down{s}", f"L2 shard {self.names[s]} failed on {what} "
                   f"({type(exc).__name__}: {exc}); reading from replicas/L1/source and retrying "
                   f"it with backoff")
@@ -170,7 +177,7 @@ class ShardedRedisStore(SampleStore):
                     keys = [self.key(int(i)) for i in idx[pos]]
                     reader = self.readers[s]
                     values = reader.mget(keys) if reader else self.clients[s].mget(keys)
-                except _NET_ERRORS as exc:
+                except (*_NET_ERRORS, redis.exceptions.NoPermissionError) as exc:  # NOTE [MGET connection errors]
                     self._failed(int(s), exc, "read")
                     still.append(pos)
                     continue

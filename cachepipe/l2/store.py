@@ -28,7 +28,8 @@ import numpy as np
 
 from cachepipe.decode import DECODER_TAG
 
-__all__ = ["PARTIAL_KEY", "SHARD_INFO", "SampleStore", "glob_matcher", "is_oom", "namespace", "shard_row"]
+__all__ = ["PARTIAL_KEY", "SHARD_INFO", "SampleStore", "glob_escape", "glob_matcher", "is_oom", "namespace",
+           "shard_row"]
 
 PARTIAL_KEY = "partial"  # <namespace>partial: NOTE [fixed L2 subset]
 
@@ -63,6 +64,18 @@ def namespace(prefix: str, fingerprint: str, cache_size: int) -> str:
     """The key prefix ``<prefix>:<fingerprint>:<cache_size>:<decoder tag>:`` of one cached
     size of a source (NOTE [decoder tag] in ``cachepipe/decode.py``)."""
     return f"{prefix}:{fingerprint}:{cache_size}:{DECODER_TAG}:"
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a Redis glob that matches it literally: ``*``, ``?``, ``[``, ``]`` and ``\\``
+    each behind a backslash. Every ``SCAN MATCH`` cachepipe builds from a user's prefix goes
+    through it (NOTE [stale namespaces]): ``--prefix 'exp[1]'`` must never match ``exp1``.
+
+    Example:
+        >>> glob_escape("exp[1]*")
+        'exp\\\\[1\\\\]\\\\*'
+    """
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def glob_matcher(pattern: str) -> Callable[[bytes], bool]:

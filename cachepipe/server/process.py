@@ -84,7 +84,7 @@ class RedisProcess:
                  args: Sequence[str] = (), binary: str | None = None, wrap: Sequence[str] = (),
                  protected_mode: bool = True, unix_socket: str | os.PathLike | None = None,
                  timeout: float = 10.0) -> None:
-        self.workdir = private_dir(Path(workdir).absolute())  # 0700: its socket lives there
+        self.workdir = private_dir(Path(workdir).absolute(), follow_link=True)  # 0700: its socket lives there
         self.binary = binary or find_redis_server()
         self.bind = bind
         if bind is not None and port is None:

@@ -13,7 +13,10 @@ fault from here, on processes and files this benchmark made:
   untouched), then into its own (``tools.bench.parts.faults_launcher``);
 - ``l1``: truncate L1's ``data.mdb`` to 16 KiB and empty L2 before the run, so reads go to L1;
 - ``fifo``, ``huge``, ``replaced``: a FIFO, a 40 GB sparse file, a same-size same-mtime
-  replacement in a copy of the source (``tools/bench/parts/faults_sources.py``).
+  replacement in a copy of the source (``tools/bench/parts/faults_sources.py``);
+- ``drop_other``, ``drop_prefix``, ``drop_training``: ``cachepipe drop`` of another source's
+  namespace, of a prefix with glob characters, of a namespace a run is training on
+  (``tools/bench/parts/faults_drop.py``).
 
 Per scenario: whether the fault was injected and the run finished (``survived``), epochs,
 steps and samples seen per epoch against the baseline (``samples_lost``: fewer samples
@@ -39,6 +42,7 @@ import time
 from pathlib import Path
 
 from tools.bench.harness import Result
+from tools.bench.parts.faults_drop import DROP_FAULTS, drop_fault
 from tools.bench.parts.faults_launcher import other_out, spawned_children, stop_launcher
 from tools.bench.parts.faults_sources import SOURCE_FAULTS, source_fault
 from tools.cli import UsageError
@@ -46,7 +50,7 @@ from tools.cli import UsageError
 __all__ = ["configure", "run", "spawned_children"]
 
 SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "launcher", "other_out", *SOURCE_FAULTS,
-             "l1"]  # l1 last: it damages the shared cache
+             *DROP_FAULTS, "l1"]  # l1 last: it damages the shared cache
 COLUMNS = ["fault", "injected", "survived", "epochs", "steps", "samples_lost", "skipped", "top1",
            "same_top1", "shm_left", "procs_left", "stale", "exit"]
 
@@ -215,6 +219,8 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
         return (*other_out(bench, out), out)
     if name in SOURCE_FAULTS:
         return (*source_fault(bench, name, out), out)
+    if name in DROP_FAULTS:
+        return (*drop_fault(bench, name, out), out)
     if name == "l1":
         for mdb in bench.cache.rglob("data.mdb"):
             os.truncate(mdb, 16384)
