@@ -40,6 +40,7 @@ from cachepipe.source.file_identity import settle
 from cachepipe.source.fingerprint import fingerprint as fingerprint_of
 from cachepipe.source.manifest_file import FILE_NAME, ManifestFile, ManifestFileError, write_manifest
 from cachepipe.source.reuse import load_or_scan, write_pointer
+from cachepipe.source.listing import SCAN_THREADS, scan_pool
 from cachepipe.source.scan import Walker
 from cachepipe.source.views import Relpaths, Samples, Targets
 
@@ -163,7 +164,7 @@ class Manifest:
     @classmethod
     def scan(cls, root: str | os.PathLike, *, extensions: str | Sequence[str] | None = None,
              is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
-             follow_external_links: bool = False) -> Manifest:
+             follow_external_links: bool = False, scan_threads: int = SCAN_THREADS) -> Manifest:
         """Walk ``root`` with torchvision ``ImageFolder`` / ``DatasetFolder`` rules, links as
         NOTE [symlinks in the source] says.
 
@@ -175,6 +176,8 @@ class Manifest:
             allow_empty: keep class folders without a valid file (their label exists,
                 no sample has it) instead of raising.
             follow_external_links: also follow links whose target leaves the root.
+            scan_threads: stats and listings in flight (NOTE [scan in flight]); the
+                result does not depend on it.
 
         A manifest scanned with ``extensions`` or ``is_valid_file`` (or with empty classes)
         is not reused by :meth:`load_or_scan` (NOTE [manifest reuse]): those rules are not
@@ -202,7 +205,15 @@ class Manifest:
         started_ns = time.time_ns()
         with os.scandir(root) as it:
             entries = list(it)
-        walker = Walker(root, follow_external_links)
+        with scan_pool(scan_threads) as pool:
+            return cls._scan(root, entries, pool, scan_threads, started_ns, is_valid_file, custom, extensions,
+                             ends if extensions is not None or not custom else None, allow_empty,
+                             follow_external_links)
+
+    @classmethod
+    def _scan(cls, root: str, entries: list, pool, threads: int, started_ns: int, is_valid_file, custom: bool,
+              extensions, ends, allow_empty: bool, follow_external_links: bool) -> Manifest:
+        walker = Walker(root, follow_external_links, pool, threads)
         classes = walker.classes(root)
         if not classes:
             files = sorted(e.name for e in entries)
@@ -224,7 +235,8 @@ class Manifest:
             dir_mtimes = {}
         prefix = [os.path.join(root, c) for c in classes]
         cols = settle(cols, np.frombuffer(files.rows.devices, dtype=np.int64),  # NOTE [file identity]
-                      lambda k: os.path.join(prefix[cols.labels[k]], os.fsdecode(cols.name(k))), started_ns)
+                      lambda k: os.path.join(prefix[cols.labels[k]], os.fsdecode(cols.name(k))), started_ns,
+                      pool.map)
         m = cls(root, classes, cols, dir_mtimes=dir_mtimes, scanned_at=started_ns / 1e9,
                 follow_external_links=follow_external_links)
         m.skipped_files = files.irregular
