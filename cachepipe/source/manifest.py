@@ -298,7 +298,7 @@ class Manifest:
     @classmethod
     def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *,
                      verify: str = "dirs", rescan: bool = False, save: bool = True,
-                     follow_external_links: bool = False) -> Manifest:
+                     follow_external_links: bool = False, scan_threads: int = SCAN_THREADS) -> Manifest:
         """Reuse the saved manifest of ``root`` if unchanged, else scan and save.
 
         Args:
@@ -311,12 +311,16 @@ class Manifest:
             save: write a new scan to ``cache_dir`` (``False``: change nothing there).
             follow_external_links: as :meth:`scan`; a saved scan made with the other
                 setting is not reused.
+            scan_threads: as :meth:`scan` (also the stats of ``verify="files"``).
+
+        The ranks of a node scan once: the check and the scan hold a lock in ``cache_dir``
+        and the others then load the saved scan (NOTE [one scan per node]).
 
         Raises:
             FileNotFoundError, ValueError: as :meth:`scan`; ValueError for a bad ``verify``.
         """
         return load_or_scan(cls, root, cache_dir, verify=verify, rescan=rescan, save=save,
-                            follow_external_links=follow_external_links)
+                            follow_external_links=follow_external_links, scan_threads=scan_threads)
 
 
 def _mapped(path: str, checksum: int, fingerprint: str, root: str, scan: tuple) -> Manifest:
