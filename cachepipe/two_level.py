@@ -40,7 +40,7 @@ __all__ = ["TwoLevelCache"]
 
 _INHERITED: list = []
   # handles from a parent process; see NOTE [per-process handles]
-_SOURCE_THREADS = 8
+_SOURCE_THREADS = 32  # reads in flight per process: NFS latency, not CPU, is their cost
 
 
 class TwoLevelCache:

@@ -51,23 +51,22 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-import warnings
-from collections import Counter
 from collections.abc import Callable
+from itertools import islice
 
 import numpy as np
 
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
-from cachepipe.decode import decode_and_resize
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, L2UnavailableError, SampleTooLargeError
+from cachepipe.errors import L1FullError, L2UnavailableError
 from cachepipe.l1.corrupt_record import known_corrupt, save_corrupt
 from cachepipe.l1.sizing import l1_disk_bytes
-from cachepipe.l2.codec import encode_sample
+from cachepipe.warm_chunks import GROUP, pipelined, run_group, set_worker_cache, warm_chunk
 from cachepipe.stale import stale_fingerprints, stale_l2_keys
 from cachepipe.warm_record import is_complete, record_complete
 
-__all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
+__all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "pipelined", "plan_warmup", "warm_chunk",
+           "warmup"]
 
 _SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors")
 
@@ -133,62 +132,8 @@ def _known(cache) -> np.ndarray:
     return np.asarray(sorted(known_corrupt(cache)), dtype=np.int64)
 
 
-def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
-    """Mirror ``indices`` into L1 and decode ``l2_indices`` into L2 (one batch each).
-
-    Returns:
-        Counts (``done``, ``l1_written``, ``l2_written``, ``l2_full`` (refused for
-        maxmemory: NOTE [fixed L2 subset]), ``bytes_read``, ``l2_write_errors`` (other
-        failures)) and index lists: ``corrupt`` (stable, unchanged bytes that do
-        not decode, or too large to read), ``unreadable`` (read errors after retries;
-        ``why``: index -> the error), ``changed`` (the file differs from the manifest),
-        ``decoded``.
-
-    Raises:
-        L1FullError: the L1 map or disk is full.
-    """
-    before = Counter(cache.counters)
-    cache._open()
-    raw = cache._read_raw(indices, strict_l1=True)
-    changed = set(cache._raw.changed)
-    corrupt, unreadable, encoded = [], [], []
-    for i in l2_indices:
-        data = raw[i]
-        if isinstance(data, OSError):  # NOTE [corrupt files]: a file too large to read is not a sample
-            (corrupt if isinstance(data, SampleTooLargeError) else unreadable).append(i)
-            continue
-        if i in changed:
-            continue
-        try:
-            encoded.append((i, encode_sample(i, decode_and_resize(data, cache.config.cache_size, index=i))))
-        except CorruptSampleError:
-            corrupt.append(i)
-    with warnings.catch_warnings():  # NOTE [fixed L2 subset]: a full shard is expected here
-        warnings.filterwarnings("ignore", "L2 shard .* is out of memory", CacheWarning)
-        l2_written = cache.store.put_many(encoded) if encoded and cache.store is not None else 0
-    after = cache.counters
-    oom = after["l2_oom"] - before["l2_oom"]  # NOTE [fixed L2 subset]: left out, not an error
-    return {"done": len(indices), "l1_written": after["l1_writes"] - before["l1_writes"],
-            "l2_written": l2_written, "bytes_read": after["source_bytes"] - before["source_bytes"],
-            "l2_write_errors": after["l2_write_errors"] - before["l2_write_errors"] - oom,
-            "l2_full": oom, "corrupt": corrupt, "unreadable": unreadable, "changed": sorted(changed),
-            "decoded": [i for i, _ in encoded], "why": {i: str(raw[i]) for i in unreadable}}
-
-
 def _names(manifest, indices) -> list[str]:
     return [manifest.relpath(i) for i in sorted(int(i) for i in indices)]
-
-
-_WORKER_CACHE = None
-
-
-def _init_worker(cache) -> None:
-    global _WORKER_CACHE
-    _WORKER_CACHE = cache
-
-
-def _run_chunk(args) -> dict:
-    return warm_chunk(_WORKER_CACHE, *args)
 
 
 def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
@@ -263,7 +208,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
               "nothing_to_do": not len(np.setdiff1d(work, recheck, assume_unique=True))}
     used_before = l2_used(cache) if len(l2_todo) else 0
     in_l2 = np.isin(work, l2_todo)
-    chunks = ((work[s:s + batch_size].tolist(), work[s:s + batch_size][in_l2[s:s + batch_size]].tolist())
+    # what is read from the source: what L1 lacks, or everything without an L1 (NOTE [reads in flight])
+    from_source = np.isin(work, l1_todo) if cache.config.use_l1 else np.ones(len(work), dtype=bool)
+    chunks = ((work[s:s + batch_size].tolist(), work[s:s + batch_size][in_l2[s:s + batch_size]].tolist(),
+               work[s:s + batch_size][from_source[s:s + batch_size]].tolist())
               for s in range(0, len(work), batch_size))  # made as the workers take them: no list of N
     count = -(-len(work) // batch_size)
     found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}  # "decoded": of ``recheck`` only
@@ -275,12 +223,13 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         bar = tqdm(total=len(work), unit="img", desc="warmup", disable=not progress,
                    file=sys.stderr, dynamic_ncols=True)
         if workers == 1 or count == 1:
-            results = (warm_chunk(cache, *c) for c in chunks)
+            results = pipelined(cache, chunks)
             pool = None
         else:
             ctx = multiprocessing.get_context("spawn")
-            pool = ctx.Pool(min(workers, count), initializer=_init_worker, initargs=(cache,))
-            results = pool.imap_unordered(_run_chunk, chunks)
+            pool = ctx.Pool(min(workers, -(-count // GROUP)), initializer=set_worker_cache, initargs=(cache,))
+            groups = iter(lambda: list(islice(chunks, GROUP)), [])
+            results = (r for rs in pool.imap_unordered(run_group, groups) for r in rs)
         try:
             for r in results:
                 for k in _SUMMED:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cachepipe.backoff import retry_delays
@@ -168,10 +168,18 @@ class SourceReader:
         read = lambda p, e: read_stable(p, e, max_bytes=self.max_bytes)  # noqa: E731
         if len(paths) <= 1:
             return [read(p, e) for p, e in zip(paths, expect)]
+        return list(self._threads().map(read, paths, expect))
+
+    def submit(self, path: str, expect: tuple[int, int, int, int] | None = None) -> Future:
+        """Start one stable read now (a read ahead: NOTE [reads in flight]); its future
+        gives the :class:`SourceFile` or ``OSError`` :meth:`read` would."""
+        return self._threads().submit(read_stable, path, expect, max_bytes=self.max_bytes)
+
+    def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None or self._pid != os.getpid():
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cachepipe-read")
             self._pid = os.getpid()
-        return list(self._pool.map(read, paths, expect))
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None and self._pid == os.getpid():

@@ -1,0 +1,47 @@
+"""NOTE [reads in flight]: the warm-up and the loader's misses keep source reads in flight
+across batches, read each file once, and return what a serial read returns."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from cachepipe import TwoLevelCache
+from cachepipe.source import reader
+from cachepipe.warmup import warmup
+
+
+@pytest.fixture
+def slow_reads(monkeypatch):
+    """Every source read takes 20 ms; counts reads per path and the most at once."""
+    real = reader.read_stable
+    lock = threading.Lock()
+    state = {"now": 0, "most": 0, "reads": Counter()}
+
+    def slow(path, *args, **kwargs):
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+            state["reads"][path] += 1
+        time.sleep(0.02)
+        try:
+            return real(path, *args, **kwargs)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    monkeypatch.setattr(reader, "read_stable", slow)
+    return state
+
+
+def test_warmup_reads_the_next_batches_while_writing_one(source, tmp_path, slow_reads):
+    with TwoLevelCache(source, tmp_path / "cache", redis=False) as cache:
+        report = warmup(cache, batch_size=4, progress=False)
+        assert report["l1_written"] == len(cache) == 24
+        assert slow_reads["most"] > 4, "no read ran ahead of its batch"
+        assert set(slow_reads["reads"].values()) == {1}  # every file read once
+        values, _ = cache.l1.get_many(range(len(cache)))
+        for i, data in enumerate(values):
+            assert data == open(cache.manifest.path(i), "rb").read()
