@@ -59,13 +59,19 @@ class RawLevels:
         self._ahead: dict[int, tuple[int, Future]] = {}  # index -> (order started, its read), by prefetch
         self._ahead_size = self._seq = 0
 
-    def prefetch(self, indices) -> int:
+    def prefetch(self, indices, *, unless_in_l1: bool = False) -> int:
         """Start the source reads of ``indices`` now, for a later :meth:`read` (NOTE [reads
-        in flight]); the caller passes only indices it will read from the source, in the
-        order it will read them. Returns how many were started."""
+        in flight]), in the order they will be read: indices to be read from the source
+        (``unless_in_l1``: those L1 lacks). Returns how many were started."""
         submit = getattr(self.reader, "submit", None)
         if submit is None:
             return 0
+        has = getattr(self.l1, "has_many", None)
+        if unless_in_l1 and has is not None and len(indices):
+            try:
+                indices = [i for i, there in zip(indices, has(indices)) if not there]
+            except lmdb.Error:
+                return 0  # the read that follows bypasses L1 and says so
         m, started = self.manifest, 0
         for i in indices:
             i = int(i)

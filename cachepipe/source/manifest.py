@@ -298,7 +298,8 @@ class Manifest:
     @classmethod
     def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *,
                      verify: str = "dirs", rescan: bool = False, save: bool = True,
-                     follow_external_links: bool = False, scan_threads: int = SCAN_THREADS) -> Manifest:
+                     follow_external_links: bool = False, scan_threads: int = SCAN_THREADS,
+                     shared=None) -> Manifest:
         """Reuse the saved manifest of ``root`` if unchanged, else scan and save.
 
         Args:
@@ -312,6 +313,9 @@ class Manifest:
             follow_external_links: as :meth:`scan`; a saved scan made with the other
                 setting is not reused.
             scan_threads: as :meth:`scan` (also the stats of ``verify="files"``).
+            shared: where other nodes' scans are published (a
+                :class:`~cachepipe.shared_manifest.ManifestShare`): one is taken when the reuse
+                check passes, and a new scan is published (NOTE [manifest through the store]).
 
         The ranks of a node scan once: the check and the scan hold a lock in ``cache_dir``
         and the others then load the saved scan (NOTE [one scan per node]).
@@ -320,7 +324,8 @@ class Manifest:
             FileNotFoundError, ValueError: as :meth:`scan`; ValueError for a bad ``verify``.
         """
         return load_or_scan(cls, root, cache_dir, verify=verify, rescan=rescan, save=save,
-                            follow_external_links=follow_external_links, scan_threads=scan_threads)
+                            follow_external_links=follow_external_links, scan_threads=scan_threads,
+                            shared=shared)
 
 
 def _mapped(path: str, checksum: int, fingerprint: str, root: str, scan: tuple) -> Manifest:

@@ -102,7 +102,7 @@ def scan_lock(cache_dir: str | os.PathLike, root: str):
 
 def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *, verify: str = "dirs",
                  rescan: bool = False, save: bool = True, follow_external_links: bool = False,
-                 scan_threads: int = SCAN_THREADS):
+                 scan_threads: int = SCAN_THREADS, shared=None):
     """``cls.load_or_scan`` (:meth:`cachepipe.Manifest.load_or_scan`, whose docstring this follows)."""
     if verify not in ("dirs", "files"):
         raise ValueError(f"verify must be one of 'dirs', 'files'; got {verify!r}")
@@ -114,11 +114,11 @@ def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *, 
     called = time.time()
     with scan_lock(cache_dir, root):  # NOTE [one scan per node]
         return _load_or_scan(cls, root, cache_dir, verify, rescan, save, follow_external_links, scan_threads,
-                             called)
+                             called, shared)
 
 
 def _load_or_scan(cls, root: str, cache_dir, verify: str, rescan: bool, save: bool, follow_external_links: bool,
-                  threads: int, called: float):
+                  threads: int, called: float, shared=None):
     pointer = _pointer(cache_dir, root)
     if pointer.exists():
         try:
@@ -139,7 +139,14 @@ def _load_or_scan(cls, root: str, cache_dir, verify: str, rescan: bool, save: bo
             # an unreadable pointer, or a manifest that cannot be used: the rescan rewrites them
             if save:
                 pointer.unlink(missing_ok=True)
+    if shared is not None and not rescan:  # NOTE [manifest through the store]: another node's scan
+        m = shared.fetch(root, cache_dir)
+        if m is not None and m.follow_external_links == follow_external_links and _unchanged(m, verify, threads):
+            m.save(cache_dir)  # the file is in place: writes the pointer
+            return m
     m = cls.scan(root, follow_external_links=follow_external_links, scan_threads=threads)
     if save:
         m.save(cache_dir)
+        if shared is not None and m.dir_mtimes:
+            shared.publish(m)
     return m

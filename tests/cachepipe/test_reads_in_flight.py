@@ -45,3 +45,30 @@ def test_warmup_reads_the_next_batches_while_writing_one(source, tmp_path, slow_
         values, _ = cache.l1.get_many(range(len(cache)))
         for i, data in enumerate(values):
             assert data == open(cache.manifest.path(i), "rb").read()
+
+
+def test_a_batch_that_missed_starts_the_reads_of_the_next(source, tmp_path, slow_reads):
+    with TwoLevelCache(source, tmp_path / "cache", redis=False, cache_size=32) as cache:
+        assert cache.read_ahead([4, 5]) == 0  # nothing missed yet: no reads ahead
+        cache.get_many([0, 1, 2, 3])  # misses, read from the source
+        assert cache.read_ahead([0, 4, 5, 6, 7]) == 4  # 0 is in L1 now
+        time.sleep(0.1)  # the reads run while the caller transforms its batch
+        t0 = time.perf_counter()
+        cache.get_many([4, 5, 6, 7])
+        assert time.perf_counter() - t0 < 0.015 or slow_reads["now"] == 0 and not cache._raw._ahead  # read already
+        assert set(slow_reads["reads"].values()) == {1}
+        cache.get_many([0, 1])  # hits only
+        assert cache.read_ahead([8, 9]) == 0
+
+
+def test_requests_name_the_batch_their_worker_fetches_next():
+    from loaders.sampler import ShardedBatchSampler
+
+    sampler = ShardedBatchSampler(20, 4, shuffle=True, seed=3)
+    sampler.read_ahead = 2  # two workers: batch k's worker fetches k + 2 next
+    got = list(sampler)
+    for k, request in enumerate(got):
+        assert request.ahead == (list(got[k + 2]) if k + 2 < len(got) else [])
+    import pickle
+
+    assert pickle.loads(pickle.dumps(got[0])).ahead == got[0].ahead
