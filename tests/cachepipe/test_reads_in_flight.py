@@ -52,9 +52,11 @@ def test_a_batch_that_missed_starts_the_reads_of_the_next(source, tmp_path, slow
         assert cache.read_ahead([4, 5]) == 0  # nothing missed yet: no reads ahead
         cache.get_many([0, 1, 2, 3])  # misses, read from the source
         assert cache.read_ahead([0, 4, 5, 6, 7]) == 4  # 0 is in L1 now
-        time.sleep(0.05)  # the reads run while the caller transforms its batch
         ahead = [cache.manifest.path(i) for i in (4, 5, 6, 7)]
-        assert all(slow_reads["reads"][p] == 1 for p in ahead)  # started before they were asked for
+        deadline = time.monotonic() + 5
+        while not all(slow_reads["reads"][p] == 1 for p in ahead):  # they start before they are asked for
+            assert time.monotonic() < deadline, "the reads ahead never started"
+            time.sleep(0.01)
         cache.get_many([4, 5, 6, 7])
         assert set(slow_reads["reads"].values()) == {1}
         cache.get_many([0, 1])  # hits only
