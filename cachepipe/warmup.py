@@ -8,12 +8,22 @@ the placement node-local sampling draws by (``store.node_of``, NOTE [placement] 
 homes are hashed over the M nodes). M nodes warm L2 in parallel without overlap,
 each writing to its own server over no network, and the fixed subset a node caches when
 L2 is too small (NOTE [fixed L2 subset]) is a subset of the samples its ranks draw with
-``locality="node"``. L1 is a per-node local disk mirror: by default (``l1_scope="all"``)
-each node mirrors the whole source; ``"partition"`` mirrors only its part.
+``locality="node"``. L1 is a per-node local disk mirror of what the node reads (NOTE [L1
+holds what the node reads]).
 Work is found by asking each level what it lacks (LMDB keys, pipelined EXISTS), so a
 killed run resumes where it stopped and a finished one has nothing to do; a finished one
 knows it without N round trips (an L1 holding N entries, NOTE [completion record] in
 ``cachepipe/warm_record.py``). Every per-sample set is a numpy array.
+
+NOTE [L1 holds what the node reads]
+Under global sampling (``locality="global"``) every rank draws from every sample, so each
+node mirrors the whole source (``l1_scope="all"``) and the file server serves each file
+once per node (16 nodes: 16 reads of every file, 144 GB of disk per node for ImageNet).
+Under node-local sampling (``locality="node"``) a node's ranks draw its partition, the
+samples its L2 holds (plus the ~2 % exchanged each epoch, read from their home node's L2),
+so it mirrors only that (``l1_scope="partition"``): the nodes' partitions are disjoint
+and the file server serves each file once per job. ``l1_scope`` follows ``locality``
+unless given; the report names it (``l1_scope``, and ``cachepipe warmup`` says it).
 
 NOTE [corrupt files]
 A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NOTE
@@ -68,6 +78,7 @@ from cachepipe.warm_record import is_complete, record_complete
 __all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "pipelined", "plan_warmup", "warm_chunk",
            "warmup"]
 
+LOCALITIES = ("global", "node")  # as loaders.locality spells them
 _SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors")
 
 
@@ -137,7 +148,7 @@ def _names(manifest, indices) -> list[str]:
 
 
 def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
-           l1_scope: str = "all", batch_size: int = 64, progress: bool = True,
+           l1_scope: str | None = None, locality: str = "global", batch_size: int = 64, progress: bool = True,
            check_capacity: bool = True, on_progress: Callable[[int], None] | None = None,
            limit: int | None = None, require_full: bool = False) -> dict:
     """Fill ``cache`` (a :class:`~cachepipe.TwoLevelCache`) for this node.
@@ -145,7 +156,9 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     Args:
         workers: parallel worker processes (1 = in this process).
         node_rank, num_nodes: this node's L2 partition (NOTE [warm-up partitions]).
-        l1_scope: ``"all"`` or ``"partition"``.
+        l1_scope: ``"all"`` or ``"partition"``; default: as ``locality`` (NOTE [L1 holds
+            what the node reads]).
+        locality: how training draws samples, ``"global"`` or ``"node"`` (node-local).
         batch_size: samples per LMDB transaction / Redis pipeline.
         progress: show a tqdm bar on stderr.
         check_capacity: refuse to start when the L1 disk is too small, and write to L2 only
@@ -155,7 +168,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         require_full: refuse to start (``L2TooSmallError``) when L2 cannot hold the partition.
 
     Returns:
-        Summary dict: ``samples``, ``partition``, ``cache_size``, ``l1_todo``, ``l2_todo``,
+        Summary dict: ``samples``, ``partition``, ``l1_scope``, ``locality``, ``cache_size``, ``l1_todo``, ``l2_todo``,
         ``l1_written``, ``l2_written``, ``l2_cached`` / ``l2_uncached`` (samples of the
         partition in L2 / left out for lack of room), ``l2_coverage`` (their fraction in
         L2), ``l2_full`` (writes refused for maxmemory), ``l2_bytes_per_sample`` (growth of
@@ -178,6 +191,9 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         raise ValueError("num_nodes > 1 needs a shared L2 (Redis URLs or a cluster): "
                          "the embedded server is private to one node, so the other nodes' "
                          "partitions would never reach it")
+    if locality not in LOCALITIES:
+        raise ValueError(f"locality must be one of {list(LOCALITIES)}; got {locality!r}")
+    l1_scope = l1_scope or ("partition" if locality == "node" else "all")  # NOTE [L1 holds what the node reads]
     t0 = time.perf_counter()
     m = cache.manifest
     node = f"{node_rank}/{num_nodes}"
@@ -201,7 +217,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         if problems:
             l2_todo = np.asarray(l2_fitting(cache.store, l2_todo.tolist(), per_sample), dtype=np.int64)
     work = np.union1d(l1_todo, l2_todo)
-    report = {"samples": len(m), "partition": len(part),
+    report = {"samples": len(m), "partition": len(part), "l1_scope": l1_scope, "locality": locality,
               "cache_size": cache.config.cache_size, "fingerprint": m.fingerprint,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
