@@ -71,6 +71,7 @@ from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
 from cachepipe.errors import L1FullError, L2UnavailableError
 from cachepipe.l1.corrupt_record import known_corrupt, save_corrupt
 from cachepipe.l1.sizing import l1_disk_bytes
+from cachepipe.l1_reuse import adopt_previous_l1
 from cachepipe.warm_chunks import GROUP, pipelined, run_group, set_worker_cache, warm_chunk
 from cachepipe.stale import stale_fingerprints, stale_l2_keys
 from cachepipe.warm_record import is_complete, record_complete
@@ -168,7 +169,9 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         require_full: refuse to start (``L2TooSmallError``) when L2 cannot hold the partition.
 
     Returns:
-        Summary dict: ``samples``, ``partition``, ``l1_scope``, ``locality``, ``cache_size``, ``l1_todo``, ``l2_todo``,
+        Summary dict: ``samples``, ``partition``, ``l1_scope``, ``locality``, ``l1_adopted``
+        (``None``, or what :func:`~cachepipe.l1_reuse.adopt_previous_l1` did: NOTE
+        [metadata-only changes]), ``cache_size``, ``l1_todo``, ``l2_todo``,
         ``l1_written``, ``l2_written``, ``l2_cached`` / ``l2_uncached`` (samples of the
         partition in L2 / left out for lack of room), ``l2_coverage`` (their fraction in
         L2), ``l2_full`` (writes refused for maxmemory), ``l2_bytes_per_sample`` (growth of
@@ -195,6 +198,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         raise ValueError(f"locality must be one of {list(LOCALITIES)}; got {locality!r}")
     l1_scope = l1_scope or ("partition" if locality == "node" else "all")  # NOTE [L1 holds what the node reads]
     t0 = time.perf_counter()
+    adopted = adopt_previous_l1(cache)  # NOTE [metadata-only changes]: before anything opens L1
     m = cache.manifest
     node = f"{node_rank}/{num_nodes}"
     part = node_partition(cache, node_rank=node_rank, num_nodes=num_nodes, limit=limit)
@@ -218,6 +222,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             l2_todo = np.asarray(l2_fitting(cache.store, l2_todo.tolist(), per_sample), dtype=np.int64)
     work = np.union1d(l1_todo, l2_todo)
     report = {"samples": len(m), "partition": len(part), "l1_scope": l1_scope, "locality": locality,
+              "l1_adopted": adopted,
               "cache_size": cache.config.cache_size, "fingerprint": m.fingerprint,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
@@ -283,6 +288,8 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             record_complete(cache, node, part)  # NOTE [completion record]
     report["stale_fingerprints"], report["l2_stale_keys"] = _stale(cache) if report["l2_uncached"] else ([], 0)
     report["seconds"] = time.perf_counter() - t0
+    if adopted:  # its reads are the warm-up's too
+        report["bytes_read"] += adopted["bytes_read"]
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0
     return report
 

@@ -126,6 +126,12 @@ class L1Mirror:
                 out.append(bytes(value))
         return out, corrupt
 
+    def meta_many(self, indices: Sequence[int]) -> list[tuple[int, int] | None]:
+        """``(size, checksum)`` stored for each of ``indices`` (NOTE [checksum]), ``None`` if absent."""
+        with self.env.begin(buffers=True) as txn:
+            metas = [txn.get(_KEY.pack(i), db=self.meta_db) for i in indices]
+            return [_META.unpack(m) if m is not None and len(m) == _META.size else None for m in metas]
+
     def has_many(self, indices: Sequence[int]) -> list[bool]:
         """Whether each of ``indices`` has an entry (its ``meta`` key alone; nothing verified)."""
         if self.empty:

@@ -91,8 +91,12 @@ def _unchanged(m, verify: str, threads: int = SCAN_THREADS) -> bool:
 def scan_lock(cache_dir: str | os.PathLike, root: str):
     """Hold the exclusive lock of ``root``'s scan in ``cache_dir`` (NOTE [one scan per node])."""
     path = _pointer(cache_dir, root).with_suffix(".lock")
-    private_dir(path.parent)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        private_dir(path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:  # a read-only cache dir: no rank can save a scan there, so there is nothing to wait for
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
