@@ -29,7 +29,6 @@ drop`` removes the old one.
 """
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -62,16 +61,6 @@ def same_files(a: Manifest, b: Manifest) -> bool:
             and np.array_equal(ca.offsets, cb.offsets) and np.array_equal(ca.names, cb.names))
 
 
-@contextlib.contextmanager
-def _lock(path: Path):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def adopt_previous_l1(cache, threads: int = 32) -> dict | None:
     """Adopt an older version's L1 for ``cache`` (NOTE [metadata-only changes]).
 
@@ -91,11 +80,11 @@ def adopt_previous_l1(cache, threads: int = 32) -> dict | None:
             return None
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = _lock(home / "l1.adopt.lock")
-        lock.__enter__()
+        fd = os.open(home / "l1.adopt.lock", os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:  # a read-only cache dir: the warm-up says so when it writes
         return None
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         old = _resume(state, cache) if state.exists() else _candidate(cache)
         if old is None:
             return None
@@ -110,7 +99,7 @@ def adopt_previous_l1(cache, threads: int = 32) -> dict | None:
         os.rename(staged, cache.l1_path)
         state.unlink()
     finally:
-        lock.__exit__(None, None, None)
+        os.close(fd)  # releases the lock
     return report
 
 
