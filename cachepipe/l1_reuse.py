@@ -103,25 +103,6 @@ def adopt_previous_l1(cache, threads: int = 32) -> dict | None:
     return report
 
 
-def _check(mirror: L1Mirror, new: Manifest, batch: list, report: dict) -> None:
-    """Keep, replace or delete the entries of ``batch`` (``(index, read)``) by their bytes."""
-    fresh, gone = [], []
-    for (i, got), meta in zip(batch, mirror.meta_many([i for i, _ in batch])):
-        report["checked"] += 1
-        if not isinstance(got, SourceFile) or got.identity != new.identity(i):
-            gone.append(i)
-            continue
-        report["bytes_read"] += got.size
-        if meta == (len(got.data), checksum64(got.data)):
-            report["reused"] += 1
-        else:
-            fresh.append((i, got.data))
-    mirror.put_many(fresh)
-    mirror.delete(gone)
-    report["replaced"] += len(fresh)
-    report["dropped"] += len(gone)
-
-
 def _resume(state: Path, cache) -> Manifest | None:
     try:
         fp = json.loads(state.read_text())["from"]
