@@ -78,7 +78,21 @@ def _l1_line(r: dict, node: str) -> str:
             f"so the file server serves each once per node; --locality node mirrors the partition only)")
 
 
+def _adopted(r: dict) -> str:
+    """The mirror a metadata-only change kept (NOTE [metadata-only changes] in cachepipe/l1_reuse.py)."""
+    a = r.get("l1_adopted")
+    if not a:
+        return ""
+    return (f"\n  L1: kept the mirror of {a['from']} ({a['entries']} entries; the source's metadata changed): "
+            f"{a['checked']} files with a new identity read once, {a['reused']} unchanged, {a['replaced']} "
+            f"changed and stored anew, {a['dropped']} unreadable")
+
+
 def _summary(r: dict, node: str, l2: bool) -> str:
+    return _summary_lines(r, node, l2) + _adopted(r)
+
+
+def _summary_lines(r: dict, node: str, l2: bool) -> str:
     if r["nothing_to_do"] and not (r["recovered"] or r["unreadable"] or r["changed"]):
         if not r["l2_uncached"]:
             line = (f"warmup: nothing to do: L1 and L2 already hold all {r['partition']} samples of "

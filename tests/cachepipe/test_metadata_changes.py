@@ -116,3 +116,16 @@ def test_a_killed_adoption_resumes_and_a_new_file_is_a_fresh_mirror(source, tmp_
     grown, report = _warm(source, cache_dir)  # indices move: not adopted, mirrored afresh
     assert report["l1_adopted"] is None and report["l1_written"] == len(grown)
     grown.close()
+
+
+def test_warmup_says_it_kept_the_mirror(source, tmp_path, capsys):
+    from tools.cli import main as cli
+
+    args = ["warmup", str(source), "--cache-dir", str(tmp_path / "cache"), "--no-l2", "--quiet", "--workers", "1"]
+    assert cli(args) == 0
+    for p in _files(source):
+        os.chmod(p, 0o600)
+    capsys.readouterr()
+    assert cli(args + ["--rescan"]) == 0
+    out = capsys.readouterr().out
+    assert "kept the mirror of" in out and "24 files with a new identity read once, 24 unchanged" in out
