@@ -168,7 +168,8 @@ class TwoLevelCache:
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
             if self._l1 is not None:
                 self._l1.wanted = files, needed_map_size(files, kept)
-        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
+        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes,
+                              source_timeout=cfg.source_timeout)
         self._raw.l1_writable = self._l1 is not None and writable
         l2 = cfg.l2
         if l2.enabled:

@@ -16,6 +16,7 @@ from cachepipe.l1.base import RawStore
 from cachepipe.source.base import SampleSource
 from cachepipe.source.manifest import Manifest
 from cachepipe.source.reader import DEFAULT_MAX_FILE_BYTES, SourceReader
+from cachepipe.source.timed import DEFAULT_SOURCE_TIMEOUT_S
 
 __all__ = ["RawLevels"]
 
@@ -29,17 +30,19 @@ class RawLevels:
         counters: where hits, misses and failures are counted (shared with the cache).
         threads: source reader threads.
         max_file_bytes: the largest file read for one sample (NOTE [bounded reads]).
-        source: how files are read (default: a :class:`SourceReader` of ``threads`` and
-            ``max_file_bytes``; another :class:`SampleSource`, e.g. of an object store).
+        source: how files are read (default: a :class:`SourceReader` of ``threads``,
+            ``max_file_bytes`` and ``source_timeout``; another :class:`SampleSource`, e.g. of
+            an object store).
+        source_timeout: seconds one source read may take (NOTE [stalled source]).
     """
 
     def __init__(self, manifest: Manifest, l1: RawStore | None, counters: Counter,
                  threads: int = 8, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
-                 source: SampleSource | None = None) -> None:
+                 source: SampleSource | None = None, source_timeout: float = DEFAULT_SOURCE_TIMEOUT_S) -> None:
         self.manifest = manifest
         self.l1 = l1
         self.counters = counters
-        self.reader: SampleSource = source or SourceReader(threads, max_file_bytes)
+        self.reader: SampleSource = source or SourceReader(threads, max_file_bytes, source_timeout, counters)
         self.l1_writable = True
         self.changed: set[int] = set()  # of the last read: bytes that do not match the manifest
         self._warned: set = set()
