@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,18 @@ from cachepipe.slowfs.throttle import Bandwidth, ReadStats
 __all__ = ["SlowFS"]
 
 _STAT_FIELDS = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks")
+
+
+def _session() -> int | None:
+    """This mount's ``struct fuse_session *`` (from a FUSE thread: the context is per request)."""
+    lib = getattr(mfusepy, "_libfuse", None)
+    try:
+        lib.fuse_get_session.restype = ctypes.c_void_p
+        lib.fuse_get_session.argtypes = [ctypes.c_void_p]
+        lib.fuse_session_exited.argtypes = [ctypes.c_void_p]
+        return lib.fuse_get_session(ctypes.c_void_p(lib.fuse_get_context().contents.fuse))
+    except (AttributeError, TypeError, ValueError, ctypes.ArgumentError):
+        return None
 
 
 class SlowFS(mfusepy.Operations):
@@ -73,23 +86,18 @@ class SlowFS(mfusepy.Operations):
 
     # -- lifetime ---------------------------------------------------------------------
     def init(self, path: str) -> None:
-        threading.Thread(target=self._watch_exit, name="slowfs-exit", daemon=True).start()
+        threading.Thread(target=self._watch_exit, args=(_session(),), name="slowfs-exit", daemon=True).start()
         self.ready = True
         self.on_ready()
 
-    def _watch_exit(self) -> None:
+    def _watch_exit(self, session: int | None) -> None:
         """Set ``closing`` once libfuse's session has exited (SIGINT/SIGTERM), so that stalled
         requests return and the loop's workers can be joined."""
-        lib = getattr(mfusepy, "_libfuse", None)
-        try:
-            lib.fuse_get_session.restype = ctypes.c_void_p
-            lib.fuse_get_session.argtypes = [ctypes.c_void_p]
-            lib.fuse_session_exited.argtypes = [ctypes.c_void_p]
-            session = lib.fuse_get_session(ctypes.c_void_p(lib.fuse_get_context().contents.fuse))
-        except (AttributeError, TypeError, ValueError):
+        if session is None:
             return
+        exited = mfusepy._libfuse.fuse_session_exited
         while not self.closing.wait(0.05):
-            if lib.fuse_session_exited(ctypes.c_void_p(session)):
+            if exited(ctypes.c_void_p(session)):
                 self.closing.set()
                 # the signal may have landed on a thread other than the loop's (main) one,
                 # which then sleeps on: wake it (serve() gave SIGUSR1 a handler that does nothing)
@@ -107,7 +115,16 @@ class SlowFS(mfusepy.Operations):
     def readdir(self, path: str, fh: int):
         self.stats.op("readdir")
         self._wait(self.profile.metadata_s)
-        return [".", "..", *os.listdir(self._real(path))]
+        real = self._real(path)
+        here = os.lstat(real)
+        out = [(".", {"st_mode": here.st_mode, "st_ino": here.st_ino}, 0),
+               ("..", {"st_mode": stat.S_IFDIR, "st_ino": os.lstat(os.path.dirname(real)).st_ino}, 0)]
+        with os.scandir(real) as entries:  # inode numbers pass through (use_ino): an entry of 0 is hidden
+            for e in entries:
+                kind = stat.S_IFDIR if e.is_dir(follow_symlinks=False) else (
+                    stat.S_IFLNK if e.is_symlink() else stat.S_IFREG)
+                out.append((e.name, {"st_mode": kind, "st_ino": e.inode()}, 0))
+        return out
 
     def readlink(self, path: str) -> str:
         self.stats.op("readlink")
