@@ -34,6 +34,7 @@ from cachepipe.l2.store import SampleStore, namespace
 from cachepipe.private_files import private_dir
 from cachepipe.server.embedded import EmbeddedRedis, parse_memory
 from cachepipe.server.embedded_group import EmbeddedGroup
+from cachepipe.source.gone import check_source_alive
 from cachepipe.source.manifest import Manifest
 
 __all__ = ["TwoLevelCache"]
@@ -131,6 +132,7 @@ class TwoLevelCache:
             self._manifest = Manifest.load_or_scan(config.source, config.cache_dir, verify=verify, rescan=rescan,
                                                    save=save_manifest,
                                                    follow_external_links=config.follow_external_links)
+        check_source_alive(config.source)  # a share that went away mid-scan: NOTE [source gone]
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
 

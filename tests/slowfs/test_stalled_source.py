@@ -65,3 +65,24 @@ def test_training_reads_from_a_stalled_share_time_out_and_are_counted(source, tm
             cache.get(3)
         cache.close()
     assert m.process.returncode == 0  # SIGTERM ended the stalled requests too (no SIGKILL was needed)
+
+
+@pytest.mark.fuse
+def test_a_share_that_goes_away_is_one_line_naming_it(source, tmp_path):
+    from cachepipe import Manifest, TwoLevelCache
+    from cachepipe.config import CacheConfig
+    from cachepipe.slowfs import SlowProfile
+    from cachepipe.source.gone import SourceGoneError
+    from tools.bench.harness.slow_source import slowfs_mount
+
+    with slowfs_mount(source, SlowProfile(latency_ms=0, mbps=0)) as m:
+        manifest = Manifest.scan(m.path)  # the scan saw the share, then its server ends
+        m.process.kill()
+        m.process.wait()
+        with pytest.raises(SourceGoneError, match="went away: .*stopped answering.*Transport endpoint"):
+            TwoLevelCache(CacheConfig(m.path, tmp_path / "cache", l2=False), manifest=manifest)
+        done = subprocess.run([sys.executable, "-m", "tools", "warmup", str(m.path), "--cache-dir",
+                               str(tmp_path / "cache"), "--no-l2", "--quiet"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 3 and str(m.path) in done.stderr and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,9 +62,13 @@ class SlowMount:
 
     def __init__(self, process: subprocess.Popen, path: Path, profile, stats_path: Path) -> None:
         self.process, self.path, self.profile, self._stats = process, path, profile, stats_path
+        self._doc: dict | None = None
 
     def stats(self) -> dict:
-        return json.loads(self._stats.read_text())
+        """The ``--stats`` document (``{}`` if slowfs was killed before it could write one)."""
+        if self._doc is None:
+            self._doc = json.loads(self._stats.read_text()) if self._stats.exists() else {}
+        return self._doc
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM (the process is this object's child), then SIGKILL and a lazy unmount
@@ -75,7 +80,9 @@ class SlowMount:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-                subprocess.run(["fusermount3", "-u", "-z", os.fspath(self.path)], capture_output=True)
+        from cachepipe.slowfs.mount import clear_dead_mount
+
+        clear_dead_mount(self.path)  # killed (by a test, or above): NOTE [dead slowfs mount]
         return self.process.returncode
 
 
@@ -113,6 +120,8 @@ def slowfs_mount(source: str | os.PathLike, profile, *, mountpoint: str | os.Pat
         yield mount
     finally:
         mount.stop()
+        mount.stats()
+        shutil.rmtree(stats_path.parent, ignore_errors=True)
         if made:
             with contextlib.suppress(OSError):
                 mnt.rmdir()
