@@ -6,7 +6,7 @@ A slowfs killed by SIGKILL cannot unmount: its mountpoint stays a FUSE mount wit
 server, where every call fails with ENOTCONN ("Transport endpoint is not connected").
 The next slowfs on that mountpoint clears it (``fusermount3 -u -z``, a lazy unmount, so
 a process still holding a file there does not block it), but only when both are true:
-the mountpoint answers ENOTCONN and ``/proc/self/mountinfo`` lists it as a ``fuse``
+the mountpoint answers ENOTCONN (or ECONNABORTED, when it died mid-request) and ``/proc/self/mountinfo`` lists it as a ``fuse``
 mount. A live mount, or a mount of any other kind, is refused, never unmounted.
 """
 from __future__ import annotations
@@ -84,10 +84,11 @@ def clear_dead_mount(mountpoint: str | os.PathLike) -> bool:
     """
     path = os.path.abspath(os.fspath(mountpoint))
     try:
-        os.stat(path)
+        with os.scandir(path) as it:  # an opendir always reaches the server (a stat may be answered
+            next(it, None)            # from the kernel's attribute cache for a second)
         return False
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN or path not in _fuse_mounts():
+        if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED) or path not in _fuse_mounts():
             return False
     done = subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True, text=True)
     if done.returncode != 0:
