@@ -127,8 +127,9 @@ def _run(args, mount, cache_size: int) -> Result:
                 t = time.perf_counter()
                 r = warmup(cache, workers=max(1, args.workers), progress=False, require_full=True)
                 dt = time.perf_counter() - t
-                notes.append(f"warm-up of {name} ({describe_l2(cache.config)}): {dt:.1f} s, "
-                             f"{r['bytes_read'] / 1e6 / dt:.1f} MB/s from the share")
+                read = (f"{r['bytes_read'] / 1e6 / dt:.1f} MB/s from the share" if r["bytes_read"]
+                        else "from the warm L1")
+                notes.append(f"warm-up of {name} ({describe_l2(cache.config)}): {dt:.1f} s, {read}")
             cache.close()
         runs = _rounds(args, caches)
     rows = []
