@@ -132,14 +132,23 @@ def read_stable(path: str, expect: tuple[int, int, int, int] | None = None, atte
     return result
 
 
-def read_file(path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+_FILE_READERS: dict = {}  # (pid, max_bytes, timeout) -> the SourceReader of read_file
+
+
+def read_file(path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES, timeout: float = DEFAULT_SOURCE_TIMEOUT_S) -> bytes:
     """One sample file's bytes, read as the cache reads them (NOTE [stable reads], NOTE
-    [bounded reads]), for loaders that bypass the cache.
+    [bounded reads], with the deadline of NOTE [stalled source]), for loaders that bypass
+    the cache.
 
     Raises:
-        OSError: the last error (``SampleTooLargeError`` for a file over ``max_bytes``).
+        OSError: the last error (``SampleTooLargeError`` for a file over ``max_bytes``,
+            ``ETIMEDOUT`` for a file system that stalls).
     """
-    got = read_stable(path, max_bytes=max_bytes)
+    key = (os.getpid(), max_bytes, float(timeout))
+    reader = _FILE_READERS.get(key)
+    if reader is None:
+        reader = _FILE_READERS[key] = SourceReader(4, max_bytes, timeout)
+    (got,) = reader.read([path])
     if isinstance(got, OSError):
         raise got
     return got.data
