@@ -10,6 +10,7 @@ from cachepipe.l2.registry import check_replicas
 from cachepipe.l2.spec import L2Spec, l2_setting, resolve_l2
 from cachepipe.netfs import check_cache_dir
 from cachepipe.source.reader import DEFAULT_MAX_FILE_BYTES
+from cachepipe.source.timed import DEFAULT_SOURCE_TIMEOUT_S
 
 __all__ = ["CacheConfig"]
 
@@ -38,6 +39,8 @@ class CacheConfig:
             it (NOTE [manifest through the store] in ``cachepipe/shared_manifest.py``): one
             scan per job instead of one per node. A shared L2 (Redis URLs or a cluster)
             only; off by default (its value takes L2 memory: ~60 MB for ImageNet).
+        source_timeout: seconds one source read may take before it is tried again (NOTE
+            [stalled source] in ``cachepipe/source/timed.py``).
     """
 
     source: str
@@ -52,6 +55,7 @@ class CacheConfig:
     follow_external_links: bool = False
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     share_manifest: bool = False
+    source_timeout: float = DEFAULT_SOURCE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", os.path.abspath(os.fspath(self.source)))
@@ -67,6 +71,10 @@ class CacheConfig:
             raise ValueError(f"replicas must be in 1..1 (the number of shards), got {self.replicas}")
         if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
             raise ValueError(f"timeout (--timeout) must be a finite number of seconds > 0, got {self.timeout!r}")
+        if (not isinstance(self.source_timeout, (int, float)) or not math.isfinite(self.source_timeout)
+                or self.source_timeout <= 0):
+            raise ValueError(f"source_timeout (--source-timeout) must be a finite number of seconds > 0, "
+                             f"got {self.source_timeout!r}")
         if not isinstance(self.max_file_bytes, int) or self.max_file_bytes < 1:
             raise ValueError(f"max_file_bytes (--max-file-size) must be a positive number of bytes, "
                              f"got {self.max_file_bytes!r}")

@@ -95,7 +95,7 @@ def adopt_previous_l1(cache, threads: int = 32) -> dict | None:
             write_private(state, json.dumps({"from": old.fingerprint}).encode())
             os.rename(Path(cache.config.cache_dir) / old.fingerprint / "l1", staged)
         cache.close()
-        report = _verify(cache.manifest, old, staged, threads)
+        report = _verify(cache.manifest, old, staged, threads, cache.config.source_timeout)
         os.rename(staged, cache.l1_path)
         state.unlink()
     finally:
@@ -128,11 +128,11 @@ def _candidate(cache) -> Manifest | None:
     return None
 
 
-def _verify(new: Manifest, old: Manifest, staged: Path, threads: int) -> dict:
+def _verify(new: Manifest, old: Manifest, staged: Path, threads: int, timeout: float) -> dict:
     """Step 2 of NOTE [metadata-only changes] on the mirror at ``staged``."""
     files, kept = new.kept_count(1 << 62), new.kept_bytes(1 << 62)
     mirror = L1Mirror(staged, needed_map_size(files, kept))
-    reader = SourceReader(threads)
+    reader = SourceReader(threads, timeout=timeout)
     report = {"from": old.fingerprint, "entries": 0, "checked": 0, "reused": 0, "replaced": 0, "dropped": 0,
               "bytes_read": 0}
     try:
@@ -152,7 +152,9 @@ def _verify(new: Manifest, old: Manifest, staged: Path, threads: int) -> dict:
         while pending:
             batch = [pending.popleft() for _ in range(min(_BATCH, len(pending)))]
             fill()
-            _check(mirror, new, [(i, fut.result()) for i, fut in batch], report)
+            got = reader.read([new.path(i) for i, _ in batch], [new.identity(i) for i, _ in batch],
+                              started={k: task for k, (_, task) in enumerate(batch)})  # with the deadline
+            _check(mirror, new, [(i, g) for (i, _), g in zip(batch, got)], report)
     finally:
         reader.close()
         mirror.close()

@@ -34,6 +34,7 @@ from cachepipe.l2.store import SampleStore, namespace
 from cachepipe.private_files import private_dir
 from cachepipe.server.embedded import EmbeddedRedis, parse_memory
 from cachepipe.server.embedded_group import EmbeddedGroup
+from cachepipe.source.gone import check_source_alive
 from cachepipe.source.manifest import Manifest
 from cachepipe.shared_manifest import manifest_of
 
@@ -116,6 +117,7 @@ class TwoLevelCache:
             config = shorthand_config(config, cache_dir, redis, cache_size, settings)
         self.config = config
         self._manifest = manifest_of(config, manifest, verify=verify, rescan=rescan, save=save_manifest)
+        check_source_alive(config.source)  # a share that went away mid-scan: NOTE [source gone]
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
 
@@ -154,7 +156,8 @@ class TwoLevelCache:
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
             if self._l1 is not None:
                 self._l1.wanted = files, needed_map_size(files, kept)
-        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
+        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes,
+                              source_timeout=cfg.source_timeout)
         self._raw.l1_writable = self._l1 is not None and writable
         l2 = cfg.l2
         if l2.enabled:

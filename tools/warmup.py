@@ -163,7 +163,12 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
         cache = cache_from_args(args, size)
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         return fail(str(exc), EXIT_SOURCE)
-    except OSError as exc:  # read-only or full cache dir
+    except OSError as exc:  # read-only or full cache dir, or a share that went away (NOTE [source gone])
+        from cachepipe.source.gone import source_error
+
+        gone = source_error(exc, args.source)
+        if gone is not None:
+            return fail(str(gone), EXIT_SOURCE)
         return fail(f"cannot write the cache dir {args.cache_dir}: {exc}", EXIT_L1_FULL)
     code = _warm(args, size, reports, cache)
     if code == EXIT_REDIS and cache.started_server:  # never leave a server we started and cannot use

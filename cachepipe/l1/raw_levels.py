@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import warnings
 from collections import Counter
-from concurrent.futures import Future
 
 import lmdb
 
@@ -28,6 +27,7 @@ from cachepipe.l1.base import RawStore
 from cachepipe.source.base import SampleSource
 from cachepipe.source.manifest import Manifest
 from cachepipe.source.reader import DEFAULT_MAX_FILE_BYTES, SourceReader
+from cachepipe.source.timed import DEFAULT_SOURCE_TIMEOUT_S
 
 __all__ = ["RawLevels"]
 
@@ -41,22 +41,24 @@ class RawLevels:
         counters: where hits, misses and failures are counted (shared with the cache).
         threads: source reader threads.
         max_file_bytes: the largest file read for one sample (NOTE [bounded reads]).
-        source: how files are read (default: a :class:`SourceReader` of ``threads`` and
-            ``max_file_bytes``; another :class:`SampleSource`, e.g. of an object store).
+        source: how files are read (default: a :class:`SourceReader` of ``threads``,
+            ``max_file_bytes`` and ``source_timeout``; another :class:`SampleSource`, e.g. of
+            an object store).
+        source_timeout: seconds one source read may take (NOTE [stalled source]).
     """
 
     def __init__(self, manifest: Manifest, l1: RawStore | None, counters: Counter,
                  threads: int = 8, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, *,
-                 source: SampleSource | None = None) -> None:
+                 source: SampleSource | None = None, source_timeout: float = DEFAULT_SOURCE_TIMEOUT_S) -> None:
         self.manifest = manifest
         self.l1 = l1
         self.counters = counters
-        self.reader: SampleSource = source or SourceReader(threads, max_file_bytes)
+        self.reader: SampleSource = source or SourceReader(threads, max_file_bytes, source_timeout, counters)
         self.l1_writable = True
         self.changed: set[int] = set()  # of the last read: bytes that do not match the manifest
         self._warned: set = set()
         self.ahead_files, self.ahead_bytes = 4 * threads, 64 << 20  # NOTE [reads in flight]
-        self._ahead: dict[int, tuple[int, Future]] = {}  # index -> (order started, its read), by prefetch
+        self._ahead: dict[int, tuple[int, object]] = {}  # index -> (order started, its read), by prefetch
         self._ahead_size = self._seq = 0
 
     def prefetch(self, indices, *, unless_in_l1: bool = False) -> int:
@@ -86,7 +88,7 @@ class RawLevels:
             started += 1
         return started
 
-    def _take(self, i: int) -> tuple[int, Future]:
+    def _take(self, i: int) -> tuple[int, object]:
         got = self._ahead.pop(i)
         self._ahead_size -= int(self.manifest.sizes[i])
         return got
@@ -94,7 +96,7 @@ class RawLevels:
     def _drop_passed(self, oldest: int) -> None:
         """Forget finished reads ahead started before ``oldest`` that no read took: the
         reads went past them (a batch served from elsewhere, an epoch's end)."""
-        for i in [i for i, (seq, fut) in self._ahead.items() if seq < oldest and fut.done()]:
+        for i in [i for i, (seq, fut) in self._ahead.items() if seq < oldest and fut.future.done()]:
             self._take(i)
 
     def read(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
@@ -132,11 +134,11 @@ class RawLevels:
         started = {i: self._take(i) for i in todo if i in self._ahead}  # NOTE [reads in flight]
         if started:
             self._drop_passed(min(seq for seq, _ in started.values()))
-        rest = [i for i in todo if i not in started]
-        got_rest = dict(zip(rest, self.reader.read([m.path(i) for i in rest], [m.identity(i) for i in rest])
-                            if rest else []))
-        for i in todo:
-            got = got_rest[i] if i in got_rest else started[i][1].result()
+        paths, expect = [m.path(i) for i in todo], [m.identity(i) for i in todo]
+        got_all = (self.reader.read(paths, expect, started={k: started[i][1] for k, i in enumerate(todo)
+                                                              if i in started})
+                   if started else self.reader.read(paths, expect))  # the deadline covers the reads ahead too
+        for i, got in zip(todo, got_all):
             if isinstance(got, OSError):
                 raw[i] = got  # the caller reports the bad sample, once (NOTE [bad samples reported once])
                 c["source_errors"] += 1
