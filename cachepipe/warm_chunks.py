@@ -36,7 +36,7 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int], ahead: list[int
     before = Counter(cache.counters)
     cache._open()
     if len(ahead):
-        cache._raw.prefetch(ahead)
+        cache._raw.prefetch(ahead, unless_in_l1=True)  # e.g. the capacity estimate's samples are there
     raw = cache._read_raw(indices, strict_l1=True)
     changed = set(cache._raw.changed)
     corrupt, unreadable, encoded = [], [], []

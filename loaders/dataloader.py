@@ -95,8 +95,9 @@ class _BatchDataset(torch.utils.data.Dataset):
         before = _hit_counts(getattr(self.folder, "cache", None))
         t0 = time.perf_counter()
         samples, targets, skipped = self.folder.load_many(request, copy=False)  # crops copy anyway
-        if getattr(request, "ahead", None):
-            self.folder.read_ahead(request.ahead)  # NOTE [loader read-ahead]
+        read_ahead = getattr(self.folder, "read_ahead", None)  # a CachedImageFolder's (not a plain folder's)
+        if read_ahead is not None and getattr(request, "ahead", None):
+            read_ahead(request.ahead)  # NOTE [loader read-ahead]
         waited = time.perf_counter() - t0
         after = _hit_counts(getattr(self.folder, "cache", None))
         hits = [a - b for a, b in zip(after, before)]

@@ -88,6 +88,22 @@ class RawLevels:
             started += 1
         return started
 
+    def peek(self, indices: list[int]) -> list:
+        """Read ``indices`` from the source now and keep the reads for a later :meth:`read`
+        of them (NOTE [reads in flight]; they are not counted until then); returns each
+        read's :class:`~cachepipe.source.reader.SourceFile` or ``OSError``. ``None`` per
+        index when the reader cannot keep reads (a :class:`SampleSource` without ``submit``)."""
+        submit = getattr(self.reader, "submit", None)
+        if submit is None:
+            return [None] * len(indices)
+        m = self.manifest
+        for i in indices:
+            if i not in self._ahead:
+                self._ahead[i] = (-1, submit(m.path(i), m.identity(i)))  # pinned: never dropped as passed
+                self._ahead_size += int(m.sizes[i])
+        return self.reader.read([m.path(i) for i in indices], [m.identity(i) for i in indices],
+                                started={k: self._ahead[i][1] for k, i in enumerate(indices)})
+
     def _take(self, i: int) -> tuple[int, object]:
         got = self._ahead.pop(i)
         self._ahead_size -= int(self.manifest.sizes[i])
@@ -96,7 +112,7 @@ class RawLevels:
     def _drop_passed(self, oldest: int) -> None:
         """Forget finished reads ahead started before ``oldest`` that no read took: the
         reads went past them (a batch served from elsewhere, an epoch's end)."""
-        for i in [i for i, (seq, fut) in self._ahead.items() if seq < oldest and fut.future.done()]:
+        for i in [i for i, (seq, fut) in self._ahead.items() if 0 <= seq < oldest and fut.future.done()]:
             self._take(i)
 
     def read(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
@@ -132,8 +148,9 @@ class RawLevels:
             return raw
         fresh = []
         started = {i: self._take(i) for i in todo if i in self._ahead}  # NOTE [reads in flight]
-        if started:
-            self._drop_passed(min(seq for seq, _ in started.values()))
+        ordered = [seq for seq, _ in started.values() if seq >= 0]
+        if ordered:
+            self._drop_passed(min(ordered))
         paths, expect = [m.path(i) for i in todo], [m.identity(i) for i in todo]
         got_all = (self.reader.read(paths, expect, started={k: started[i][1] for k, i in enumerate(todo)
                                                               if i in started})

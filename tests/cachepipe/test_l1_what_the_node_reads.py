@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from cachepipe import TwoLevelCache
+from cachepipe import TwoLevelCache, capacity
 from cachepipe.source import reader
 from cachepipe.warmup import node_partition, warmup
 from tools.warmup import _l1_line
@@ -12,13 +12,14 @@ from tools.warmup import _l1_line
 
 def test_two_nodes_read_each_file_once_under_node_local_sampling(source, tmp_path, redis_servers, monkeypatch):
     urls = [s.url for s in redis_servers(2)]
-    real, reads = reader.read_stable, Counter()
+    real, reads = reader.open_regular, Counter()
 
-    def counted(path, *args, **kwargs):
+    def counted(path, *args, **kwargs):  # every open of a source file, whoever opens it
         reads[path] += 1
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(reader, "read_stable", counted)
+    monkeypatch.setattr(reader, "open_regular", counted)
+    monkeypatch.setattr(capacity, "open_regular", counted)  # the L2 size estimate's header reads
     parts = []
     for rank in (0, 1):
         with TwoLevelCache(source, tmp_path / f"node{rank}", urls, 32) as cache:
