@@ -57,13 +57,13 @@ def run(args: argparse.Namespace) -> Result:
     from tools.bench.parts import source_measure as sm
     from tools.bench.parts.scale_tree import parse_count
 
-    missing = fuse_missing()
-    if missing is not None:
-        raise UsageError(f"the shares are cachepipe slowfs mounts, which need FUSE: {missing}")
     checks = [c.strip() for c in args.checks.split(",") if c.strip()]
     bad = sorted(set(checks) - {"scan", "warmup", "nodes", "chmod"})
     if bad or not checks:
         raise UsageError(f"--checks: unknown {bad or 'none given'}; valid: scan, warmup, nodes, chmod")
+    missing = fuse_missing()
+    if missing is not None:
+        raise UsageError(f"the shares are cachepipe slowfs mounts, which need FUSE: {missing}")
     try:
         scan_files = parse_count(args.scan_files)
         share = SlowProfile(latency_ms=args.latency_ms, mbps=args.mbps)
