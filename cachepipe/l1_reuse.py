@@ -22,8 +22,10 @@ names equal: one vectorised comparison of the mapped columns), and adopts it:
 
 So the change costs at most one read of each changed file and L1 does not grow. A run
 killed between 1 and 3 resumes at 2 (its suspects are read again, once more). The steps
-run under ``flock`` on ``<new>/l1.adopt.lock``; processes that have the old mirror open
-keep reading the same inode. A change that adds, removes or renames files is not adopted
+run under ``flock`` on ``<new>/l1.adopt.lock``. A process still serving the old version
+keeps its map of the same files, and what it may still write there is safe: it stores a
+file only when its identity is the old manifest's (NOTE [changed files]), and a file that
+still has its old identity has its old, and so its current, bytes. A change that adds, removes or renames files is not adopted
 (indices would move): the new fingerprint is mirrored afresh as before, and ``cachepipe
 drop`` removes the old one.
 """
