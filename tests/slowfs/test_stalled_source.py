@@ -66,7 +66,7 @@ def test_training_reads_from_a_stalled_share_time_out_and_are_counted(source, tm
         cache.close()
         from cachepipe.source.reader import read_file  # the uncached loaders' read
 
-        with pytest.raises(OSError) as err:
+        with pytest.raises(OSError) as err, pytest.warns(CacheWarning, match="stalls"):
             read_file(str(m.path / cache.manifest.relpaths[4]), timeout=0.3)
         assert err.value.errno == errno.ETIMEDOUT
     assert m.process.returncode == 0  # SIGTERM ended the stalled requests too (no SIGKILL was needed)
