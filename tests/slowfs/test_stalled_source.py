@@ -91,3 +91,20 @@ def test_a_share_that_goes_away_is_one_line_naming_it(source, tmp_path):
                               timeout=120)
         assert done.returncode == 3 and str(m.path) in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.fuse
+def test_a_warmup_whose_share_goes_away_midway_is_one_line(source, tmp_path):
+    from cachepipe.slowfs import SlowProfile
+    from tools.bench.harness.slow_source import slowfs_mount
+
+    with slowfs_mount(source, SlowProfile(latency_ms=0, mbps=0), stall_after=5) as m:  # hangs after 5 reads
+        warm = subprocess.Popen([sys.executable, "-m", "tools", "warmup", str(m.path), "--cache-dir",
+                                 str(tmp_path / "cache"), "--no-l2", "--quiet", "--workers", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(4)  # scanned, and stuck on the stalled share
+        m.process.kill()  # then its server ends: the reads in flight fail at once
+        m.process.wait()
+        _, err = warm.communicate(timeout=60)
+    assert warm.returncode == 3, err
+    assert len(err.strip().splitlines()) == 1 and "went away" in err and str(m.path) in err, err
