@@ -108,3 +108,26 @@ def test_a_warmup_whose_share_goes_away_midway_is_one_line(source, tmp_path):
         _, err = warm.communicate(timeout=60)
     assert warm.returncode == 3, err
     assert len(err.strip().splitlines()) == 1 and "went away" in err and str(m.path) in err, err
+
+
+@pytest.mark.fuse
+def test_a_share_stopped_with_sigstop_times_out_and_serves_again_after_sigcont(source, tmp_path):
+    import signal
+
+    from cachepipe import TwoLevelCache
+    from cachepipe.config import CacheConfig
+    from cachepipe.slowfs import SlowProfile
+    from tools.bench.harness.slow_source import slowfs_mount
+
+    with slowfs_mount(source, SlowProfile(latency_ms=0, mbps=0)) as m:
+        cache = TwoLevelCache(CacheConfig(m.path, tmp_path / "cache", l2=False, source_timeout=0.3))
+        m.process.send_signal(signal.SIGSTOP)  # our own child: the server stops answering
+        try:
+            with pytest.warns(CacheWarning, match="stalls"):
+                assert cache.get_many([0], errors="skip") == [None]
+            assert cache.stats()["source_timeouts"] == 2
+        finally:
+            m.process.send_signal(signal.SIGCONT)
+        assert cache.get(1).ndim == 3  # answering again
+        cache.close()
+    assert m.process.returncode == 0
