@@ -8,7 +8,7 @@ import torch
 
 from tools.cli import main as cli_main
 
-NAMES = ["packages", "redis-server", "/dev/shm", "DALI", "CUDA", "NCCL", "triton"]
+NAMES = ["packages", "redis-server", "/dev/shm", "FUSE", "DALI", "CUDA", "NCCL", "triton"]
 
 
 def test_doctor_prints_one_line_per_component_and_writes_json(tmp_path, capsys):
