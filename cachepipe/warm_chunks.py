@@ -40,12 +40,14 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int], ahead: list[int
     raw = cache._read_raw(indices, strict_l1=True)
     changed = set(cache._raw.changed)
     corrupt, unreadable, encoded = [], [], []
-    for i in l2_indices:
+    for i in indices:  # every file read, L1's too (an L1-only warm-up's errors were lost)
         data = raw[i]
         if isinstance(data, OSError):  # NOTE [corrupt files]: a file too large to read is not a sample
             (corrupt if isinstance(data, SampleTooLargeError) else unreadable).append(i)
-            continue
-        if i in changed:
+    bad = set(corrupt) | set(unreadable)
+    for i in l2_indices:
+        data = raw[i]
+        if i in bad or i in changed:
             continue
         try:
             encoded.append((i, encode_sample(i, decode_and_resize(data, cache.config.cache_size, index=i))))

@@ -20,7 +20,7 @@ DEFAULT_CACHE_DIR = "cachepipe-cache"  # train's --cache-dir when none is given
 
 def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
     """Add ``--cache-dir --l2 (alias --redis) --redis-cluster --no-l2 --replicas --prefix
-    --l2-memory --timeout --share-manifest --follow-external-links``.
+    --l2-memory --timeout --source-timeout --share-manifest --follow-external-links``.
 
     Args:
         parser: the command's parser.

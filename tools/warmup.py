@@ -218,6 +218,12 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
         return fail(f"{report['l2_write_errors']} L2 writes failed (shard down or refused)",
                     EXIT_CORRUPT)
     if report["unreadable"]:
+        from cachepipe.source.gone import SourceGoneError, check_source_alive
+
+        try:
+            check_source_alive(cache.config.source)  # NOTE [source gone]: the share ended mid-warm-up
+        except SourceGoneError as gone:
+            return fail(f"{gone} ({len(report['unreadable'])} file(s) were not read)", EXIT_SOURCE)
         return fail(f"{len(report['unreadable'])} file(s) could not be read, e.g. "
                     f"{report['unreadable'][0]!r}; run the warm-up again", EXIT_CORRUPT)
     if args.require_full and report["l2_uncached"]:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -128,7 +129,9 @@ def serve(source: str | os.PathLike, mountpoint: str | os.PathLike, profile: Slo
           on_ready: Callable[[str], None] | None = None, stall_after: int | None = None,
           on_cleared: Callable[[str], None] | None = None) -> dict:
     """Serve ``source`` at ``mountpoint`` in the foreground until SIGINT/SIGTERM, then
-    unmount; returns the counters (:meth:`ReadStats.document`).
+    unmount; returns the counters (:meth:`ReadStats.document`). Call it from the main
+    thread: libfuse handles the signals there (benchmarks and tests run it as a child
+    process, ``tools/bench/harness/slow_source.py``).
 
     Args:
         source: the directory served read-only.
@@ -147,6 +150,8 @@ def serve(source: str | os.PathLike, mountpoint: str | os.PathLike, profile: Slo
         >>> serve("/data/imagenet", "/mnt/slow", SlowProfile())  # doctest: +SKIP
         mounted /mnt/slow
     """
+    if threading.current_thread() is not threading.main_thread():
+        raise SlowFsError("slowfs serves from the main thread (libfuse's signal handling); run it as a process")
     check_fuse()
     src = check_source(source)
     if clear_dead_mount(mountpoint) and on_cleared is not None:

@@ -66,7 +66,7 @@ def test_training_reads_from_a_stalled_share_time_out_and_are_counted(source, tm
         cache.close()
         from cachepipe.source.reader import read_file  # the uncached loaders' read
 
-        with pytest.raises(OSError) as err:
+        with pytest.raises(OSError) as err, pytest.warns(CacheWarning, match="stalls"):
             read_file(str(m.path / cache.manifest.relpaths[4]), timeout=0.3)
         assert err.value.errno == errno.ETIMEDOUT
     assert m.process.returncode == 0  # SIGTERM ended the stalled requests too (no SIGKILL was needed)
@@ -91,3 +91,43 @@ def test_a_share_that_goes_away_is_one_line_naming_it(source, tmp_path):
                               timeout=120)
         assert done.returncode == 3 and str(m.path) in done.stderr and "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.fuse
+def test_a_warmup_whose_share_goes_away_midway_is_one_line(source, tmp_path):
+    from cachepipe.slowfs import SlowProfile
+    from tools.bench.harness.slow_source import slowfs_mount
+
+    with slowfs_mount(source, SlowProfile(latency_ms=0, mbps=0), stall_after=5) as m:  # hangs after 5 reads
+        warm = subprocess.Popen([sys.executable, "-m", "tools", "warmup", str(m.path), "--cache-dir",
+                                 str(tmp_path / "cache"), "--no-l2", "--quiet", "--workers", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(4)  # scanned, and stuck on the stalled share
+        m.process.kill()  # then its server ends: the reads in flight fail at once
+        m.process.wait()
+        _, err = warm.communicate(timeout=60)
+    assert warm.returncode == 3, err
+    assert len(err.strip().splitlines()) == 1 and "went away" in err and str(m.path) in err, err
+
+
+@pytest.mark.fuse
+def test_a_share_stopped_with_sigstop_times_out_and_serves_again_after_sigcont(source, tmp_path):
+    import signal
+
+    from cachepipe import TwoLevelCache
+    from cachepipe.config import CacheConfig
+    from cachepipe.slowfs import SlowProfile
+    from tools.bench.harness.slow_source import slowfs_mount
+
+    with slowfs_mount(source, SlowProfile(latency_ms=0, mbps=0)) as m:
+        cache = TwoLevelCache(CacheConfig(m.path, tmp_path / "cache", l2=False, source_timeout=0.3))
+        m.process.send_signal(signal.SIGSTOP)  # our own child: the server stops answering
+        try:
+            with pytest.warns(CacheWarning, match="stalls"):
+                assert cache.get_many([0], errors="skip") == [None]
+            assert cache.stats()["source_timeouts"] == 2
+        finally:
+            m.process.send_signal(signal.SIGCONT)
+        assert cache.get(1).ndim == 3  # answering again
+        cache.close()
+    assert m.process.returncode == 0

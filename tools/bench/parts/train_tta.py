@@ -124,8 +124,8 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
                      "epochs": len(metrics), "steps": steps, "step_s": seconds / max(steps, 1),
                      "inter_node_bytes_per_step": run["inter_node_bytes"] / max(steps, 1), "job_s": run["job_s"],
                      "val_s": sum(float(r.get("val_seconds", 0.0)) for r in metrics) / len(metrics),
-                     "epoch_s": [float(r["seconds"]) for r in metrics],
-                     "data_ms_per_epoch": [1000.0 * float(r.get("time_per_iter", {}).get("data", 0.0))
+                     "epoch_s": [round(float(r["seconds"]), 3) for r in metrics],
+                     "data_ms_per_epoch": [round(1000.0 * float(r.get("time_per_iter", {}).get("data", 0.0)), 2)
                                            for r in metrics],
                      **breakdown(metrics)})
     base = rows[list(runs).index(dense)]["seconds_to_target"] if dense is not None else None
