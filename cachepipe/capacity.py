@@ -33,10 +33,11 @@ def key_bytes(namespace: str) -> int:
     return _KEY_OVERHEAD + len(namespace) + 8
 
 
-def estimate_sample_bytes(cache, indices: list[int]) -> int:
+def estimate_sample_bytes(cache, indices: list[int], *, keep: bool = False) -> int:
     """Average bytes one sample of ``indices`` takes in Redis (header + pixels + key overhead).
-    The samples L1 lacks are read whole and kept for the warm-up's own read of them
-    (:meth:`~cachepipe.l1.raw_levels.RawLevels.peek`: one read of each file per job)."""
+    With ``keep`` (a warm-up in this process) the samples L1 lacks are read whole and kept
+    for the warm-up's own read of them (:meth:`~cachepipe.l1.raw_levels.RawLevels.peek`:
+    one read of each file per job); otherwise only their headers are read."""
     if not len(indices):
         return 0
     rng = np.random.default_rng(0)
@@ -44,7 +45,7 @@ def estimate_sample_bytes(cache, indices: list[int]) -> int:
     cached = cache.l1.get_many(pick)[0] if cache.l1 is not None else [None] * len(pick)
     absent = [i for i, data in zip(pick, cached) if data is None]
     cache._open()
-    got = dict(zip(absent, cache._raw.peek(absent))) if absent else {}
+    got = dict(zip(absent, cache._raw.peek(absent))) if absent and keep else {}
     cached = [got[i].data if getattr(got.get(i), "data", None) is not None else data for i, data in zip(pick, cached)]
     sizes = []
     for i, data in zip(pick, cached):

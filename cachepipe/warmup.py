@@ -214,7 +214,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             raise L1FullError(28, problem)
     l2_todo = l2_missing
     if check_capacity and len(l2_todo):
-        per_sample = estimate_sample_bytes(cache, l2_todo)  # its reads are kept for the chunks (one read a file)
+        per_sample = estimate_sample_bytes(cache, l2_todo, keep=workers == 1)  # kept for the chunks read here
         problems = l2_shortfalls(cache.store, l2_todo, per_sample)
         if problems and require_full:
             raise L2TooSmallError("; ".join(problems))

@@ -90,7 +90,7 @@ def _read_once(path: str, max_bytes: int) -> SourceFile:
         before = os.fstat(f.fileno())
         if before.st_size > max_bytes:
             raise SampleTooLargeError(before.st_size, max_bytes, path)
-        data = f.read(max_bytes + 1)
+        data = f.read(min(before.st_size, max_bytes) + 1)  # one byte more shows growth; never a max_bytes buffer
         after = os.fstat(f.fileno())
     if identity(before) != identity(after) or len(data) != after.st_size:
         if len(data) > max_bytes:
