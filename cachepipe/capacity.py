@@ -34,13 +34,20 @@ def key_bytes(namespace: str) -> int:
     return _KEY_OVERHEAD + len(namespace) + 8
 
 
-def estimate_sample_bytes(cache, indices: list[int]) -> int:
-    """Average bytes one sample of ``indices`` takes in Redis (header + pixels + key overhead)."""
+def estimate_sample_bytes(cache, indices: list[int], *, keep: bool = False) -> int:
+    """Average bytes one sample of ``indices`` takes in Redis (header + pixels + key overhead).
+    With ``keep`` (a warm-up in this process) the samples L1 lacks are read whole and kept
+    for the warm-up's own read of them (:meth:`~cachepipe.l1.raw_levels.RawLevels.peek`:
+    one read of each file per job); otherwise only their headers are read."""
     if not len(indices):
         return 0
     rng = np.random.default_rng(0)
     pick = sorted(rng.choice(indices, size=min(_SAMPLE, len(indices)), replace=False).tolist())
     cached = cache.l1.get_many(pick)[0] if cache.l1 is not None else [None] * len(pick)
+    absent = [i for i, data in zip(pick, cached) if data is None]
+    cache._open()
+    got = dict(zip(absent, cache._raw.peek(absent))) if absent and keep else {}
+    cached = [got[i].data if getattr(got.get(i), "data", None) is not None else data for i, data in zip(pick, cached)]
     sizes = []
     for i, data in zip(pick, cached):
         try:  # Pillow reads only the header; no level is filled here; never a FIFO (NOTE [bounded reads])

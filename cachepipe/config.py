@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cachepipe.l2.registry import check_replicas
-from cachepipe.l2.spec import L2Spec, resolve_l2
+from cachepipe.l2.spec import L2Spec, l2_setting, resolve_l2
 from cachepipe.netfs import check_cache_dir
 from cachepipe.source.reader import DEFAULT_MAX_FILE_BYTES
+from cachepipe.source.timed import DEFAULT_SOURCE_TIMEOUT_S
 
 __all__ = ["CacheConfig"]
 
@@ -34,6 +35,12 @@ class CacheConfig:
             [symlinks in the source]).
         max_file_bytes: the largest source file read for one sample; a larger one is a
             bad sample (NOTE [bounded reads] in ``cachepipe/source/reader.py``).
+        share_manifest: publish a new scan in the L2 store and take another node's from
+            it (NOTE [manifest through the store] in ``cachepipe/shared_manifest.py``): one
+            scan per job instead of one per node. A shared L2 (Redis URLs or a cluster)
+            only; off by default (its value takes L2 memory: ~60 MB for ImageNet).
+        source_timeout: seconds one source read may take before it is tried again (NOTE
+            [stalled source] in ``cachepipe/source/timed.py``).
     """
 
     source: str
@@ -47,6 +54,8 @@ class CacheConfig:
     l1_map_size: int | None = None
     follow_external_links: bool = False
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    share_manifest: bool = False
+    source_timeout: float = DEFAULT_SOURCE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", os.path.abspath(os.fspath(self.source)))
@@ -62,9 +71,23 @@ class CacheConfig:
             raise ValueError(f"replicas must be in 1..1 (the number of shards), got {self.replicas}")
         if not isinstance(self.timeout, (int, float)) or not math.isfinite(self.timeout) or self.timeout <= 0:
             raise ValueError(f"timeout (--timeout) must be a finite number of seconds > 0, got {self.timeout!r}")
+        if (not isinstance(self.source_timeout, (int, float)) or not math.isfinite(self.source_timeout)
+                or self.source_timeout <= 0):
+            raise ValueError(f"source_timeout (--source-timeout) must be a finite number of seconds > 0, "
+                             f"got {self.source_timeout!r}")
         if not isinstance(self.max_file_bytes, int) or self.max_file_bytes < 1:
             raise ValueError(f"max_file_bytes (--max-file-size) must be a positive number of bytes, "
                              f"got {self.max_file_bytes!r}")
         if self.l1_map_size is not None and self.l1_map_size < 1 << 16:
             raise ValueError(f"l1_map_size must be >= 64 KiB, got {self.l1_map_size}")
         check_cache_dir(self.cache_dir)  # NOTE [cache dir on a network file system]
+
+
+def shorthand_config(source, cache_dir, redis, cache_size: int | None, settings: dict) -> CacheConfig:
+    """The :class:`CacheConfig` of ``TwoLevelCache(source, cache_dir, redis, cache_size, **settings)``
+    (``settings`` may name ``l2``, ``l2_servers``, ``l2_memory`` and the config's fields)."""
+    if cache_dir is None:
+        raise ValueError("TwoLevelCache(source, cache_dir, ...): cache_dir is required")
+    l2 = resolve_l2(l2_setting(settings.pop("l2", None), redis), servers=settings.pop("l2_servers", None),
+                    memory=settings.pop("l2_memory", None))
+    return CacheConfig(source, cache_dir, l2, 256 if cache_size is None else cache_size, **settings)

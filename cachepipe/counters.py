@@ -23,5 +23,6 @@ STAT_KEYS = (
     "l1_quarantined",                                         # a broken L1 moved aside (NOTE [L1 guard])
     "source_reads", "source_bytes", "source_errors",
     "source_changed",                                         # files unlike the manifest (NOTE [changed files])
+    "source_timeouts",                                        # reads past their deadline (NOTE [stalled source])
     "corrupt",                                                # undecodable samples
 )

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepipe.config import CacheConfig
+from cachepipe.config import CacheConfig, shorthand_config
 from cachepipe.counters import STAT_KEYS
 from cachepipe.decode import decode_and_resize
-from cachepipe.errors import CorruptSampleError, SampleTooLargeError
+from cachepipe.errors import CorruptSampleError, L2UnavailableError, SampleTooLargeError
 from cachepipe.l1.guard import open_l1
 from cachepipe.l1.mirror import L1Mirror
 from cachepipe.l1.raw_levels import RawLevels
@@ -29,19 +29,19 @@ from cachepipe.l1.sizing import needed_map_size
 from cachepipe.l2.codec import encode_sample
 from cachepipe.l2.level import L2Level
 from cachepipe.l2.registry import open_store
-from cachepipe.l2.spec import L2Spec, l2_setting, resolve_l2
+from cachepipe.l2.spec import L2Spec
 from cachepipe.l2.store import SampleStore, namespace
 from cachepipe.lease import Lease, hold_lease
-from cachepipe.private_files import private_dir
 from cachepipe.server.embedded import EmbeddedRedis, parse_memory
 from cachepipe.server.embedded_group import EmbeddedGroup
+from cachepipe.source.gone import check_source_alive
 from cachepipe.source.manifest import Manifest
+from cachepipe.shared_manifest import manifest_of
 
 __all__ = ["TwoLevelCache"]
 
-_INHERITED: list = []
-  # handles from a parent process; see NOTE [per-process handles]
-_SOURCE_THREADS = 8
+_INHERITED: list = []  # handles from a parent process; see NOTE [per-process handles]
+_SOURCE_THREADS = 32  # reads in flight per process: NFS latency, not CPU, is their cost
 
 
 class TwoLevelCache:
@@ -114,24 +114,10 @@ class TwoLevelCache:
         else:
             if isinstance(config, Manifest):
                 config, manifest = config.root, config
-            if cache_dir is None:
-                raise ValueError("TwoLevelCache(source, cache_dir, ...): cache_dir is required")
-            l2 = resolve_l2(l2_setting(settings.pop("l2", None), redis), servers=settings.pop("l2_servers", None),
-                            memory=settings.pop("l2_memory", None))
-            config = CacheConfig(config, cache_dir, l2, 256 if cache_size is None else cache_size, **settings)
-        if manifest is not None and manifest.root != config.source:
-            raise ValueError(f"the manifest is of {manifest.root!r}, the cache config of {config.source!r}")
+            config = shorthand_config(config, cache_dir, redis, cache_size, settings)
         self.config = config
-        if save_manifest:  # ranks race to create it: private_dir tolerates that
-            private_dir(config.cache_dir, follow_link=True)  # NOTE [private cache files]
-        if manifest is not None:
-            if save_manifest:
-                manifest.save(config.cache_dir)
-            self._manifest = manifest
-        else:
-            self._manifest = Manifest.load_or_scan(config.source, config.cache_dir, verify=verify, rescan=rescan,
-                                                   save=save_manifest,
-                                                   follow_external_links=config.follow_external_links)
+        self._manifest = manifest_of(config, manifest, verify=verify, rescan=rescan, save=save_manifest)
+        check_source_alive(config.source)  # a share that went away mid-scan: NOTE [source gone]
         self._fingerprint = self._manifest.fingerprint
         self._reset_process_state()
         self._lease = hold_lease(self.l1_path.parent) if save_manifest else None  # NOTE [namespace lease]
@@ -147,6 +133,7 @@ class TwoLevelCache:
         self.counters: Counter = Counter()
         self.started_server = False  # this process started the embedded server
         self.last_errors: dict[int, str] = {}  # bad samples of the last get_many: index -> reason
+        self._missed = False  # the last get_many read from the source (NOTE [reads in flight])
 
     def __getstate__(self) -> dict:
         return {"config": self.config, "manifest": self._manifest}  # NOTE [manifest pickles as its path]
@@ -171,7 +158,8 @@ class TwoLevelCache:
             self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
             if self._l1 is not None:
                 self._l1.wanted = files, needed_map_size(files, kept)
-        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
+        self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes,
+                              source_timeout=cfg.source_timeout)
         self._raw.l1_writable = self._l1 is not None and writable
         l2 = cfg.l2
         if l2.enabled:
@@ -278,7 +266,9 @@ class TwoLevelCache:
         errors_seen: list[CorruptSampleError] = []
         self.last_errors = {}
         if need:
+            before = c["source_reads"] + c["source_errors"]
             raw = self._raw.read(need)
+            self._missed = c["source_reads"] + c["source_errors"] > before
             encoded = []
             for i in need:
                 try:
@@ -305,6 +295,20 @@ class TwoLevelCache:
             out.append(arr.copy() if arr is not None and i in seen else arr)
             seen.add(i)
         return out
+
+    def read_ahead(self, indices: Iterable[int]) -> int:
+        """Start the source reads of ``indices`` that neither level holds, for a later
+        :meth:`get_many`, if the last one read from the source (the miss path: NOTE [reads
+        in flight]); free once the cache is warm. Returns how many reads were started."""
+        if not self._missed:
+            return 0
+        self._missed = False
+        idx = [int(i) for i in indices if 0 <= int(i) < len(self.manifest)]
+        try:
+            idx = self._store.missing(idx) if self._l2 is not None and idx else idx
+        except L2UnavailableError:
+            return 0  # the next read finds out and counts it
+        return self._raw.prefetch(idx, unless_in_l1=True)
 
     def _read_raw(self, need: list[int], *, strict_l1: bool = False) -> dict[int, bytes | OSError]:
         """Raw bytes via L1, else the source (see :class:`~cachepipe.l1.raw_levels.RawLevels`)."""

@@ -8,12 +8,22 @@ the placement node-local sampling draws by (``store.node_of``, NOTE [placement] 
 homes are hashed over the M nodes). M nodes warm L2 in parallel without overlap,
 each writing to its own server over no network, and the fixed subset a node caches when
 L2 is too small (NOTE [fixed L2 subset]) is a subset of the samples its ranks draw with
-``locality="node"``. L1 is a per-node local disk mirror: by default (``l1_scope="all"``)
-each node mirrors the whole source; ``"partition"`` mirrors only its part.
+``locality="node"``. L1 is a per-node local disk mirror of what the node reads (NOTE [L1
+holds what the node reads]).
 Work is found by asking each level what it lacks (LMDB keys, pipelined EXISTS), so a
 killed run resumes where it stopped and a finished one has nothing to do; a finished one
 knows it without N round trips (an L1 holding N entries, NOTE [completion record] in
 ``cachepipe/warm_record.py``). Every per-sample set is a numpy array.
+
+NOTE [L1 holds what the node reads]
+Under global sampling (``locality="global"``) every rank draws from every sample, so each
+node mirrors the whole source (``l1_scope="all"``) and the file server serves each file
+once per node (16 nodes: 16 reads of every file, 144 GB of disk per node for ImageNet).
+Under node-local sampling (``locality="node"``) a node's ranks draw its partition, the
+samples its L2 holds (plus the ~2 % exchanged each epoch, read from their home node's L2),
+so it mirrors only that (``l1_scope="partition"``): the nodes' partitions are disjoint
+and the file server serves each file once per job. ``l1_scope`` follows ``locality``
+unless given; the report names it (``l1_scope``, and ``cachepipe warmup`` says it).
 
 NOTE [corrupt files]
 A file is recorded in ``<fingerprint>/corrupt.json`` only when a stable read (NOTE
@@ -51,24 +61,25 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-import warnings
-from collections import Counter
 from collections.abc import Callable
+from itertools import islice
 
 import numpy as np
 
 from cachepipe.capacity import check_l1_space, estimate_sample_bytes, l2_fitting, l2_shortfalls
 from cachepipe.coverage import evicting_shards, l2_used, warm_coverage
-from cachepipe.decode import decode_and_resize
-from cachepipe.errors import CacheWarning, CorruptSampleError, L1FullError, L2UnavailableError, SampleTooLargeError
+from cachepipe.errors import L1FullError, L2UnavailableError
 from cachepipe.l1.corrupt_record import known_corrupt, save_corrupt
 from cachepipe.l1.sizing import l1_disk_bytes
-from cachepipe.l2.codec import encode_sample
+from cachepipe.l1_reuse import adopt_previous_l1
+from cachepipe.warm_chunks import GROUP, pipelined, run_group, set_worker_cache, warm_chunk
 from cachepipe.stale import stale_fingerprints, stale_l2_keys
 from cachepipe.warm_record import is_complete, record_complete
 
-__all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "plan_warmup", "warm_chunk", "warmup"]
+__all__ = ["L2TooSmallError", "known_corrupt", "node_partition", "pipelined", "plan_warmup", "warm_chunk",
+           "warmup"]
 
+LOCALITIES = ("global", "node")  # as loaders.locality spells them
 _SUMMED = ("l1_written", "l2_written", "l2_full", "bytes_read", "l2_write_errors")
 
 
@@ -133,66 +144,12 @@ def _known(cache) -> np.ndarray:
     return np.asarray(sorted(known_corrupt(cache)), dtype=np.int64)
 
 
-def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
-    """Mirror ``indices`` into L1 and decode ``l2_indices`` into L2 (one batch each).
-
-    Returns:
-        Counts (``done``, ``l1_written``, ``l2_written``, ``l2_full`` (refused for
-        maxmemory: NOTE [fixed L2 subset]), ``bytes_read``, ``l2_write_errors`` (other
-        failures)) and index lists: ``corrupt`` (stable, unchanged bytes that do
-        not decode, or too large to read), ``unreadable`` (read errors after retries;
-        ``why``: index -> the error), ``changed`` (the file differs from the manifest),
-        ``decoded``.
-
-    Raises:
-        L1FullError: the L1 map or disk is full.
-    """
-    before = Counter(cache.counters)
-    cache._open()
-    raw = cache._read_raw(indices, strict_l1=True)
-    changed = set(cache._raw.changed)
-    corrupt, unreadable, encoded = [], [], []
-    for i in l2_indices:
-        data = raw[i]
-        if isinstance(data, OSError):  # NOTE [corrupt files]: a file too large to read is not a sample
-            (corrupt if isinstance(data, SampleTooLargeError) else unreadable).append(i)
-            continue
-        if i in changed:
-            continue
-        try:
-            encoded.append((i, encode_sample(i, decode_and_resize(data, cache.config.cache_size, index=i))))
-        except CorruptSampleError:
-            corrupt.append(i)
-    with warnings.catch_warnings():  # NOTE [fixed L2 subset]: a full shard is expected here
-        warnings.filterwarnings("ignore", "L2 shard .* is out of memory", CacheWarning)
-        l2_written = cache.store.put_many(encoded) if encoded and cache.store is not None else 0
-    after = cache.counters
-    oom = after["l2_oom"] - before["l2_oom"]  # NOTE [fixed L2 subset]: left out, not an error
-    return {"done": len(indices), "l1_written": after["l1_writes"] - before["l1_writes"],
-            "l2_written": l2_written, "bytes_read": after["source_bytes"] - before["source_bytes"],
-            "l2_write_errors": after["l2_write_errors"] - before["l2_write_errors"] - oom,
-            "l2_full": oom, "corrupt": corrupt, "unreadable": unreadable, "changed": sorted(changed),
-            "decoded": [i for i, _ in encoded], "why": {i: str(raw[i]) for i in unreadable}}
-
-
 def _names(manifest, indices) -> list[str]:
     return [manifest.relpath(i) for i in sorted(int(i) for i in indices)]
 
 
-_WORKER_CACHE = None
-
-
-def _init_worker(cache) -> None:
-    global _WORKER_CACHE
-    _WORKER_CACHE = cache
-
-
-def _run_chunk(args) -> dict:
-    return warm_chunk(_WORKER_CACHE, *args)
-
-
 def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
-           l1_scope: str = "all", batch_size: int = 64, progress: bool = True,
+           l1_scope: str | None = None, locality: str = "global", batch_size: int = 64, progress: bool = True,
            check_capacity: bool = True, on_progress: Callable[[int], None] | None = None,
            limit: int | None = None, require_full: bool = False) -> dict:
     """Fill ``cache`` (a :class:`~cachepipe.TwoLevelCache`) for this node.
@@ -200,7 +157,9 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     Args:
         workers: parallel worker processes (1 = in this process).
         node_rank, num_nodes: this node's L2 partition (NOTE [warm-up partitions]).
-        l1_scope: ``"all"`` or ``"partition"``.
+        l1_scope: ``"all"`` or ``"partition"``; default: as ``locality`` (NOTE [L1 holds
+            what the node reads]).
+        locality: how training draws samples, ``"global"`` or ``"node"`` (node-local).
         batch_size: samples per LMDB transaction / Redis pipeline.
         progress: show a tqdm bar on stderr.
         check_capacity: refuse to start when the L1 disk is too small, and write to L2 only
@@ -210,7 +169,9 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         require_full: refuse to start (``L2TooSmallError``) when L2 cannot hold the partition.
 
     Returns:
-        Summary dict: ``samples``, ``partition``, ``cache_size``, ``l1_todo``, ``l2_todo``,
+        Summary dict: ``samples``, ``partition``, ``l1_scope``, ``locality``, ``l1_adopted``
+        (``None``, or what :func:`~cachepipe.l1_reuse.adopt_previous_l1` did: NOTE
+        [metadata-only changes]), ``cache_size``, ``l1_todo``, ``l2_todo``,
         ``l1_written``, ``l2_written``, ``l2_cached`` / ``l2_uncached`` (samples of the
         partition in L2 / left out for lack of room), ``l2_coverage`` (their fraction in
         L2), ``l2_full`` (writes refused for maxmemory), ``l2_bytes_per_sample`` (growth of
@@ -233,7 +194,11 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         raise ValueError("num_nodes > 1 needs a shared L2 (Redis URLs or a cluster): "
                          "the embedded server is private to one node, so the other nodes' "
                          "partitions would never reach it")
+    if locality not in LOCALITIES:
+        raise ValueError(f"locality must be one of {list(LOCALITIES)}; got {locality!r}")
+    l1_scope = l1_scope or ("partition" if locality == "node" else "all")  # NOTE [L1 holds what the node reads]
     t0 = time.perf_counter()
+    adopted = adopt_previous_l1(cache)  # NOTE [metadata-only changes]: before anything opens L1
     m = cache.manifest
     node = f"{node_rank}/{num_nodes}"
     part = node_partition(cache, node_rank=node_rank, num_nodes=num_nodes, limit=limit)
@@ -249,21 +214,25 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             raise L1FullError(28, problem)
     l2_todo = l2_missing
     if check_capacity and len(l2_todo):
-        per_sample = estimate_sample_bytes(cache, l2_todo)
+        per_sample = estimate_sample_bytes(cache, l2_todo, keep=workers == 1)  # kept for the chunks read here
         problems = l2_shortfalls(cache.store, l2_todo, per_sample)
         if problems and require_full:
             raise L2TooSmallError("; ".join(problems))
         if problems:
             l2_todo = np.asarray(l2_fitting(cache.store, l2_todo.tolist(), per_sample), dtype=np.int64)
     work = np.union1d(l1_todo, l2_todo)
-    report = {"samples": len(m), "partition": len(part),
+    report = {"samples": len(m), "partition": len(part), "l1_scope": l1_scope, "locality": locality,
+              "l1_adopted": adopted,
               "cache_size": cache.config.cache_size, "fingerprint": m.fingerprint,
               "l1_todo": len(l1_todo), "l2_todo": len(l2_todo), "l1_written": 0, "l2_written": 0,
               "l2_full": 0, "bytes_read": 0, "l2_write_errors": 0, "corrupt": [],
               "nothing_to_do": not len(np.setdiff1d(work, recheck, assume_unique=True))}
     used_before = l2_used(cache) if len(l2_todo) else 0
     in_l2 = np.isin(work, l2_todo)
-    chunks = ((work[s:s + batch_size].tolist(), work[s:s + batch_size][in_l2[s:s + batch_size]].tolist())
+    # what is read from the source: what L1 lacks, or everything without an L1 (NOTE [reads in flight])
+    from_source = np.isin(work, l1_todo) if cache.config.use_l1 else np.ones(len(work), dtype=bool)
+    chunks = ((work[s:s + batch_size].tolist(), work[s:s + batch_size][in_l2[s:s + batch_size]].tolist(),
+               work[s:s + batch_size][from_source[s:s + batch_size]].tolist())
               for s in range(0, len(work), batch_size))  # made as the workers take them: no list of N
     count = -(-len(work) // batch_size)
     found = {k: set() for k in ("corrupt", "unreadable", "changed", "decoded")}  # "decoded": of ``recheck`` only
@@ -275,12 +244,13 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         bar = tqdm(total=len(work), unit="img", desc="warmup", disable=not progress,
                    file=sys.stderr, dynamic_ncols=True)
         if workers == 1 or count == 1:
-            results = (warm_chunk(cache, *c) for c in chunks)
+            results = pipelined(cache, chunks)
             pool = None
         else:
             ctx = multiprocessing.get_context("spawn")
-            pool = ctx.Pool(min(workers, count), initializer=_init_worker, initargs=(cache,))
-            results = pool.imap_unordered(_run_chunk, chunks)
+            pool = ctx.Pool(min(workers, -(-count // GROUP)), initializer=set_worker_cache, initargs=(cache,))
+            groups = iter(lambda: list(islice(chunks, GROUP)), [])
+            results = (r for rs in pool.imap_unordered(run_group, groups) for r in rs)
         try:
             for r in results:
                 for k in _SUMMED:
@@ -318,6 +288,8 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
             record_complete(cache, node, part)  # NOTE [completion record]
     report["stale_fingerprints"], report["l2_stale_keys"] = _stale(cache) if report["l2_uncached"] else ([], 0)
     report["seconds"] = time.perf_counter() - t0
+    if adopted:  # its reads are the warm-up's too
+        report["bytes_read"] += adopted["bytes_read"]
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0
     return report
 

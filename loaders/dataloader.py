@@ -95,6 +95,9 @@ class _BatchDataset(torch.utils.data.Dataset):
         before = _hit_counts(getattr(self.folder, "cache", None))
         t0 = time.perf_counter()
         samples, targets, skipped = self.folder.load_many(request, copy=False)  # crops copy anyway
+        read_ahead = getattr(self.folder, "read_ahead", None)  # a CachedImageFolder's (not a plain folder's)
+        if read_ahead is not None and getattr(request, "ahead", None):
+            read_ahead(request.ahead)  # NOTE [loader read-ahead]
         waited = time.perf_counter() - t0
         after = _hit_counts(getattr(self.folder, "cache", None))
         hits = [a - b for a, b in zip(after, before)]
@@ -146,6 +149,7 @@ class CachedDataLoader(SamplerControls):
         # NOTE [recycled shared batches] (loaders.shared_batches): every batch goes back to its worker,
         # once copied to the device, once the user drops it (NOTE [handing out shared batches]) or once
         # DALI has read it (NOTE [DALI CPU source])
+        sampler.read_ahead = max(1, workers)  # NOTE [loader read-ahead]
         batches = _BatchDataset(dataset, transform, recycle=workers > 0)
         self.loader = torch.utils.data.DataLoader(batches, batch_sampler=sampler, num_workers=workers,
                                                   collate_fn=_passthrough, pin_memory=False, **kwargs)

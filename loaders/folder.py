@@ -261,6 +261,11 @@ class CachedImageFolder(_base()):
                 arrays.append(None)
         return arrays
 
+    def read_ahead(self, indices: Sequence[int]) -> int:
+        """Start the source reads of the samples of ``indices`` the cache lacks, when the
+        last batch missed it (NOTE [loader read-ahead]); returns how many were started."""
+        return self.cache.read_ahead(indices) if self.cache is not None else 0
+
     # NOTE [bad samples reported once]: a bad sample (corrupt, unreadable, too large) is one
     # warning line per file and process, naming the file and what was wrong: the cache does
     # not warn about it (it counts it and says why in ``last_errors``), and a file already

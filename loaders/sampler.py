@@ -7,6 +7,12 @@ DataLoader workers receive each request through their index queue, so ``set_size
 depends only on (seed, epoch, rank, batch number): the same for any worker count, and
 the same again after resuming.
 
+NOTE [loader read-ahead]: with ``read_ahead`` = k (the loader sets its worker count, at
+least 1) each request also carries ``ahead``, the indices of batch ``number + k``: the
+next batch the same DataLoader worker is handed (workers take batches in turn), so a
+worker whose batch missed the cache starts that batch's source reads while it transforms
+this one (NOTE [reads in flight] in ``cachepipe/l1/raw_levels.py``).
+
 NOTE [sharding and the last batch]: one permutation per epoch from ``seed + epoch`` (the
 rule and the numbers of ``torch.utils.data.DistributedSampler``), identical on every rank;
 rank r takes every world_size-th index from r. With ``drop_last=True`` the permutation is
@@ -32,16 +38,18 @@ __all__ = ["BatchRequest", "SamplerControls", "ShardedBatchSampler", "shard_indi
 class BatchRequest(list):
     """Dataset indices of one batch, with the state needed to transform it (see NOTE above)."""
 
-    def __init__(self, indices, *, epoch: int = 0, number: int = 0, size: int = 224, seed: str = "") -> None:
+    def __init__(self, indices, *, epoch: int = 0, number: int = 0, size: int = 224, seed: str = "",
+                 ahead: list[int] | None = None) -> None:
         super().__init__(indices)
         self.epoch, self.number, self.size, self.seed = epoch, number, size, seed
+        self.ahead = ahead or []  # the indices this worker fetches next (NOTE [loader read-ahead])
 
     def __reduce__(self):
-        return (_rebuild_request, (list(self), self.epoch, self.number, self.size, self.seed))
+        return (_rebuild_request, (list(self), self.epoch, self.number, self.size, self.seed, self.ahead))
 
 
-def _rebuild_request(indices, epoch, number, size, seed) -> BatchRequest:
-    return BatchRequest(indices, epoch=epoch, number=number, size=size, seed=seed)
+def _rebuild_request(indices, epoch, number, size, seed, ahead=None) -> BatchRequest:
+    return BatchRequest(indices, epoch=epoch, number=number, size=size, seed=seed, ahead=ahead)
 
 
 def shard_indices(num_samples: int, *, epoch: int, seed: int, rank: int, world_size: int,
@@ -113,6 +121,7 @@ class ShardedBatchSampler:
         self.epoch = 0
         self.size = size
         self.start = 0  # first batch of the next pass over ``self.epoch`` (resume)
+        self.read_ahead = 0  # batches between a request and the one it names as ``ahead`` (0: none)
 
     # ---- epoch state --------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -164,8 +173,12 @@ class ShardedBatchSampler:
     def __iter__(self) -> Iterator[BatchRequest]:
         order = self.order()
         start, self.start = self.start, 0
+        bs, stride = self.batch_size, self.read_ahead
         for number in range(start, len(self)):
-            yield self.request(order[number * self.batch_size:(number + 1) * self.batch_size].tolist(), number)
+            request = self.request(order[number * bs:(number + 1) * bs].tolist(), number)
+            if stride and number + stride < len(self):  # NOTE [loader read-ahead]
+                request.ahead = order[(number + stride) * bs:(number + stride + 1) * bs].tolist()
+            yield request
 
     # ---- resume -------------------------------------------------------------------------
     def state_dict(self, batches_done: int) -> dict:

@@ -123,6 +123,10 @@ def pytest_collection_modifyitems(config, items):
                                           "or TRITON_INTERPRET=1")
     has_gpu = _has_cuda()
     has_triton = HAS_TRITON and (has_gpu or os.environ.get("TRITON_INTERPRET") == "1")
+    from cachepipe.slowfs.mount import fuse_missing
+
+    no_fuse = fuse_missing()
+    skip_fuse = pytest.mark.skip(reason=f"needs FUSE: {no_fuse}")
     has_dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
     for item in items:
         if "gpu" in item.keywords and not has_gpu:
@@ -131,3 +135,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_triton)
         if "dali" in item.keywords and not has_dali:
             item.add_marker(skip_dali)
+        if "fuse" in item.keywords and no_fuse:
+            item.add_marker(skip_fuse)

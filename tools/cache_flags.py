@@ -20,7 +20,7 @@ DEFAULT_CACHE_DIR = "cachepipe-cache"  # train's --cache-dir when none is given
 
 def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
     """Add ``--cache-dir --l2 (alias --redis) --redis-cluster --no-l2 --replicas --prefix
-    --l2-memory --timeout --follow-external-links``.
+    --l2-memory --timeout --source-timeout --share-manifest --follow-external-links``.
 
     Args:
         parser: the command's parser.
@@ -63,6 +63,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
                         help="embedded redis-server processes, reads spread over them by key (docs/cache.md, "
                              "sizing); unset: one per 8 cores; use the same for warmup and train")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
+    parser.add_argument("--source-timeout", type=float, default=60.0, metavar="S",
+                        help="seconds one source file read may take before it is tried again on a fresh thread "
+                             "(twice, then the sample is unreadable): a stalled NFS costs this, never a hang")
     parser.add_argument("--l1-size", default=None, metavar="SIZE",
                         help="LMDB map size of the L1 mirror (e.g. 64gb); unset: from the source's file count "
                              "and bytes (docs/cache.md, L1); a full L1 says how much it needs")
@@ -72,6 +75,9 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
     if source:
         parser.add_argument("--rescan", action="store_true",
                             help="rescan the source instead of reusing the saved manifest")
+    parser.add_argument("--share-manifest", action="store_true",
+                        help="publish the scan in the shared L2 (Redis URLs, cluster) and take another node's "
+                             "from it: one scan per job, not per node (verified against this node's view)")
     parser.add_argument("--follow-external-links", action="store_true",
                         help="follow symlinks in the source that point outside it (default: skip them "
                              "with a warning); pass it to warmup and train alike")
@@ -113,7 +119,9 @@ def cache_config(args: argparse.Namespace, source, cache_size: int = 256, cache_
     """
     return CacheConfig(source, args.cache_dir or cache_dir or DEFAULT_CACHE_DIR, l2_from_args(args), cache_size,
                        prefix=args.prefix, replicas=args.replicas, timeout=args.timeout,
+                       source_timeout=getattr(args, "source_timeout", 60.0),
                        follow_external_links=args.follow_external_links,
+                       share_manifest=getattr(args, "share_manifest", False),
                        max_file_bytes=_bytes(args.max_file_size, "--max-file-size"),
                        l1_map_size=None if args.l1_size is None else _bytes(args.l1_size, "--l1-size"))
 

@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tools.train", "train an image model end to end from the cache"),
     "report": ("tools.report", "plot training curves and time breakdowns of runs"),
     "plan": ("tools.plan", "price a cluster on paper: step time, throughput, a recipe's run and the cache it needs"),
+    "slowfs": ("tools.slowfs", "serve a directory read-only through FUSE as a slow network file share (latency, "
+               "bandwidth)"),
     "doctor": ("tools.doctor", "check redis-server, /dev/shm, DALI, CUDA, NCCL, triton; --gpu runs the GPU checks"),
 }
 

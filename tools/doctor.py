@@ -1,7 +1,7 @@
 """``cachepipe doctor``: what this machine can run, one line per component, and what to do.
 
 Checks the cache's Python packages and redis-server (the L2 cache; both required), the size of ``/dev/shm`` (DataLoader
-workers and the shared-memory collectives of ``comm/shm.py``), DALI, CUDA, NCCL and
+workers and the shared-memory collectives of ``comm/shm.py``), FUSE (``cachepipe slowfs``), DALI, CUDA, NCCL and
 triton (all optional: CPU fallbacks exist). Exit status 0 when everything required is
 there, 1 otherwise, 2 for a bad flag (a ``--json`` path that cannot be written is found
 before the checks run).
@@ -135,10 +135,20 @@ def _triton(has_cuda: bool) -> dict:
     return _check("triton", True, f"triton {triton.__version__}; {where}")
 
 
+def _fuse() -> dict:
+    """FUSE for ``cachepipe slowfs`` (optional: the emulated slow share of benchmarks and tests)."""
+    from cachepipe.slowfs.mount import fuse_missing
+
+    why = fuse_missing()
+    if why is not None:
+        return _check("FUSE", None, why.split(":")[0], "cachepipe slowfs and bench io need it: " + why)
+    return _check("FUSE", True, "/dev/fuse, fusermount3, mfusepy: cachepipe slowfs can mount")
+
+
 def checks() -> list[dict]:
     """The environment checks, in the order printed; each a dict (name, status, detail, todo)."""
     cuda, has_cuda = _cuda()
-    return [_packages(), _redis(), _shm(), _dali(), cuda, _nccl(has_cuda), _triton(has_cuda)]
+    return [_packages(), _redis(), _shm(), _fuse(), _dali(), cuda, _nccl(has_cuda), _triton(has_cuda)]
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -96,7 +96,7 @@ def _print_data(data: list[dict]) -> None:
     for s in data:
         print(f"data at {s['cache_size']} px: {s['sample_bytes'] / 1024:.0f} KiB a sample in L2, "
               f"L2 {s['l2_bytes_per_node'] / 2**30:,.1f} GiB and L1 {s['l1_bytes_per_node'] / 2**30:,.1f} GiB "
-              f"per node, warm-up {s['warmup_s'] / 60:,.1f} min of source reads, {s['servers_per_node']} Redis "
+              f"per node ({'its partition: node-local sampling' if s.get('locality') == 'node' else 'a full mirror: global sampling'}), warm-up {s['warmup_s'] / 60:,.1f} min of source reads, {s['servers_per_node']} Redis "
               f"server(s) per node for {s['feed_bytes_per_s'] / 1e9:.2f} GB/s")
 
 

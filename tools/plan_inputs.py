@@ -81,6 +81,9 @@ def configure_inputs(parser: argparse.ArgumentParser) -> None:
     d = parser.add_argument_group("data")
     d.add_argument("--files", type=int, default=IMAGENET_FILES, help="training images (ImageNet-1k's)")
     d.add_argument("--file-kb", type=float, default=DEFAULT_FILE_KB, help="average file size, KB (ImageNet-1k's)")
+    d.add_argument("--locality", choices=["global", "node"], default=None,
+                   help="the sampling L1 is sized for: global, a full mirror per node; node, each node's partition "
+                        "(default: the recipe's train.locality, else global)")
     d.add_argument("--cache-size", type=int, nargs="+", default=None,
                    help="cached shorter sides, px (default: the recipe's, else 256)")
     d.add_argument("--aspect", type=float, default=None, help="average width / height of the images (default: 4/3)")
@@ -289,7 +292,9 @@ def _sizing(args, recipe, cluster) -> Callable:
                                        nodes=cluster.nodes, gpus_per_node=cluster.local_size,
                                        images_per_s_per_gpu=per_gpu(s),
                                        source_bytes_per_s=args.source_mbyte_per_s * 1e6,
-                                       aspect=args.aspect or ASPECT) for s in sizes]
+                                       aspect=args.aspect or ASPECT,
+                                       locality=args.locality or (recipe.train.locality if recipe else "global"))
+                                       for s in sizes]
 
 
 def _lines(cluster, workload, model, recipe) -> list[str]:

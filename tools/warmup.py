@@ -36,8 +36,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="samples per LMDB transaction / Redis pipeline")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's rank (L2 partition)")
     parser.add_argument("--num-nodes", type=int, default=1, help="number of nodes sharing L2")
-    parser.add_argument("--l1-scope", choices=["all", "partition"], default="all",
-                        help="mirror the whole source into L1, or only this node's partition")
+    parser.add_argument("--locality", choices=["global", "node"], default="global",
+                        help="how training draws samples (train's --locality): node-local sampling reads only "
+                             "this node's partition, so L1 mirrors only that (default: global, all of it)")
+    parser.add_argument("--l1-scope", choices=["all", "partition"], default=None,
+                        help="mirror the whole source into L1, or only this node's partition (default: as "
+                             "--locality)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any file is corrupt")
     parser.add_argument("--require-full", action="store_true",
                         help="exit 5 when L2 cannot hold this node's whole partition (checked before "
@@ -63,7 +67,32 @@ def _coverage(r: dict, node: str) -> str:
     return line
 
 
+def _l1_line(r: dict, node: str) -> str:
+    """What L1 holds and why (NOTE [L1 holds what the node reads] in cachepipe/warmup.py)."""
+    if r["partition"] == r["samples"]:
+        return "L1: the whole source (one node)"
+    if r["l1_scope"] == "partition":
+        return (f"L1: {node}'s partition only ({r['partition']} files; --locality {r['locality']}: the file "
+                f"server serves each file once per job)")
+    return (f"L1: the whole source ({r['samples']} files; --locality {r['locality']}: every node reads every file, "
+            f"so the file server serves each once per node; --locality node mirrors the partition only)")
+
+
+def _adopted(r: dict) -> str:
+    """The mirror a metadata-only change kept (NOTE [metadata-only changes] in cachepipe/l1_reuse.py)."""
+    a = r.get("l1_adopted")
+    if not a:
+        return ""
+    return (f"\n  L1: kept the mirror of {a['from']} ({a['entries']} entries; the source's metadata changed): "
+            f"{a['checked']} files with a new identity read once, {a['reused']} unchanged, {a['replaced']} "
+            f"changed and stored anew, {a['dropped']} unreadable")
+
+
 def _summary(r: dict, node: str, l2: bool) -> str:
+    return _summary_lines(r, node, l2) + _adopted(r)
+
+
+def _summary_lines(r: dict, node: str, l2: bool) -> str:
     if r["nothing_to_do"] and not (r["recovered"] or r["unreadable"] or r["changed"]):
         if not r["l2_uncached"]:
             line = (f"warmup: nothing to do: L1 and L2 already hold all {r['partition']} samples of "
@@ -76,7 +105,7 @@ def _summary(r: dict, node: str, l2: bool) -> str:
             line += f"; {len(r['known_corrupt'])} known corrupt file(s) re-checked, still corrupt"
         return line
     lines = [f"warmup: {r['samples']} samples, {r['partition']} in {node}, {r['cache_size']} px "
-             f"(fingerprint {r['fingerprint']})",
+             f"(fingerprint {r['fingerprint']})", f"  {_l1_line(r, node)}",
              f"  L1 written: {r['l1_written']} entries   L2 written: {r['l2_written']} entries",
              f"  read {r['bytes_read'] / 2**20:.2f} MB from the source in {r['seconds']:.2f} s "
              f"({r['mb_per_s']:.2f} MB/s)"]
@@ -134,7 +163,12 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
         cache = cache_from_args(args, size)
     except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         return fail(str(exc), EXIT_SOURCE)
-    except OSError as exc:  # read-only or full cache dir
+    except OSError as exc:  # read-only or full cache dir, or a share that went away (NOTE [source gone])
+        from cachepipe.source.gone import source_error
+
+        gone = source_error(exc, args.source)
+        if gone is not None:
+            return fail(str(gone), EXIT_SOURCE)
         return fail(f"cannot write the cache dir {args.cache_dir}: {exc}", EXIT_L1_FULL)
     code = _warm(args, size, reports, cache)
     if code == EXIT_REDIS and cache.started_server:  # never leave a server we started and cannot use
@@ -161,7 +195,7 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
                     return fail(f"{what.format(down[0]['url'])} ({down[0]['error']})"
                                 + (f" and {len(down) - 1} more" if len(down) > 1 else ""), EXIT_REDIS)
             report = warmup(cache, workers=args.workers, node_rank=args.node_rank,
-                            num_nodes=args.num_nodes, l1_scope=args.l1_scope,
+                            num_nodes=args.num_nodes, l1_scope=args.l1_scope, locality=args.locality,
                             batch_size=args.batch_size, progress=not args.quiet,
                             require_full=args.require_full)
     except L2UnavailableError as exc:
@@ -184,6 +218,12 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
         return fail(f"{report['l2_write_errors']} L2 writes failed (shard down or refused)",
                     EXIT_CORRUPT)
     if report["unreadable"]:
+        from cachepipe.source.gone import SourceGoneError, check_source_alive
+
+        try:
+            check_source_alive(cache.config.source)  # NOTE [source gone]: the share ended mid-warm-up
+        except SourceGoneError as gone:
+            return fail(f"{gone} ({len(report['unreadable'])} file(s) were not read)", EXIT_SOURCE)
         return fail(f"{len(report['unreadable'])} file(s) could not be read, e.g. "
                     f"{report['unreadable'][0]!r}; run the warm-up again", EXIT_CORRUPT)
     if args.require_full and report["l2_uncached"]:

@@ -126,6 +126,19 @@ class L1Mirror:
                 out.append(bytes(value))
         return out, corrupt
 
+    def meta_many(self, indices: Sequence[int]) -> list[tuple[int, int] | None]:
+        """``(size, checksum)`` stored for each of ``indices`` (NOTE [checksum]), ``None`` if absent."""
+        with self.env.begin(buffers=True) as txn:
+            metas = [txn.get(_KEY.pack(i), db=self.meta_db) for i in indices]
+            return [_META.unpack(m) if m is not None and len(m) == _META.size else None for m in metas]
+
+    def has_many(self, indices: Sequence[int]) -> list[bool]:
+        """Whether each of ``indices`` has an entry (its ``meta`` key alone; nothing verified)."""
+        if self.empty:
+            return [False] * len(indices)
+        with self.env.begin(buffers=True) as txn:
+            return [txn.get(_KEY.pack(i), db=self.meta_db) is not None for i in indices]
+
     def put_many(self, items: Sequence[tuple[int, bytes]]) -> int:
         """Write ``(index, bytes)`` pairs in one transaction; returns how many.
 

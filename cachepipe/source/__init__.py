@@ -8,6 +8,7 @@
   sample lists]); ``fingerprint.py``: its fingerprint; ``manifest_file.py``: the binary
   file it is saved as and mapped from (NOTE [manifest file]); ``reuse.py``: whether a
   saved scan is still current (NOTE [manifest reuse]).
-- ``scan.py``: the walk of the class folders; ``file_identity.py``: what identifies a
-  file's content (NOTE [file identity]).
+- ``scan.py``: the walk of the class folders, replayed from ``listing.py``'s directory
+  listings and stats, made many at a time (NOTE [scan in flight]); ``file_identity.py``:
+  what identifies a file's content (NOTE [file identity]).
 """

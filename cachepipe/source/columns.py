@@ -90,6 +90,11 @@ class ColumnsBuilder:
         ident["inos"][row], ident["ctimes"][row] = st.st_ino, st.st_ctime_ns
         self.devices[row] = st.st_dev
 
+    def set_row(self, row: int, ident: tuple[int, int, int, int, int]) -> None:
+        """Record ``(size, mtime_ns, inode, ctime_ns, st_dev)`` as the identity of ``row``."""
+        i = self._identity
+        i["sizes"][row], i["mtimes"][row], i["inos"][row], i["ctimes"][row], self.devices[row] = ident
+
     def columns(self) -> Columns:
         """The arrays, views of this builder's buffers (no copy on a little-endian machine);
         add nothing after this."""

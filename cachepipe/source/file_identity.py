@@ -65,7 +65,15 @@ def _windows(devices: np.ndarray, mtimes: np.ndarray, ctimes: np.ndarray) -> np.
     return np.where(np.isin(devices, fine), _FINE_WINDOW_NS, _COARSE_WINDOW_NS)
 
 
-def settle(cols: Columns, devices: np.ndarray, path_of: Callable[[int], str], started_ns: int) -> Columns:
+def _restat(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        return identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def settle(cols: Columns, devices: np.ndarray, path_of: Callable[[int], str], started_ns: int,
+           mapper: Callable = map) -> Columns:
     """``cols`` with the racy identities (NOTE [file identity]) taken again once settled.
 
     Args:
@@ -73,6 +81,7 @@ def settle(cols: Columns, devices: np.ndarray, path_of: Callable[[int], str], st
         devices: each file's ``st_dev``.
         path_of: the path of file ``i``, to stat it again.
         started_ns: when the scan began (``time.time_ns()``).
+        mapper: ``map`` or a pool's, to take the second stats many at a time (NOTE [scan in flight]).
 
     Returns:
         The columns to record (a file that vanished keeps its first stat: its reads fail).
@@ -93,10 +102,9 @@ def settle(cols: Columns, devices: np.ndarray, path_of: Callable[[int], str], st
             time.sleep(wait + 0.001)
         since = time.time_ns()
         changed = False
-        for k in racy.tolist():
-            try:
-                again = identity(os.stat(path_of(k)))
-            except OSError:
+        racy = racy.tolist()
+        for k, again in zip(racy, mapper(_restat, [path_of(k) for k in racy])):
+            if again is None:
                 continue
             changed |= again != tuple(int(ident[f][k]) for f in IDENTITY)
             for f, v in zip(IDENTITY, again):

@@ -40,6 +40,7 @@ from cachepipe.source.file_identity import settle
 from cachepipe.source.fingerprint import fingerprint as fingerprint_of
 from cachepipe.source.manifest_file import FILE_NAME, ManifestFile, ManifestFileError, write_manifest
 from cachepipe.source.reuse import load_or_scan, write_pointer
+from cachepipe.source.listing import SCAN_THREADS, scan_pool
 from cachepipe.source.scan import Walker, by_label, no_class_folders, no_valid_file
 from cachepipe.source.views import Relpaths, Samples, Targets
 
@@ -163,7 +164,8 @@ class Manifest:
     @classmethod
     def scan(cls, root: str | os.PathLike, *, extensions: str | Sequence[str] | None = None,
              is_valid_file: Callable[[str], bool] | None = None, allow_empty: bool = False,
-             follow_external_links: bool = False, class_to_idx: dict[str, int] | None = None) -> Manifest:
+             follow_external_links: bool = False, class_to_idx: dict[str, int] | None = None,
+             scan_threads: int = SCAN_THREADS) -> Manifest:
         """Walk ``root`` with torchvision ``ImageFolder`` / ``DatasetFolder`` rules, links as
         NOTE [symlinks in the source] says.
 
@@ -175,8 +177,8 @@ class Manifest:
             allow_empty: keep class folders without a valid file (their label exists,
                 no sample has it) instead of raising.
             follow_external_links: also follow links whose target leaves the root.
-            class_to_idx: the classes to walk and their labels (0..n-1), as a
-                ``find_classes()`` override gives them (default: every class folder, sorted).
+            class_to_idx: the classes and labels (0..n-1) a ``find_classes()`` gives (default: all, sorted).
+            scan_threads: stats and listings in flight (NOTE [scan in flight]; same result).
 
         A manifest scanned with ``extensions``, ``is_valid_file`` or ``class_to_idx`` (or with empty classes)
         is not reused by :meth:`load_or_scan` (NOTE [manifest reuse]): those rules are not
@@ -206,7 +208,15 @@ class Manifest:
         started_ns = time.time_ns()
         with os.scandir(root) as it:
             entries = list(it)
-        walker = Walker(root, follow_external_links)
+        with scan_pool(scan_threads) as pool:
+            return cls._scan(root, entries, pool, scan_threads, started_ns, is_valid_file, custom, extensions,
+                             ends if extensions is not None or not custom else None, allow_empty,
+                             follow_external_links, chosen)
+
+    @classmethod
+    def _scan(cls, root: str, entries: list, pool, threads: int, started_ns: int, is_valid_file, custom: bool,
+              extensions, ends, allow_empty: bool, follow_external_links: bool, chosen) -> Manifest:
+        walker = Walker(root, follow_external_links, pool, threads)
         classes = walker.classes(root) if chosen is False else chosen
         if not classes:
             raise EmptyFolderError(no_class_folders(root, [e.name for e in entries]))
@@ -225,7 +235,8 @@ class Manifest:
             dir_mtimes = {}
         prefix = [os.path.join(root, c) for c in classes]
         cols = settle(cols, np.frombuffer(files.rows.devices, dtype=np.int64),  # NOTE [file identity]
-                      lambda k: os.path.join(prefix[cols.labels[k]], os.fsdecode(cols.name(k))), started_ns)
+                      lambda k: os.path.join(prefix[cols.labels[k]], os.fsdecode(cols.name(k))), started_ns,
+                      pool.map)
         m = cls(root, classes, cols, dir_mtimes=dir_mtimes, scanned_at=started_ns / 1e9,
                 follow_external_links=follow_external_links)
         m.skipped_files = files.irregular
@@ -287,7 +298,8 @@ class Manifest:
     @classmethod
     def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *,
                      verify: str = "dirs", rescan: bool = False, save: bool = True,
-                     follow_external_links: bool = False) -> Manifest:
+                     follow_external_links: bool = False, scan_threads: int = SCAN_THREADS,
+                     shared=None) -> Manifest:
         """Reuse the saved manifest of ``root`` if unchanged, else scan and save.
 
         Args:
@@ -300,12 +312,20 @@ class Manifest:
             save: write a new scan to ``cache_dir`` (``False``: change nothing there).
             follow_external_links: as :meth:`scan`; a saved scan made with the other
                 setting is not reused.
+            scan_threads: as :meth:`scan` (also the stats of ``verify="files"``).
+            shared: where other nodes' scans are published (a
+                :class:`~cachepipe.shared_manifest.ManifestShare`): one is taken when the reuse
+                check passes, and a new scan is published (NOTE [manifest through the store]).
+
+        The ranks of a node scan once: the check and the scan hold a lock in ``cache_dir``
+        and the others then load the saved scan (NOTE [one scan per node]).
 
         Raises:
             FileNotFoundError, ValueError: as :meth:`scan`; ValueError for a bad ``verify``.
         """
         return load_or_scan(cls, root, cache_dir, verify=verify, rescan=rescan, save=save,
-                            follow_external_links=follow_external_links)
+                            follow_external_links=follow_external_links, scan_threads=scan_threads,
+                            shared=shared)
 
 
 def _mapped(path: str, checksum: int, fingerprint: str, root: str, scan: tuple) -> Manifest:

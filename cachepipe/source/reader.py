@@ -13,6 +13,9 @@ still differs from the manifest is returned for what it is (the caller serves it
 does not cache it, NOTE [changed files]); an error is returned as its ``OSError``, which
 callers count as unreadable, never as a corrupt file.
 
+Each read has a deadline (NOTE [stalled source] in ``timed.py``): a file system that stops
+answering costs a timeout, a warning and a retry, never a hang.
+
 NOTE [bounded reads]
 Only a regular file is read: the file is opened with ``O_NONBLOCK`` (opening a FIFO
 would wait for a writer forever) and anything but a regular file is refused before a
@@ -28,12 +31,14 @@ from __future__ import annotations
 import errno
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 
 from cachepipe.backoff import retry_delays
-from cachepipe.errors import SampleTooLargeError
+from cachepipe.errors import CacheWarning, SampleTooLargeError
 from cachepipe.source.file_identity import identity, is_regular
+from cachepipe.source.timed import DEFAULT_SOURCE_TIMEOUT_S, TimedPool
 
 __all__ = ["DEFAULT_MAX_FILE_BYTES", "SourceChangedError", "SourceFile", "SourceReader",
            "TRANSIENT_ERRNOS", "open_regular", "read_file", "read_stable"]
@@ -85,7 +90,7 @@ def _read_once(path: str, max_bytes: int) -> SourceFile:
         before = os.fstat(f.fileno())
         if before.st_size > max_bytes:
             raise SampleTooLargeError(before.st_size, max_bytes, path)
-        data = f.read(max_bytes + 1)
+        data = f.read(min(before.st_size, max_bytes) + 1)  # one byte more shows growth; never a max_bytes buffer
         after = os.fstat(f.fileno())
     if identity(before) != identity(after) or len(data) != after.st_size:
         if len(data) > max_bytes:
@@ -127,53 +132,90 @@ def read_stable(path: str, expect: tuple[int, int, int, int] | None = None, atte
     return result
 
 
-def read_file(path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bytes:
+_FILE_READERS: dict = {}  # (pid, max_bytes, timeout) -> the SourceReader of read_file
+
+
+def read_file(path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES, timeout: float = DEFAULT_SOURCE_TIMEOUT_S) -> bytes:
     """One sample file's bytes, read as the cache reads them (NOTE [stable reads], NOTE
-    [bounded reads]), for loaders that bypass the cache.
+    [bounded reads], with the deadline of NOTE [stalled source]), for loaders that bypass
+    the cache.
 
     Raises:
-        OSError: the last error (``SampleTooLargeError`` for a file over ``max_bytes``).
+        OSError: the last error (``SampleTooLargeError`` for a file over ``max_bytes``,
+            ``ETIMEDOUT`` for a file system that stalls).
     """
-    got = read_stable(path, max_bytes=max_bytes)
+    key = (os.getpid(), max_bytes, float(timeout))
+    reader = _FILE_READERS.get(key)
+    if reader is None:
+        reader = _FILE_READERS[key] = SourceReader(4, max_bytes, timeout)
+    (got,) = reader.read([path])
     if isinstance(got, OSError):
         raise got
     return got.data
 
 
 class SourceReader:
-    """Read whole files, in parallel threads when there are several.
+    """Read whole files, in parallel threads, each with a deadline (NOTE [stalled source]).
 
     Args:
         threads: pool size (created on first use, per process).
         max_bytes: the largest file read for one sample (NOTE [bounded reads]).
+        timeout: seconds one read may take before it is tried again on a fresh thread
+            (twice; then the file is an ``OSError(ETIMEDOUT)``).
+        counters: where ``source_timeouts`` are counted (the cache's counters).
     """
 
-    def __init__(self, threads: int = 8, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+    def __init__(self, threads: int = 8, max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 timeout: float = DEFAULT_SOURCE_TIMEOUT_S, counters: Counter | None = None) -> None:
         if threads < 1 or max_bytes < 1:
             raise ValueError(f"threads and max_bytes must be >= 1, got {threads}, {max_bytes}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         self.threads = threads
         self.max_bytes = max_bytes
-        self._pool: ThreadPoolExecutor | None = None
+        self.timeout = timeout
+        self.counters = Counter() if counters is None else counters
+        self._pool: TimedPool | None = None
         self._pid = os.getpid()
+        self._warned = False
 
-    def read(self, paths: list[str], expect: list[tuple[int, int, int, int]] | None = None
-             ) -> list[SourceFile | OSError]:
+    def read(self, paths: list[str], expect: list[tuple[int, int, int, int]] | None = None,
+             started: dict | None = None) -> list[SourceFile | OSError]:
         """Stable reads in order (NOTE [stable reads]); an unreadable file gives its ``OSError``.
 
         Args:
             paths: files.
             expect: per file, its identity from the manifest (NOTE [file identity]).
+            started: position in ``paths`` -> what :meth:`submit` returned for that file
+                (its read is taken, not started again).
         """
         expect = expect or [None] * len(paths)
-        read = lambda p, e: read_stable(p, e, max_bytes=self.max_bytes)  # noqa: E731
-        if len(paths) <= 1:
-            return [read(p, e) for p, e in zip(paths, expect)]
-        if self._pool is None or self._pid != os.getpid():
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cachepipe-read")
+        return self._threads().map(self._read_one, list(zip(paths, expect)), on_timeout=self._timed_out,
+                                   describe=lambda call: call[0], started=started)
+
+    def submit(self, path: str, expect: tuple[int, int, int, int] | None = None):
+        """Start one stable read now (a read ahead: NOTE [reads in flight]); hand what it
+        returns to :meth:`read` as ``started`` to take its result, with the deadline."""
+        return self._threads().start(self._read_one, (path, expect))
+
+    def _threads(self) -> TimedPool:
+        if self._pool is None or self._pid != os.getpid():  # threads do not survive fork
+            self._pool = TimedPool(self.threads, self.timeout)
             self._pid = os.getpid()
-        return list(self._pool.map(read, paths, expect))
+        return self._pool
+
+    def _read_one(self, path: str, expect) -> SourceFile | OSError:
+        return read_stable(path, expect, max_bytes=self.max_bytes)
+
+    def _timed_out(self, call: tuple, attempt: int) -> None:
+        self.counters["source_timeouts"] += 1
+        if not self._warned:  # once per reader and process: a stalled share stalls every read
+            self._warned = True
+            warnings.warn(f"source file {call[0]} gave no answer within {self.timeout:g} s (try {attempt}); "
+                          f"reading it again on a fresh thread: the file system under it stalls (NOTE [stalled "
+                          f"source]); counted in source_timeouts", CacheWarning, stacklevel=2)
 
     def close(self) -> None:
         if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=False)
+            self._pool.close()
         self._pool = None

@@ -19,18 +19,20 @@ socket or device named like an image is left out with a warning (opening a FIFO 
 until a writer comes, reading a device may never end), and so is a file that cannot be
 stat'ed (a path longer than the kernel's 4 KB ``PATH_MAX``: it could never be opened),
 named in the warning. What the walk keeps of each file is a row of NOTE [manifest
-columns], never its ``os.stat_result``.
+columns], never its ``os.stat_result``; its system calls run many at a time (NOTE [scan
+in flight] in ``source/listing.py``) and its decisions are made in this order.
 """
 from __future__ import annotations
 
 import os
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from cachepipe.errors import CacheWarning
 from cachepipe.source.columns import ColumnsBuilder
-from cachepipe.source.file_identity import is_regular
+from cachepipe.source.listing import inside, list_tree, stat_files
 
 __all__ = ["Files", "Walker", "by_label", "no_class_folders", "no_valid_file"]
 
@@ -44,51 +46,56 @@ class Files:
     irregular: list[str] = field(default_factory=list)  # named like images, not regular files
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
 class Walker:
-    """Walks the class folders of one root, sharing the set of directories seen.
+    """Walks the class folders of one root, sharing the set of directories seen; its system
+    calls are issued from ``pool`` (NOTE [scan in flight]), its decisions replayed in order.
 
     Args:
         root: the source root (absolute).
         follow_external_links: follow links whose target is outside ``root``.
+        pool: the scan's thread pool (:func:`~cachepipe.source.listing.scan_pool`).
+        threads: its size (how many stat chunks are kept in flight).
     """
 
-    def __init__(self, root: str, follow_external_links: bool = False) -> None:
+    def __init__(self, root: str, follow_external_links: bool = False, pool: Executor | None = None,
+                 threads: int = 1) -> None:
         self.root = root
         self.root_real = os.path.realpath(root)
         self.irregular: list[str] = []
         self.follow_external = follow_external_links
         self.skipped: list[tuple[str, str]] = []  # links and unlistable directories: (path, why)
         self.unstatable: list[tuple[str, str]] = []  # entries whose stat fails: (path, error)
+        self.pool = pool if pool is not None else ThreadPoolExecutor(1)
+        self.threads = threads
         self.seen = {self._key(root)}
+        self._class_keys: dict[str, tuple[int, int]] = {}
 
     def classes(self, root: str) -> list[str]:
         """The class folder names of ``root``, sorted, each a distinct real directory
         inside the root (or outside it when allowed); marks them seen."""
         with os.scandir(root) as it:
             entries = sorted((e for e in it if e.is_dir()), key=lambda e: e.name)
+        entries = [e for e in entries if not e.is_symlink() or self.allowed(e.path)]
         names = []
-        for e in entries:
-            if e.is_symlink() and not self.allowed(e.path):
-                continue
-            key = self._key(e.path)
+        for e, key in zip(entries, self.pool.map(lambda e: self._key(e.path), entries)):
             if key in self.seen:
                 self.skipped.append((e.path, "is a link to the root or to another class folder"))
                 continue
             self.seen.add(key)
+            self._class_keys[e.path] = key
             names.append(e.name)
         return names
 
     def mark(self, root: str, classes: list[str]) -> None:
         """Mark the folders of ``classes`` (chosen by a ``find_classes()``, not listed) seen."""
         for name in classes:
+            path = os.path.join(root, name)
             try:
-                self.seen.add(self._key(os.path.join(root, name)))
-            except OSError:  # a class without a folder: the walk says it cannot be listed
-                pass
+                key = self._key(path)
+            except OSError:  # a class without a folder: files() says it cannot be listed
+                continue
+            self.seen.add(key)
+            self._class_keys[path] = key
 
     @staticmethod
     def _key(path: str) -> tuple[int, int]:
@@ -98,48 +105,43 @@ class Walker:
     def allowed(self, path: str) -> bool:
         """Whether a symlink at ``path`` may be followed (records why not)."""
         real = os.path.realpath(path)
-        if self.follow_external or _inside(real, self.root_real):
+        if self.follow_external or inside(real, self.root_real):
             return True
         self.skipped.append((path, f"points outside the source root, to {real!r}"))
         return False
 
-    def walk(self, top: str) -> list[tuple[str, list[str]]]:
-        """``(dirpath, file names)`` of ``top`` and the directories below it, each real
-        directory once, sorted by ``dirpath`` (as ``sorted(os.walk(top))``)."""
-        out: list[tuple[str, list[str]]] = []
-        stack = [top]
+    def walk(self, top: str, listings: dict) -> list[tuple[str, list[str], object]]:
+        """``(dirpath, file names, mtime_ns)`` of ``top`` and the directories below it, each
+        real directory once, sorted by ``dirpath`` (as ``sorted(os.walk(top))``), replayed
+        from ``listings`` (:func:`~cachepipe.source.listing.list_tree`)."""
+        out: list[tuple[str, list[str], object]] = []
+        stack = [(top, self._class_keys[top])]
         while stack:
-            d = stack.pop()
-            files: list[str] = []
-            try:
-                with os.scandir(d) as it:
-                    entries = sorted(it, key=lambda e: e.name)
-            except OSError as exc:  # os.walk skips these silently; we say so
-                self.skipped.append((d, f"cannot be listed ({exc.strerror})"))
+            d, key = stack.pop()
+            listing = listings[key]
+            if listing.error is not None:  # os.walk skips these silently; we say so
+                self.skipped.append((d, f"cannot be listed ({listing.error})"))
                 continue
-            for e in entries:
-                link = e.is_symlink()
-                if link and not self.allowed(e.path):
+            files: list[str] = []
+            for entry in listing.entries:
+                if type(entry) is str:
+                    files.append(entry)
                     continue
-                try:
-                    is_dir = e.is_dir()
-                except OSError:
-                    is_dir = False
-                if not is_dir:
-                    files.append(e.name)
-                    continue
-                try:
-                    key = self._key(e.path)
-                except OSError as exc:  # e.g. ENAMETOOLONG: a path the kernel cannot open
-                    self.unstatable.append((e.path, exc.strerror))
-                    continue
-                if key in self.seen:
-                    self.skipped.append((e.path, "is a directory already walked (a loop or a second "
-                                                 "link to it)"))
-                    continue
-                self.seen.add(key)
-                stack.append(e.path)
-            out.append((d, files))
+                name, kind, value = entry
+                path = os.path.join(d, name)
+                if kind == "out":
+                    self.skipped.append((path, f"points outside the source root, to {value!r}"))
+                elif kind == "file":
+                    files.append(name)
+                elif kind == "bad":  # e.g. ENAMETOOLONG: a path the kernel cannot open
+                    self.unstatable.append((path, value))
+                elif value in self.seen:
+                    self.skipped.append((path, "is a directory already walked (a loop or a second "
+                                               "link to it)"))
+                else:
+                    self.seen.add(value)
+                    stack.append((path, value))
+            out.append((d, files, listing.mtime_ns))
         out.sort(key=lambda row: row[0])
         return out
 
@@ -148,26 +150,41 @@ class Walker:
         """Every valid regular file under ``class_dirs`` (label: ``labels``' entry, default the
         position), stat'ed, in torchvision's order; irregular ones are listed apart (see :meth:`warn`)."""
         out = Files()
-        for label, top in zip(range(len(class_dirs)) if labels is None else labels, class_dirs):
-            for dirpath, fnames in self.walk(top):
-                out.dir_mtimes[os.path.relpath(dirpath, self.root)] = os.stat(dirpath).st_mtime_ns
-                below = os.path.relpath(dirpath, top)
-                for fname in fnames:  # sorted by the walk
-                    full = os.path.join(dirpath, fname)
-                    if not is_valid_file(full):
-                        continue
-                    try:
-                        st = os.stat(full)
-                    except FileNotFoundError:  # dangling symlink: ImageFolder would fail to open it too
-                        continue
-                    except OSError as exc:  # e.g. ENAMETOOLONG: a path the kernel cannot open
-                        self.unstatable.append((full, exc.strerror))
-                        continue
-                    if not is_regular(st):
-                        out.irregular.append(full)
-                        continue
-                    out.rows.set_identity(out.rows.add(fname if below == "." else os.path.join(below, fname),
-                                                       label), st)
+        listed = [d for d in class_dirs if d in self._class_keys]
+        for d in class_dirs:
+            if d not in self._class_keys:  # a find_classes() class without a folder
+                self.skipped.append((d, "cannot be listed (no such directory)"))
+        listings = list_tree(self.pool, [(d, self._class_keys[d]) for d in listed], self.root_real,
+                             self.follow_external)
+        walks = []
+        for top in class_dirs:
+            walks.append(self.walk(top, listings) if top in self._class_keys else [])
+            for dirpath, _, mtime in walks[-1]:
+                if isinstance(mtime, OSError):
+                    raise mtime
+                out.dir_mtimes[os.path.relpath(dirpath, self.root)] = mtime
+        del listings
+
+        def valid():
+            for label, top, walked in zip(range(len(class_dirs)) if labels is None else labels, class_dirs, walks):
+                for dirpath, fnames, _ in walked:
+                    below = os.path.relpath(dirpath, top)
+                    for fname in fnames:  # sorted by the walk
+                        full = os.path.join(dirpath, fname)
+                        if is_valid_file(full):
+                            yield full, (fname if below == "." else os.path.join(below, fname)), label
+
+        rows = out.rows
+        for (full, name, label), got in stat_files(self.pool, valid(), lambda item: item[0], self.threads):
+            if got is None:  # dangling symlink: ImageFolder would fail to open it too
+                continue
+            if type(got) is str:
+                if got == "irregular":
+                    out.irregular.append(full)
+                else:  # e.g. ENAMETOOLONG: a path the kernel cannot open
+                    self.unstatable.append((full, got))
+                continue
+            rows.set_row(rows.add(name, label), got)
         self.irregular = out.irregular
         return out
 
@@ -179,20 +196,20 @@ class Walker:
             shown = ", ".join(repr(p) for p in self.irregular[:5]) + (f" (and {n - 5} more)" if n > 5 else "")
             warnings.warn(f"skipped {n} source entr{'y' if n == 1 else 'ies'} named like an image but not a "
                           f"regular file (a FIFO, socket or device: reading one can block forever): {shown}",
-                          CacheWarning, stacklevel=4)
+                          CacheWarning, stacklevel=5)
         if self.unstatable:
             n = len(self.unstatable)
             shown = "; ".join(f"{_short(p)!r} ({why})" for p, why in self.unstatable[:5])
             warnings.warn(f"skipped {n} source entr{'y' if n == 1 else 'ies'} that cannot be stat'ed (e.g. a path "
                           f"over the kernel's 4 KB limit, which no process can open): {shown}"
-                          + (f" (and {n - 5} more)" if n > 5 else ""), CacheWarning, stacklevel=4)
+                          + (f" (and {n - 5} more)" if n > 5 else ""), CacheWarning, stacklevel=5)
         if not self.skipped:
             return
         shown = "; ".join(f"{_short(p)!r} {why}" for p, why in self.skipped[:5])
         more = f" (and {len(self.skipped) - 5} more)" if len(self.skipped) > 5 else ""
         warnings.warn(f"skipped {len(self.skipped)} link(s) in the source: {shown}{more}; pass "
                       f"follow_external_links=True (--follow-external-links) to follow links that "
-                      f"leave the root", CacheWarning, stacklevel=4)
+                      f"leave the root", CacheWarning, stacklevel=5)
 
 
 def by_label(class_to_idx: dict[str, int]) -> list[str]:

@@ -41,6 +41,16 @@ def test_a_node_holds_its_share_with_the_warm_ups_margin_and_mirrors_every_file(
     assert s.servers_per_node == servers_for(s.feed_bytes_per_s) == 2
 
 
+def test_under_node_local_sampling_a_node_mirrors_its_partition_and_each_file_is_read_once():
+    s = size_cache(files=1_281_167, file_bytes=110e3, cache_size=128, nodes=16, gpus_per_node=8,
+                   images_per_s_per_gpu=3000, source_bytes_per_s=500e6, locality="node")
+    assert s.l1_bytes_per_node == int(math.ceil(1_281_167 / 16) * 110e3)
+    assert s.warmup_s == pytest.approx(1_281_167 * 110e3 / 500e6) and s.locality == "node"
+    with pytest.raises(ValueError, match="locality"):
+        size_cache(files=1, file_bytes=1, cache_size=8, nodes=1, gpus_per_node=1, images_per_s_per_gpu=1,
+                   source_bytes_per_s=1, locality="nearby")
+
+
 def test_servers_follow_the_rule_of_docs_cache_md():
     assert servers_for(8 * 3000 * 250e3) == 4  # the worked example: 6 GB/s at 0.33 s/GB, half a core each
     assert servers_for(1.0) == 1

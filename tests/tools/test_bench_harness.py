@@ -29,7 +29,8 @@ def run(args):
 '''
 
 # the arguments each benchmark needs before its flags are parsed at all (positional SRC)
-NEEDS = {"cache": ["SRC", "--cache-dir", "C"], "loader": ["SRC", "--cache-dir", "C"], "feed": ["SRC", "--cache-dir", "C"]}
+NEEDS = {"cache": ["SRC", "--cache-dir", "C"], "loader": ["SRC", "--cache-dir", "C"], "feed": ["SRC", "--cache-dir", "C"],
+         "io": ["SRC", "--cache-dir", "C"]}
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import torch
 
 from tools.cli import main as cli_main
 
-NAMES = ["packages", "redis-server", "/dev/shm", "DALI", "CUDA", "NCCL", "triton"]
+NAMES = ["packages", "redis-server", "/dev/shm", "FUSE", "DALI", "CUDA", "NCCL", "triton"]
 
 
 def test_doctor_prints_one_line_per_component_and_writes_json(tmp_path, capsys):
@@ -108,3 +108,12 @@ def test_doctor_gpu_records_the_topk_timings_for_auto(tmp_path, monkeypatch):
     assert "--device" in ran[0] and "cuda" in ran[0] and "mstopk:gpu" in " ".join(ran[0])
     devices = json.loads(table.read_text())["devices"]
     assert devices["New GPU"]["ratios"] == [[1 << 24, 0.001, 0.25]] and "Old GPU" in devices
+
+
+def test_doctor_says_how_to_get_fuse_when_it_is_missing(monkeypatch):
+    from cachepipe.slowfs import mount
+    from tools import doctor
+
+    monkeypatch.setattr(mount, "fuse_missing", lambda: "fusermount3 is not on PATH: apt-get install fuse3")
+    line = next(c for c in doctor.checks() if c["name"] == "FUSE")
+    assert line["status"] == "--" and "apt-get install fuse3" in line["todo"]  # optional: never a FAIL

@@ -39,6 +39,10 @@ register_benchmark("train", "tools.bench.train", "training throughput: synthetic
 register_benchmark("memory", "tools.bench.memory", "peak memory per process of the sparse DDP hook vs torch's "
                    "all-reduce hook", cluster=ClusterFlags(default="1x2", rate=None))
 register_benchmark("faults", "tools.bench.faults", "the demo trained while faults are injected vs a fault-free run")
+register_benchmark("io", "tools.bench.io", "no cache vs L1 vs L1 + L2 with the source on an emulated NFS share "
+                   "(slowfs): I/O per image and images/s (the seed's Fig. 9)")
+register_benchmark("source", "tools.bench.source", "the source on an emulated NFS share: scan of 100k files, warm-up "
+                   "bandwidth, two nodes' reads, a chmod -R (issue 44)")
 register_benchmark("scale", "tools.bench.scale", "every per-N cost at 10k, 100k, 1.28M files (scan, stats, warm-up, "
                    "loader start, workers' memory) and its growth exponent")
 

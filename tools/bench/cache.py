@@ -42,8 +42,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm-source", action="store_true",
                         help="let source reads hit the OS page cache (otherwise each file is evicted first)")
     from tools.bench.harness.l2 import add_l2_compare
+    from tools.bench.harness.slow_source import add_source_flags
 
     add_l2_compare(parser)
+    add_source_flags(parser)
 
 
 def _init(caches) -> None:
@@ -95,14 +97,21 @@ def _measure(pool, level: tuple, batches: list, cold: bool) -> dict:
 
 
 def run(args: argparse.Namespace) -> Result:
-    from tools.bench.harness.l2 import compared_l2
+    from pathlib import Path
 
-    try:
-        config, workers = _setup(args)
-    except (FileNotFoundError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-    with compared_l2(args, config) as configs:
-        return _run(args, configs, workers)
+    from tools.bench.harness.l2 import compared_l2
+    from tools.bench.harness.slow_source import slow_source
+
+    with slow_source(args, Path(args.source).absolute()) as (src, where):  # NOTE [slow source flags]
+        args.source = str(src)
+        try:
+            config, workers = _setup(args)
+        except (FileNotFoundError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        with compared_l2(args, config) as configs:
+            result = _run(args, configs, workers)
+    result.notes = [*result.notes, f"source read from: {where}"]
+    return result
 
 
 def _setup(args: argparse.Namespace):

@@ -62,8 +62,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median round is reported")
     add_dataset_flags(parser, image_px=320)
     from tools.bench.harness.l2 import add_l2_compare
+    from tools.bench.harness.slow_source import add_source_flags
 
     add_l2_compare(parser)
+    add_source_flags(parser)
 
 
 def _check(args) -> None:
@@ -162,15 +164,24 @@ def _verdicts(row: dict, args) -> dict:
 def run(args: argparse.Namespace) -> Result:
     import torch
 
+    from tools.bench.harness.data import source_root
+    from tools.bench.harness.slow_source import slow_source
+
+    _check(args)
+    torch.set_num_threads(1)  # the consumer as a GPU training thread: one intra-op thread
+    with slow_source(args, source_root(args)) as (root, where):  # NOTE [slow source flags]
+        result = _run(args, root)
+    result.notes = [*result.notes, f"source read from: {where}"]
+    return result
+
+
+def _run(args: argparse.Namespace, root) -> Result:
     from cachepipe import TwoLevelCache
-    from tools.bench.harness.data import epochs, source_root, warm
+    from tools.bench.harness.data import epochs, warm
     from tools.bench.harness.l2 import compared_l2, describe_l2, l2_servers
     from tools.bench.parts.loader_emulated import check_batch
     from tools.cache_flags import cache_config
 
-    _check(args)
-    torch.set_num_threads(1)  # the consumer as a GPU training thread: one intra-op thread
-    root = source_root(args)
     try:
         config = cache_config(args, root, args.cache_size)
     except ValueError as exc:

@@ -80,8 +80,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="plain: let file reads hit the OS page cache (default: evict each file with "
                              "posix_fadvise(DONTNEED) before reading it, as `bench cache` does)")
     from tools.bench.harness.l2 import add_l2_compare
+    from tools.bench.harness.slow_source import add_source_flags
 
     add_l2_compare(parser)
+    add_source_flags(parser)
     emu = parser.add_argument_group("with --emulate (tools/bench/parts/loader_emulated.py)")
     emu.add_argument("--locality", default="node,global", help="comma-separated locality modes to run")
     emu.add_argument("--exchange-fraction", type=float, default=DEFAULT_EXCHANGE_FRACTION,
@@ -183,14 +185,10 @@ def _mean_image_px(manifest, probe: int = 32) -> str:
 
 
 def run(args: argparse.Namespace) -> Result:
-    import torch
-
-    from cachepipe import Manifest, TwoLevelCache
-    from tools.bench.harness.data import source_root, warm
-    from tools.bench.harness.l2 import compared_l2, describe_l2, l2_servers
-    from tools.bench.harness.redis import private_redis, resolve_binary
-    from tools.cache_flags import cache_config, cache_sizes_from_args
-    from cachepipe.server.redis_binary import describe_server
+    from tools.bench.harness.data import source_root
+    from tools.bench.harness.redis import resolve_binary
+    from tools.bench.harness.slow_source import slow_source
+    from tools.cache_flags import cache_sizes_from_args
 
     if args.emulation is not None:
         from tools.bench.parts.loader_emulated import run_emulated
@@ -208,7 +206,22 @@ def run(args: argparse.Namespace) -> Result:
         binaries = [resolve_binary(b) for b in (args.tcp_server or ["bundled"])] if "cached-tcp" in kinds else []
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    root = source_root(args)
+    with slow_source(args, source_root(args)) as (root, where):  # NOTE [slow source flags]
+        result = _run_local(args, kinds, binaries, cache_size, root)
+    result.notes = [*result.notes, f"source read from: {where}"]
+    return result
+
+
+def _run_local(args, kinds: list[str], binaries: list, cache_size: int, root) -> Result:
+    import torch
+
+    from cachepipe import Manifest, TwoLevelCache
+    from cachepipe.server.redis_binary import describe_server
+    from tools.bench.harness.data import warm
+    from tools.bench.harness.l2 import compared_l2, describe_l2, l2_servers
+    from tools.bench.harness.redis import private_redis
+    from tools.cache_flags import cache_config
+
     try:
         manifest = Manifest.scan(root)
         config = cache_config(args, root, cache_size)

@@ -39,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="density of the sparse algorithms (default: each algorithm's own, 0.01; gtopk 0.02)")
     shared.add_argument("--epochs", type=int, default=None,
                         help="epochs of every phase (default: the recipe's; with --emulate NOTE [emulate defaults])")
+    from tools.bench.harness.slow_source import add_source_flags
+
+    add_source_flags(parser)  # the throughput mode and --emulate read their data through slowfs
     train_convergence.configure(parser.add_argument_group("convergence comparison (instead of throughput)"))
     train_emulated.configure(parser.add_argument_group(
         "time to accuracy on an emulated cluster (with --emulate; --data, --model, --size, --cache-size, "

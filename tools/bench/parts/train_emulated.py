@@ -230,21 +230,36 @@ def _run_one(args, cluster, emu, name: str, kind: tuple[str, str, bool], data: P
     return result
 
 
+# NOTE [first epoch on a slow source]: with ``--source-latency-ms``/``--source-mbps`` the data
+# is served through slowfs and no warm-up runs first: the first epoch of the first run reads
+# every file from the share (read-through fills L1 and the node's L2), later epochs read the
+# cache, and the rows' ``epoch_s`` and ``data_ms_per_epoch`` show it. The caches persist
+# across the runs of one command, so only its first run pays the share: measure one --comm.
 def _train_all(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path) -> None:
+    from tools.bench.harness.slow_source import slow_source
+
+    with slow_source(args, _prepare_data(args, out)) as (data, where):  # NOTE [slow source flags]
+        _train_on(args, emu, runs, out, data, where)
+
+
+def _train_on(args, emu, runs: dict[str, tuple[str, str, bool]], out: Path, data: Path, where: str) -> None:
+    """Warm each node (not on a slow source: there the first epoch reads through it, NOTE
+    [first epoch on a slow source]) and train every run."""
     from tools.bench.harness.cluster import maybe_cluster
     from tools.bench.harness.redis import node_servers
 
-    data = _prepare_data(args, out)
     run = args.resolved
     print(f"bench train: {run['size']} px from a {run['cache_size']} px cache, batch {run['batch_size']} per process, "
-          f"{run['epochs']} epochs, data {data}", file=sys.stderr)
+          f"{run['epochs']} epochs, data {data} ({where})", file=sys.stderr)
     with maybe_cluster(emu, "tr") as cluster:
         with node_servers(cluster, [out / f"redis/node{node}" for node in range(emu.nodes)],
                           maxmemory="1gb") as servers:
             urls = [s.url for s in servers]
             start = time.perf_counter()
-            _warm(cluster, emu, data, out, urls, args.resolved["cache_size"])
-            print(f"bench train: warmed {emu.nodes} node(s) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            if where == "local":
+                _warm(cluster, emu, data, out, urls, args.resolved["cache_size"])
+                print(f"bench train: warmed {emu.nodes} node(s) in {time.perf_counter() - start:.0f} s",
+                      file=sys.stderr)
             for name, kind in runs.items():
                 print(f"bench train: training {name} ...", file=sys.stderr)
                 result = _run_one(args, cluster, emu, name, kind, data, out, urls)
@@ -297,7 +312,10 @@ def run(args: argparse.Namespace) -> Result:
     (out / "rows.json").write_text(json.dumps(rows, indent=1))
     best = max((r for r in rows if r.get("speedup_to_target_vs_dense") and r["comm"] != "dense"),
                key=lambda r: r["speedup_to_target_vs_dense"], default=None)
-    return Result(rows, COLUMNS,
+    from tools.bench.harness.slow_source import source_profile
+
+    columns = [*COLUMNS, "epoch_s", "data_ms_per_epoch"] if source_profile(args) else COLUMNS
+    return Result(rows, columns,
                   notes=[f"{title}, batch {args.resolved['batch_size']}/process, density "
                          f"{args.density or 'of each algorithm'} (sparse), powersgd rank {args.powersgd_rank}; "
                          "one Redis per node", f"plot: {plot}"],

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -113,6 +115,11 @@ def run(args: argparse.Namespace) -> Result:
 
             per_class = max(2, (args.images or 4 * max(1, args.workers) * batch) // 10)
             make_dataset(data, classes=10, per_class=per_class, val_per_class=0, size=cache_size, seed=0)
+        from tools.bench.harness.slow_source import slow_source
+
+        data, where = stack.enter_context(slow_source(args, data))  # NOTE [slow source flags]
+        if where != "local":
+            cache = dataclasses.replace(cache, source=os.fspath(data / "train"))
         num_classes = sum(1 for d in (data / "train").iterdir() if d.is_dir())
         if set(args.sources) - {"synthetic"}:
             from cachepipe import TwoLevelCache
@@ -156,7 +163,7 @@ def run(args: argparse.Namespace) -> Result:
     return Result(rows, ["source", "images_per_s", "vs_synthetic", "step_ms", "data_wait_ms", "note"],
                   notes=[f"{model_name}, {size} px, batch {batch}, {device.type}"
                          f"{', ' + args.amp + ' autocast, channels_last' if cuda else ', fp32'}; "
-                         f"{args.workers} loader workers"],
+                         f"{args.workers} loader workers; data read from: {where}"],
                   headline=(f"{best['source']} loader feeds {100 * best['vs_synthetic']:.1f} % of synthetic data's "
                             f"images/s ({model_name}, {device.type})" if best else None))
 

@@ -95,7 +95,8 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
         ``pipeline``, ``final_top1``, ``best_top1``, ``target_top1``,
         ``seconds_to_target`` (None if never reached), ``seconds``, ``epochs``, ``steps``,
         ``step_s``, ``inter_node_bytes_per_step``, ``job_s``, the breakdown columns
-        (``*_ms``), ``val_s`` (seconds per validation) and ``speedup_to_target_vs_dense`` when both
+        (``*_ms``), ``val_s`` (seconds per validation), ``epoch_s`` and ``data_ms_per_epoch``
+        (each epoch's seconds and data wait per step: a slow source's first epoch) and ``speedup_to_target_vs_dense`` when both
         reached the target.
 
     Raises:
@@ -123,6 +124,9 @@ def build_rows(runs: Mapping[str, Mapping], target_top1: float | None = None) ->
                      "epochs": len(metrics), "steps": steps, "step_s": seconds / max(steps, 1),
                      "inter_node_bytes_per_step": run["inter_node_bytes"] / max(steps, 1), "job_s": run["job_s"],
                      "val_s": sum(float(r.get("val_seconds", 0.0)) for r in metrics) / len(metrics),
+                     "epoch_s": [round(float(r["seconds"]), 3) for r in metrics],
+                     "data_ms_per_epoch": [round(1000.0 * float(r.get("time_per_iter", {}).get("data", 0.0)), 2)
+                                           for r in metrics],
                      **breakdown(metrics)})
     base = rows[list(runs).index(dense)]["seconds_to_target"] if dense is not None else None
     for r in rows:
