@@ -74,11 +74,6 @@ def _enter_netns(name: str) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
-    with open("/proc/self/status") as f:  # read without setting it, as os.umask would
-        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
-
-
 def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd: str, umask: int, out: int,
                 err: int) -> None:
     if netns:
@@ -121,7 +116,7 @@ class ForkedCommand:
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], netns: str | None = None,
                  cwd: str | os.PathLike | None = None, stdout=None, stderr=None):
-        from trainer.launch import rank_context
+        from trainer.launch import current_umask, rank_context
 
         if not forkable(argv):
             raise ValueError(f"not a module of this interpreter: {list(argv)[:3]}")
@@ -130,7 +125,8 @@ class ForkedCommand:
         self.args = list(argv)
         self._proc = rank_context().Process(
             target=_run_module, name=f"{argv[2]} (forked)",
-            args=(netns, argv[2], list(argv[3:]), dict(env), os.fspath(cwd or os.getcwd()), _umask(), _Fd(out),
+            args=(netns, argv[2], list(argv[3:]), dict(env), os.fspath(cwd or os.getcwd()), current_umask(),
+                  _Fd(out),
                   _Fd(err)))
         self._proc.start()
         self.pid = self._proc.pid
