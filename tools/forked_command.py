@@ -126,8 +126,7 @@ class ForkedCommand:
         self._proc = rank_context().Process(
             target=_run_module, name=f"{argv[2]} (forked)",
             args=(netns, argv[2], list(argv[3:]), dict(env), os.fspath(cwd or os.getcwd()), current_umask(),
-                  _Fd(out),
-                  _Fd(err)))
+                  _Fd(out), _Fd(err)))
         self._proc.start()
         self.pid = self._proc.pid
 
