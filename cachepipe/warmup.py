@@ -152,12 +152,12 @@ def warm_chunk(cache, indices: list[int], l2_indices: list[int]) -> dict:
     raw = cache._read_raw(indices, strict_l1=True)
     changed = set(cache._raw.changed)
     corrupt, unreadable, encoded = [], [], []
+    for i in indices:  # every index, with an L2 or without: the same report (issue 46, defect 7)
+        if isinstance(raw[i], OSError):  # NOTE [corrupt files]: a file too large to read is not a sample
+            (corrupt if isinstance(raw[i], SampleTooLargeError) else unreadable).append(i)
     for i in l2_indices:
         data = raw[i]
-        if isinstance(data, OSError):  # NOTE [corrupt files]: a file too large to read is not a sample
-            (corrupt if isinstance(data, SampleTooLargeError) else unreadable).append(i)
-            continue
-        if i in changed:
+        if isinstance(data, OSError) or i in changed:
             continue
         try:
             encoded.append((i, encode_sample(i, decode_and_resize(data, cache.config.cache_size, index=i))))
