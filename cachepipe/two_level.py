@@ -144,6 +144,7 @@ class TwoLevelCache:
         self.counters: Counter = Counter()
         self.started_server = False  # this process started the embedded server
         self.last_errors: dict[int, str] = {}  # bad samples of the last get_many: index -> reason
+        self.l1_problems: list[str] = []  # why L1 is bypassed in this process (NOTE [L1 guard])
 
     def __getstate__(self) -> dict:
         return {"config": self.config, "manifest": self._manifest}  # NOTE [manifest pickles as its path]
@@ -165,7 +166,7 @@ class TwoLevelCache:
             m = self.manifest  # files too large are never stored (NOTE [bounded reads])
             files, kept = m.kept_count(cfg.max_file_bytes), m.kept_bytes(cfg.max_file_bytes)
             map_size = cfg.l1_map_size or needed_map_size(files, kept)  # NOTE [L1 map size]
-            self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
+            self._l1, writable = open_l1(self.l1_path, map_size, self.counters, self.l1_problems)  # NOTE [L1 guard]
             if self._l1 is not None:
                 self._l1.wanted = files, needed_map_size(files, kept)
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes)
