@@ -176,7 +176,7 @@ class TwoLevelCache:
             urls = self.embedded_group(start=True).urls if l2.is_embedded else l2.urls
             self._store = open_store(urls, self.namespace, self.counters, replicas=cfg.replicas, timeout=cfg.timeout,
                                      memory=None if l2.is_embedded else l2.memory)  # a sized store's (shm://)
-            share = l2.memory if l2.servers == 1 else parse_memory(l2.memory) // l2.servers
+            share = None if l2.memory is None else parse_memory(l2.memory) // l2.servers  # NOTE [a group's memory]
             self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
                                (lambda i: self.embedded_server(index=i)) if l2.is_embedded else None, share)
         self._pid = os.getpid()

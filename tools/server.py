@@ -33,7 +33,7 @@ def main(args: argparse.Namespace) -> int:
 
     from cachepipe.server.embedded import parse_memory
 
-    from cachepipe.server.embedded_group import EmbeddedGroup, default_l2_servers
+    from cachepipe.server.embedded_group import EmbeddedGroup, default_l2_servers, max_l2_servers
     from tools.cli import UsageError
 
     if os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
@@ -41,6 +41,9 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "start":
         if args.l2_servers is not None and args.l2_servers < 1:
             raise UsageError(f"--l2-servers must be >= 1, got {args.l2_servers}")
+        if args.l2_servers is not None and args.l2_servers > max_l2_servers():  # NOTE [a group's memory]
+            raise UsageError(f"--l2-servers {args.l2_servers}: at most {max_l2_servers()} on this machine "
+                             f"(the default's cap of 8, or one per core)")
         group = EmbeddedGroup(args.cache_dir, args.l2_servers or default_l2_servers())
         try:
             if args.l2_memory is not None:

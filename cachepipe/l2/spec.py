@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from cachepipe.l2.redis_url import redact
 from cachepipe.l2.registry import EMBEDDED, NONE, canonical_url, is_sized, store_kind
 from cachepipe.server.embedded import parse_memory
-from cachepipe.server.embedded_group import default_l2_servers
+from cachepipe.server.embedded_group import default_l2_servers, max_l2_servers
 
 __all__ = ["EMBEDDED", "NONE", "L2Spec", "l2_setting", "resolve_l2"]
 
@@ -60,6 +60,9 @@ class L2Spec:
                 canonical_url(url)  # the scheme's own rule (NOTE [L2 store registry])
         if not isinstance(self.servers, int) or self.servers < 1:
             raise ValueError(f"l2_servers (--l2-servers) must be a positive int, got {self.servers!r}")
+        if self.kind == EMBEDDED and self.servers > max_l2_servers():
+            raise ValueError(f"l2_servers (--l2-servers) {self.servers}: at most {max_l2_servers()} on this machine "
+                             f"(the default's cap of 8, or one per core; docs/cache.md, sizing)")
         if self.kind != EMBEDDED and self.servers != 1:
             raise ValueError(f"servers apply to the embedded L2, not to one of kind {self.kind!r}")
         if self.memory is not None and not (self.kind == EMBEDDED or (self.urls and is_sized(self.urls))):

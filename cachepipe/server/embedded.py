@@ -87,6 +87,8 @@ class EmbeddedRedis:
             :meth:`start` or :meth:`stop` kills it (NOTE [server identity]).
         index: which of the cache dir's servers (NOTE [a node's L2] in
             ``cachepipe.server.embedded_group``): 0 lives in ``redis/``, ``i`` in ``redis-i/``.
+        default_share: the share of the default 25 % of RAM a new server takes when no
+            ``l2_memory`` was ever given for it (its group's 1/N).
 
     Example:
         >>> server = EmbeddedRedis("/tmp/cache")  # doctest: +SKIP
@@ -94,7 +96,8 @@ class EmbeddedRedis:
         'unix:///tmp/cache/redis/redis.sock'
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, *, stuck_after: float = 120.0, index: int = 0) -> None:
+    def __init__(self, cache_dir: str | os.PathLike, *, stuck_after: float = 120.0, index: int = 0,
+                 default_share: float = 1.0) -> None:
         if not stuck_after > 0:
             raise ValueError(f"stuck_after must be > 0 seconds, got {stuck_after}")
         self.dir = Path(cache_dir).absolute() / ("redis" if index == 0 else f"redis-{index}")
@@ -104,6 +107,7 @@ class EmbeddedRedis:
         self.memory_path = self.dir / "maxmemory"  # the last l2_memory given: a restart keeps it
         self.socket_path = socket_path(self.dir)
         self.stuck_after = stuck_after
+        self.default_share = default_share  # of 25 % of RAM, when no size was ever given (NOTE [a group's memory])
 
     @property
     def url(self) -> str:
@@ -150,11 +154,11 @@ class EmbeddedRedis:
         return row
 
     def _last_maxmemory(self) -> int:
-        """The maxmemory last given for this cache dir, else 25 % of RAM (NOTE [embedded server])."""
+        """The maxmemory last given for this cache dir, else its share of 25 % of RAM (NOTE [embedded server])."""
         try:
             return int(self.memory_path.read_text())
         except (OSError, ValueError):
-            return parse_memory(None)
+            return max(1, int(parse_memory(None) * self.default_share))
 
     def _lock(self, create: bool = True) -> int | None:
         """Hold the cache dir's server lock; None (no lock) when ``create`` is False and the
