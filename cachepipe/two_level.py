@@ -219,7 +219,7 @@ class TwoLevelCache:
         is not embedded; started when ``start``: ``started_server`` then says whether this
         process started one)."""
         l2 = self.config.l2
-        group = EmbeddedGroup(self.config.cache_dir, l2.servers)
+        group = EmbeddedGroup(self.config.cache_dir, l2.servers, idle=l2.idle)
         if start and group.start(l2.memory):
             self.started_server = True
         return group

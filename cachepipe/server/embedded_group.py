@@ -71,14 +71,16 @@ class EmbeddedGroup:
     Args:
         cache_dir: the cache directory.
         servers: how many (>= 1).
+        idle: seconds without a client after which a server started here stops by itself
+            (NOTE [idle embedded server]); ``None``: the default; 0: never.
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, servers: int = 1) -> None:
+    def __init__(self, cache_dir: str | os.PathLike, servers: int = 1, *, idle: float | None = None) -> None:
         if servers < 1:
             raise ValueError(f"l2_servers (--l2-servers) must be >= 1, got {servers}")
         self.cache_dir = Path(cache_dir)
-        self._share = 1 / servers  # of the default memory, for a new server (NOTE [a group's memory])
-        self.servers = [EmbeddedRedis(cache_dir, index=i, default_share=self._share) for i in range(servers)]
+        share = 1 / servers  # of the default memory, for a new server (NOTE [a group's memory])
+        self.servers = [EmbeddedRedis(cache_dir, index=i, default_share=share, idle=idle) for i in range(servers)]
 
     @classmethod
     def found(cls, cache_dir: str | os.PathLike) -> EmbeddedGroup:
