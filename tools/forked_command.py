@@ -76,8 +76,11 @@ def _enter_netns(name: str) -> None:
 
 def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd: str, umask: int, out: int,
                 err: int) -> None:
+    from trainer.launch import as_new_process
+
     if netns:
         _enter_netns(netns)  # first: every socket of the rank belongs to its node
+    as_new_process()  # NOTE [forked ranks] in trainer/launch.py: fork, as a new interpreter
     os.umask(umask)
     os.dup2(out, 1)
     os.dup2(err, 2)

@@ -25,13 +25,18 @@ spawned rank spends 1-2 s of CPU importing torch before it trains, times every r
 every job. The fork server only forks (one thread, no process group, no CUDA), so a rank
 starts as clean as a spawned one; it takes the launcher's environment, working
 directory and umask as they are when the job starts (``_entry``), not the fork server's, which may
-have started for an earlier job of the same process.
+have started for an earlier job of the same process. And it takes the start method a new
+interpreter has (``fork`` here), not ``forkserver``, which ``multiprocessing`` hands every
+child of a fork server: with it each rank started a fork server of its own (preload
+``__main__``, no torch) for its loader workers, which then imported torch afresh, and a rank
+killed by SIGKILL left that fork server, a worker and its resource tracker behind.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import datetime
+import multiprocessing
 import os
 import queue
 import signal
@@ -45,7 +50,7 @@ import torch.multiprocessing as mp
 from comm.shm_names import start_time
 
 __all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals", "rank_context",
-           "current_umask"]
+           "as_new_process", "current_umask"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -138,8 +143,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def as_new_process() -> None:
+    """In a process forked from the fork server: take the start method a new interpreter has
+    (NOTE [forked ranks]), not the fork server's."""
+    multiprocessing.set_start_method(None, force=True)
+
+
 def _entry(rank, nprocs, local_size, port, threads, launcher, environ, cwd, umask, fn, args, results):
     _die_with_launcher(launcher)
+    as_new_process()
     os.chdir(cwd)  # the launcher's now, not the fork server's (NOTE [forked ranks])
     os.umask(umask)  # likewise: a job started with umask 077 writes private checkpoints
     os.environ.clear()
