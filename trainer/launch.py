@@ -50,7 +50,7 @@ import torch.multiprocessing as mp
 from comm.shm_names import start_time
 
 __all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals", "rank_context",
-           "as_new_process", "current_umask"]
+           "as_new_process", "current_umask", "die_with_launcher"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -114,7 +114,7 @@ def current_umask() -> int:
         return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
 
 
-def _die_with_launcher(launcher: int) -> None:
+def die_with_launcher(launcher: int) -> None:
     """Ask for SIGTERM when the parent (the launcher's fork server) dies (NOTE [ranks end
     with their launcher]); exit now if the launcher is already gone."""
     try:
@@ -150,7 +150,7 @@ def as_new_process() -> None:
 
 
 def _entry(rank, nprocs, local_size, port, threads, launcher, environ, cwd, umask, fn, args, results):
-    _die_with_launcher(launcher)
+    die_with_launcher(launcher)
     as_new_process()
     os.chdir(cwd)  # the launcher's now, not the fork server's (NOTE [forked ranks])
     os.umask(umask)  # likewise: a job started with umask 077 writes private checkpoints
