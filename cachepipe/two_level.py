@@ -134,6 +134,7 @@ class TwoLevelCache:
         self.started_server = False  # this process started the embedded server
         self.last_errors: dict[int, str] = {}  # bad samples of the last get_many: index -> reason
         self._missed = False  # the last get_many read from the source (NOTE [reads in flight])
+        self.l1_problems: list[str] = []  # why L1 is bypassed in this process (NOTE [L1 guard])
 
     def __getstate__(self) -> dict:
         return {"config": self.config, "manifest": self._manifest}  # NOTE [manifest pickles as its path]
@@ -155,7 +156,7 @@ class TwoLevelCache:
             m = self.manifest  # files too large are never stored (NOTE [bounded reads])
             files, kept = m.kept_count(cfg.max_file_bytes), m.kept_bytes(cfg.max_file_bytes)
             map_size = cfg.l1_map_size or needed_map_size(files, kept)  # NOTE [L1 map size]
-            self._l1, writable = open_l1(self.l1_path, map_size, self.counters)  # NOTE [L1 guard]
+            self._l1, writable = open_l1(self.l1_path, map_size, self.counters, self.l1_problems)  # NOTE [L1 guard]
             if self._l1 is not None:
                 self._l1.wanted = files, needed_map_size(files, kept)
         self._raw = RawLevels(self.manifest, self._l1, self.counters, _SOURCE_THREADS, cfg.max_file_bytes,
@@ -166,7 +167,7 @@ class TwoLevelCache:
             urls = self.embedded_group(start=True).urls if l2.is_embedded else l2.urls
             self._store = open_store(urls, self.namespace, self.counters, replicas=cfg.replicas, timeout=cfg.timeout,
                                      memory=None if l2.is_embedded else l2.memory)  # a sized store's (shm://)
-            share = l2.memory if l2.servers == 1 else parse_memory(l2.memory) // l2.servers
+            share = None if l2.memory is None else parse_memory(l2.memory) // l2.servers  # NOTE [a group's memory]
             self._l2 = L2Level(self._store, cfg.cache_size, self.counters,
                                (lambda i: self.embedded_server(index=i)) if l2.is_embedded else None, share)
         self._lease = self._lease or hold_lease(self.l1_path.parent)  # NOTE [namespace lease]
@@ -210,7 +211,7 @@ class TwoLevelCache:
         is not embedded; started when ``start``: ``started_server`` then says whether this
         process started one)."""
         l2 = self.config.l2
-        group = EmbeddedGroup(self.config.cache_dir, l2.servers)
+        group = EmbeddedGroup(self.config.cache_dir, l2.servers, idle=l2.idle)
         if start and group.start(l2.memory):
             self.started_server = True
         return group

@@ -58,6 +58,7 @@ partition does not fit, as before, and the CLI then exits 5.
 """
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import sys
 import time
@@ -203,6 +204,10 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     node = f"{node_rank}/{num_nodes}"
     part = node_partition(cache, node_rank=node_rank, num_nodes=num_nodes, limit=limit)
     evicting = evicting_shards(cache.store)  # warned once: they undo what is written
+    if cache.config.use_l1 and cache.l1 is None:  # bypassed (NOTE [L1 guard]): its gaps cannot even be asked for
+        why = "; ".join(cache.l1_problems) or f"L1 mirror {cache.l1_path} cannot be opened (see the warning above)"
+        raise L1FullError(errno.ENOSPC, f"{why}: the warm-up needs a writable L1 (free space on its disk, or "
+                          f"pass another --cache-dir)")
     l1_todo, l2_missing = plan_warmup(cache, part, l1_scope=l1_scope, limit=limit, node=node, evicting=evicting)
     known = known_corrupt(cache)
     recheck = np.intersect1d(_known(cache), l2_missing)
@@ -269,7 +274,7 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
     recovered = recheck & (found["decoded"] | found["changed"])
     now_known = (known - recovered) | found["corrupt"]
     if now_known != known:
-        save_corrupt(cache, now_known)
+        _written(save_corrupt, cache, now_known)
     report["corrupt"] = _names(m, found["corrupt"] - known)
     report["known_corrupt"] = _names(m, np.intersect1d(np.asarray(sorted(now_known), dtype=np.int64), part))
     report["recovered"] = _names(m, recovered)
@@ -285,13 +290,22 @@ def warmup(cache, *, workers: int = 1, node_rank: int = 0, num_nodes: int = 1,
         cache.store.mark_partial(node, report["l2_uncached"])
         if not (report["l2_uncached"] or report["l2_write_errors"] or found["unreadable"] or found["changed"]
                 or evicting):
-            record_complete(cache, node, part)  # NOTE [completion record]
+            _written(record_complete, cache, node, part)  # NOTE [completion record]
     report["stale_fingerprints"], report["l2_stale_keys"] = _stale(cache) if report["l2_uncached"] else ([], 0)
     report["seconds"] = time.perf_counter() - t0
     if adopted:  # its reads are the warm-up's too
         report["bytes_read"] += adopted["bytes_read"]
     report["mb_per_s"] = report["bytes_read"] / 2**20 / report["seconds"] if report["seconds"] else 0.0
     return report
+
+
+def _written(write, cache, *args) -> None:
+    """``write(cache, *args)`` (a record in the cache dir); a full or read-only disk is ``L1FullError``."""
+    try:
+        write(cache, *args)
+    except OSError as exc:
+        raise L1FullError(exc.errno or errno.ENOSPC, f"cannot write a record in {cache.l1_path.parent}: "
+                          f"{exc.strerror or exc}") from None
 
 
 def _stale(cache) -> tuple[list[str], int]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from loaders.affine import ChannelAffine
-from loaders.staging import DONE, CudaFence, StagingRing
+from loaders.staging import DONE, CudaFence, Fence, StagingRing
 
 __all__ = ["DeviceFeed", "resolve_device"]
 
@@ -68,18 +68,36 @@ class DeviceFeed:
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         """The batch of ``images`` (uint8 NCHW, CPU) on the device; ``images`` may be reused after."""
         slot, staged = self.ring.acquire(images.shape, torch.uint8, torch.channels_last)
-        np.copyto(staged.numpy(), images.numpy())  # one thread, whatever torch's intra-op pool is
-        if not self.cuda:
-            self.ring.release(slot, DONE)
-            return self._convert(staged.clone() if self.affine is None else staged)
-        with torch.cuda.stream(self.stream):
-            pixels = staged.to(self.device, non_blocking=True)
-            self.ring.release(slot, CudaFence(self.stream))
-            out = self._convert(pixels)
+        fence = DONE
+        try:  # NOTE [a slot is always released]
+            np.copyto(staged.numpy(), images.numpy())  # one thread, whatever torch's intra-op pool is
+            if not self.cuda:
+                return self._convert(staged.clone() if self.affine is None else staged)
+            with torch.cuda.stream(self.stream):
+                fence = None  # from here a copy may be in flight: the fence is the stream's event
+                pixels = staged.to(self.device, non_blocking=True)
+                fence = CudaFence(self.stream)
+                out = self._convert(pixels)
+        finally:
+            self.ring.release(slot, self._fence_after_failure() if fence is None else fence)
         current = torch.cuda.current_stream(self.device)
         current.wait_stream(self.stream)
         out.record_stream(current)  # the allocator must not hand its memory out while the model reads it
         return out
+
+    def _fence_after_failure(self) -> Fence:
+        """The fence of a slot whose copy failed midway: the side stream's work so far, if CUDA can say.
+
+        NOTE [a slot is always released]: an exception between ``acquire`` and ``release`` (an
+        OOM, a Ctrl-C in the copy) would leave the slot acquired for good, and every later batch
+        would fail when the ring came round to it. So the slot is released in ``finally``; when
+        the copy may have been enqueued, with an event recorded after it, so that the slot is
+        written again only once that copy is over.
+        """
+        try:
+            return CudaFence(self.stream)
+        except Exception:  # CUDA itself failed (a lost device): nothing more can be enqueued after it
+            return DONE
 
     def _convert(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 pixels on the device -> the output batch (one kernel on CUDA)."""

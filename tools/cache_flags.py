@@ -10,17 +10,19 @@ import argparse
 from cachepipe.config import CacheConfig
 from cachepipe.l2.spec import L2Spec, resolve_l2
 from cachepipe.server.embedded import parse_memory
+from cachepipe.server.idle_watch import DEFAULT_IDLE_MINUTES
 from cachepipe.two_level import TwoLevelCache
 
 __all__ = ["DEFAULT_CACHE_DIR", "add_cache_arguments", "cache_config", "cache_from_args", "cache_sizes_from_args",
-           "check_args", "l2_from_args"]
+           "check_args", "idle_seconds", "l2_from_args"]
 
 DEFAULT_CACHE_DIR = "cachepipe-cache"  # train's --cache-dir when none is given
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True) -> None:
     """Add ``--cache-dir --l2 (alias --redis) --redis-cluster --no-l2 --replicas --prefix
-    --l2-memory --timeout --source-timeout --share-manifest --follow-external-links``.
+    --l2-memory --l2-servers --l2-idle --timeout --source-timeout --share-manifest --l1-size --max-file-size
+    --follow-external-links``.
 
     Args:
         parser: the command's parser.
@@ -62,6 +64,10 @@ def add_cache_arguments(parser: argparse.ArgumentParser, *, source: bool = True)
     parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
                         help="embedded redis-server processes, reads spread over them by key (docs/cache.md, "
                              "sizing); unset: one per 8 cores; use the same for warmup and train")
+    parser.add_argument("--l2-idle", default=None, metavar="MINUTES",
+                        help="an embedded redis-server started by this command stops by itself after this many "
+                             "minutes without a client (and when its cache dir is deleted); 0: never; unset: "
+                             f"{DEFAULT_IDLE_MINUTES:g}")
     parser.add_argument("--timeout", type=float, default=1.0, help="Redis socket timeout in seconds")
     parser.add_argument("--source-timeout", type=float, default=60.0, metavar="S",
                         help="seconds one source file read may take before it is tried again on a fresh thread "
@@ -95,7 +101,25 @@ def l2_from_args(args: argparse.Namespace) -> L2Spec:
         ValueError: conflicting flags, an unknown URL scheme (lists the registered ones), a
             bad server count or memory size.
     """
-    return resolve_l2(_redis_setting(args), servers=args.l2_servers, memory=args.l2_memory)
+    return resolve_l2(_redis_setting(args), servers=args.l2_servers, memory=args.l2_memory,
+                      idle=idle_seconds(args.l2_idle))
+
+
+def idle_seconds(minutes) -> float | None:
+    """``--l2-idle MINUTES`` in seconds (None: unset; NOTE [idle embedded server]).
+
+    Raises:
+        ValueError: not a finite number of minutes >= 0 (names the flag).
+    """
+    if minutes is None:
+        return None
+    try:
+        value = float(minutes)
+        if not 0 <= value < float("inf"):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--l2-idle {minutes!r}: expected minutes >= 0 (0: never stop)") from None
+    return value * 60
 
 
 def _redis_setting(args: argparse.Namespace) -> list[str] | None | bool:

@@ -11,7 +11,10 @@ ranks]), and the child enters the node's network namespace itself with ``setns(2
 launcher's working directory, umask and the rank's whole environment, ``sys.argv`` as ``-m`` sets
 it, stdin from /dev/null, stdout and stderr to the given descriptors, the module run as
 ``__main__`` and its exit status as the process's (``SystemExit`` included), atexit
-handlers run at the end. What ``ip netns exec`` does beyond the network namespace (a
+handlers run at the end; it ends with the process that started it, as ``launch_local``'s
+ranks do (NOTE [ranks end with their launcher] in trainer/launch.py: a parent-death signal
+and a watch of the launcher, so a benchmark killed with SIGKILL leaves no rank training in
+its namespace). What ``ip netns exec`` does beyond the network namespace (a
 private /sys, /etc/netns files) is not needed by a rank. Any other command, and a
 platform without ``setns``, keeps a real ``subprocess.Popen``. One difference shows in the
 logs: what torch reads from the environment when it loads (``TORCH_CPP_LOG_LEVEL``) was
@@ -74,15 +77,14 @@ def _enter_netns(name: str) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
-    with open("/proc/self/status") as f:  # read without setting it, as os.umask would
-        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+def _run_module(launcher: int, netns: str | None, module: str, args: list[str], env: dict, cwd: str, umask: int,
+                out: int, err: int) -> None:
+    from trainer.launch import as_new_process, die_with_launcher
 
-
-def _run_module(netns: str | None, module: str, args: list[str], env: dict, cwd: str, umask: int, out: int,
-                err: int) -> None:
+    die_with_launcher(launcher)  # NOTE [ranks end with their launcher]: a SIGKILLed bench leaves no rank
     if netns:
         _enter_netns(netns)  # first: every socket of the rank belongs to its node
+    as_new_process()  # NOTE [forked ranks] in trainer/launch.py: fork, as a new interpreter
     os.umask(umask)
     os.dup2(out, 1)
     os.dup2(err, 2)
@@ -121,7 +123,7 @@ class ForkedCommand:
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str], netns: str | None = None,
                  cwd: str | os.PathLike | None = None, stdout=None, stderr=None):
-        from trainer.launch import rank_context
+        from trainer.launch import current_umask, rank_context
 
         if not forkable(argv):
             raise ValueError(f"not a module of this interpreter: {list(argv)[:3]}")
@@ -130,8 +132,8 @@ class ForkedCommand:
         self.args = list(argv)
         self._proc = rank_context().Process(
             target=_run_module, name=f"{argv[2]} (forked)",
-            args=(netns, argv[2], list(argv[3:]), dict(env), os.fspath(cwd or os.getcwd()), _umask(), _Fd(out),
-                  _Fd(err)))
+            args=(os.getpid(), netns, argv[2], list(argv[3:]), dict(env), os.fspath(cwd or os.getcwd()),
+                  current_umask(), _Fd(out), _Fd(err)))
         self._proc.start()
         self.pid = self._proc.pid
 

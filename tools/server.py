@@ -2,7 +2,8 @@
 
 Exit status: 0; 1 for ``status`` when no server runs or ``stop`` when none ran (or it
 could not be stopped); 2 for a ``--cache-dir`` that is not a directory or whose server
-directory (``redis/``, ``redis-N/``) is a symbolic link, or a bad ``--l2-memory``; 4 when it cannot start. ``stop`` and ``status`` never create the cache
+directory (``redis/``, ``redis-N/``) is a symbolic link, or a bad ``--l2-memory``, ``--l2-servers`` or
+``--l2-idle``; 4 when it cannot start. ``stop`` and ``status`` never create the cache
 directory.
 """
 from __future__ import annotations
@@ -25,6 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--l2-servers", type=int, default=None, metavar="N",
                         help="servers to start (NOTE [a node's L2]); unset: one per 8 cores. stop and status "
                              "act on every server of the cache dir")
+    parser.add_argument("--l2-idle", default=None, metavar="MINUTES",
+                        help="servers started now stop by themselves after this many minutes without a client "
+                             "(and when the cache dir is deleted); 0: never; unset: 60")
     add_json_flag(parser, "the status", to_file=False)
 
 
@@ -33,7 +37,8 @@ def main(args: argparse.Namespace) -> int:
 
     from cachepipe.server.embedded import parse_memory
 
-    from cachepipe.server.embedded_group import EmbeddedGroup, default_l2_servers
+    from cachepipe.server.embedded_group import EmbeddedGroup, default_l2_servers, max_l2_servers
+    from tools.cache_flags import idle_seconds
     from tools.cli import UsageError
 
     if os.path.exists(args.cache_dir) and not os.path.isdir(args.cache_dir):
@@ -47,7 +52,14 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "start":
         if args.l2_servers is not None and args.l2_servers < 1:
             raise UsageError(f"--l2-servers must be >= 1, got {args.l2_servers}")
-        group = EmbeddedGroup(args.cache_dir, args.l2_servers or default_l2_servers())
+        if args.l2_servers is not None and args.l2_servers > max_l2_servers():  # NOTE [a group's memory]
+            raise UsageError(f"--l2-servers {args.l2_servers}: at most {max_l2_servers()} on this machine "
+                             f"(the default's cap of 8, or one per core)")
+        try:
+            idle = idle_seconds(args.l2_idle)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        group = EmbeddedGroup(args.cache_dir, args.l2_servers or default_l2_servers(), idle=idle)
         try:
             if args.l2_memory is not None:
                 parse_memory(args.l2_memory)

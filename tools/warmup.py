@@ -178,6 +178,7 @@ def _warm_one(args: argparse.Namespace, size: int, reports: list) -> int:
 
 def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
     from cachepipe.errors import L1FullError, L2UnavailableError
+    from cachepipe.server.idle_watch import DEFAULT_IDLE_MINUTES
     from cachepipe.warmup import L2TooSmallError, warmup
 
     node = f"node {args.node_rank} of {args.num_nodes}" if args.num_nodes > 1 else "this node"
@@ -213,7 +214,8 @@ def _warm(args: argparse.Namespace, size: int, reports: list, cache) -> int:
               + (" (with the same --l2 flags)" if args.l2 else "") + ", then warm up again")
     if cache.config.l2.is_embedded:
         print(f"  L2 is the embedded Redis at {', '.join(cache.embedded_group().urls)}; it keeps running for "
-              f"training (stop it with: cachepipe server stop --cache-dir {args.cache_dir})")
+              f"training, until it has had no client for its --l2-idle minutes (default {DEFAULT_IDLE_MINUTES:g}; "
+              f"stop it now with: cachepipe server stop --cache-dir {args.cache_dir})")
     if report["l2_write_errors"]:
         return fail(f"{report['l2_write_errors']} L2 writes failed (shard down or refused)",
                     EXIT_CORRUPT)

@@ -23,15 +23,20 @@ NOTE [forked ranks]: ranks are forked from a fork server that imported torch and
 project once (``multiprocessing``'s ``forkserver``, with a preload), not spawned: a
 spawned rank spends 1-2 s of CPU importing torch before it trains, times every rank of
 every job. The fork server only forks (one thread, no process group, no CUDA), so a rank
-starts as clean as a spawned one; it takes the launcher's environment and working
-directory as they are when the job starts (``_entry``), not the fork server's, which may
-have started for an earlier job of the same process.
+starts as clean as a spawned one; it takes the launcher's environment, working
+directory and umask as they are when the job starts (``_entry``), not the fork server's, which may
+have started for an earlier job of the same process. And it takes the start method a new
+interpreter has (``fork`` here), not ``forkserver``, which ``multiprocessing`` hands every
+child of a fork server: with it each rank started a fork server of its own (preload
+``__main__``, no torch) for its loader workers, which then imported torch afresh, and a rank
+killed by SIGKILL left that fork server, a worker and its resource tracker behind.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import datetime
+import multiprocessing
 import os
 import queue
 import signal
@@ -44,7 +49,8 @@ import torch.multiprocessing as mp
 
 from comm.shm_names import start_time
 
-__all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals", "rank_context"]
+__all__ = ["Stopped", "WorkerFailed", "launch_local", "free_port", "stop_on_signals", "rank_context",
+           "as_new_process", "current_umask", "die_with_launcher"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -102,7 +108,13 @@ def stop_on_signals(signals=STOP_SIGNALS):
             signal.signal(sig, previous)
 
 
-def _die_with_launcher(launcher: int) -> None:
+def current_umask() -> int:
+    """This process's umask, read without setting it (as ``os.umask`` would)."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+
+
+def die_with_launcher(launcher: int) -> None:
     """Ask for SIGTERM when the parent (the launcher's fork server) dies (NOTE [ranks end
     with their launcher]); exit now if the launcher is already gone."""
     try:
@@ -131,9 +143,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, nprocs, local_size, port, threads, launcher, environ, cwd, fn, args, results):
-    _die_with_launcher(launcher)
+def as_new_process() -> None:
+    """In a process forked from the fork server: take the start method a new interpreter has
+    (NOTE [forked ranks]), not the fork server's."""
+    multiprocessing.set_start_method(None, force=True)
+
+
+def _entry(rank, nprocs, local_size, port, threads, launcher, environ, cwd, umask, fn, args, results):
+    die_with_launcher(launcher)
+    as_new_process()
     os.chdir(cwd)  # the launcher's now, not the fork server's (NOTE [forked ranks])
+    os.umask(umask)  # likewise: a job started with umask 077 writes private checkpoints
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nprocs),
@@ -223,7 +243,7 @@ def launch_local(fn, nprocs: int, *args, local_size: int | None = None, threads:
     ctx = rank_context()
     results = ctx.Queue()
     port = free_port()
-    job = (os.getpid(), dict(os.environ), os.getcwd())
+    job = (os.getpid(), dict(os.environ), os.getcwd(), current_umask())
     procs = [ctx.Process(target=_entry, args=(r, nprocs, local_size, port, threads, *job, fn, args, results),
                          daemon=False) for r in range(nprocs)]
     with stop_on_signals():

@@ -11,7 +11,8 @@ truncated file would otherwise end the process with SIGBUS. What happens then:
   disk at open): it is opened read-only and used for reads; writes are off in this
   process. One warning.
 - nothing works (the move fails too): L1 is bypassed in this process. Counter
-  ``l1_errors``, one warning.
+  ``l1_errors``, one warning. A warm-up, whose work is to fill L1, stops instead (exit 6,
+  naming the reason): it cannot even ask a bypassed L1 what it lacks.
 A read that fails inside LMDB later bypasses L1 the same way (see ``l1/raw_levels.py``).
 ``cachepipe stats`` uses :func:`inspect_l1`, which only ever reads. The quarantine runs
 under ``flock`` on ``<fingerprint>/l1.lock`` so that concurrent workers move the broken
@@ -68,12 +69,17 @@ def _warn(message: str) -> None:
     warnings.warn(message, CacheWarning, stacklevel=4)
 
 
-def open_l1(path: str | os.PathLike, map_size: int, counters: Counter) -> tuple[L1Mirror | None, bool]:
+def open_l1(path: str | os.PathLike, map_size: int, counters: Counter,
+            why: list[str] | None = None) -> tuple[L1Mirror | None, bool]:
     """The process-wide mirror at ``path`` and whether it may be written (NOTE [L1 guard]).
+
+    Args:
+        why: when given, the reason L1 is bypassed is appended to it (the warm-up names it).
 
     Returns:
         ``(mirror, writable)``; ``(None, False)`` when L1 is bypassed.
     """
+    why = [] if why is None else why
     path = Path(path)
     with _guard(path):
         problem = _problem(path)
@@ -83,34 +89,35 @@ def open_l1(path: str | os.PathLike, map_size: int, counters: Counter) -> tuple[
             except _BROKEN as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             except (lmdb.Error, OSError) as exc:
-                return _read_only(path, map_size, counters, f"{type(exc).__name__}: {exc}")
+                return _read_only(path, map_size, counters, f"{type(exc).__name__}: {exc}", why)
         dest = path.with_name(f"l1.bad-{int(time.time())}-{os.getpid()}")
         try:
             os.rename(path, dest)
         except OSError as exc:
-            counters["l1_errors"] += 1
-            _warn(f"L1 mirror {path} is unusable ({problem}) and cannot be moved aside ({exc}); "
-                  f"L1 is bypassed: reads come from L2 and the source")
-            return None, False
+            return _bypassed(counters, why, f"L1 mirror {path} is unusable ({problem}) and cannot be moved aside "
+                             f"({exc})")
         counters["l1_quarantined"] += 1
         _warn(f"L1 mirror {path} is unusable ({problem}); moved it to {dest} and started an "
               f"empty one (reads come from L2 and the source until it is refilled)")
         try:
             return L1Mirror.shared(path, map_size), True
         except (lmdb.Error, OSError) as exc:
-            counters["l1_errors"] += 1
-            _warn(f"cannot create a new L1 mirror at {path} ({exc}); L1 is bypassed")
-            return None, False
+            return _bypassed(counters, why, f"cannot create a new L1 mirror at {path} ({exc})")
 
 
-def _read_only(path: Path, map_size: int, counters: Counter, why: str) -> tuple[L1Mirror | None, bool]:
+def _bypassed(counters: Counter, why: list[str], problem: str) -> tuple[None, bool]:
+    counters["l1_errors"] += 1
+    why.append(problem)
+    warnings.warn(f"{problem}; L1 is bypassed: reads come from L2 and the source", CacheWarning, stacklevel=4)
+    return None, False
+
+
+def _read_only(path: Path, map_size: int, counters: Counter, error: str,
+               why: list[str]) -> tuple[L1Mirror | None, bool]:
     mirror, problem = inspect_l1(path, map_size)
     if mirror is None:
-        counters["l1_errors"] += 1
-        _warn(f"cannot open L1 mirror {path} ({why}; read-only: {problem}); L1 is bypassed: reads "
-              f"come from L2 and the source")
-        return None, False
-    _warn(f"L1 mirror {path} cannot be written here ({why}); reading it, not writing it")
+        return _bypassed(counters, why, f"cannot open L1 mirror {path} ({error}; read-only: {problem})")
+    _warn(f"L1 mirror {path} cannot be written here ({error}); reading it, not writing it")
     return mirror, False
 
 

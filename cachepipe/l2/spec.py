@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from cachepipe.l2.redis_url import redact
 from cachepipe.l2.registry import EMBEDDED, NONE, canonical_url, is_sized, store_kind
-from cachepipe.server.embedded import parse_memory
-from cachepipe.server.embedded_group import default_l2_servers
+from cachepipe.server.embedded import check_idle, parse_memory
+from cachepipe.server.embedded_group import default_l2_servers, max_l2_servers
 
 __all__ = ["EMBEDDED", "NONE", "L2Spec", "l2_setting", "resolve_l2"]
 
@@ -37,6 +37,9 @@ class L2Spec:
         memory: the embedded servers' total maxmemory in bytes (``None``: keep a running
             server's, else 25 % of RAM), or a sized store's size (``shm``: ``None`` keeps
             the store's recorded one, else 25 % of RAM); ``None`` otherwise.
+        idle: seconds without a client after which an embedded server stops by itself
+            (NOTE [idle embedded server]; ``None``: the default, 60 minutes; 0: never);
+            ``None`` for other kinds.
 
     Raises:
         ValueError: fields that do not fit the kind (the message never shows a password).
@@ -46,6 +49,7 @@ class L2Spec:
     urls: tuple[str, ...] = ()
     servers: int = 1
     memory: int | None = None
+    idle: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "urls", tuple(self.urls))
@@ -60,6 +64,11 @@ class L2Spec:
                 canonical_url(url)  # the scheme's own rule (NOTE [L2 store registry])
         if not isinstance(self.servers, int) or self.servers < 1:
             raise ValueError(f"l2_servers (--l2-servers) must be a positive int, got {self.servers!r}")
+        if self.kind == EMBEDDED and self.servers > max_l2_servers():
+            raise ValueError(f"l2_servers (--l2-servers) {self.servers}: at most {max_l2_servers()} on this machine "
+                             f"(the default's cap of 8, or one per core; docs/cache.md, sizing)")
+        if self.idle is not None and (self.kind != EMBEDDED or check_idle(self.idle) != self.idle):
+            raise ValueError(f"an idle time applies to the embedded L2, not to one of kind {self.kind!r}")
         if self.kind != EMBEDDED and self.servers != 1:
             raise ValueError(f"servers apply to the embedded L2, not to one of kind {self.kind!r}")
         if self.memory is not None and not (self.kind == EMBEDDED or (self.urls and is_sized(self.urls))):
@@ -67,11 +76,14 @@ class L2Spec:
                              f"kind {self.kind!r}")
 
     @classmethod
-    def embedded(cls, servers: int | None = None, memory: int | str | None = None) -> L2Spec:
+    def embedded(cls, servers: int | None = None, memory: int | str | None = None,
+                 idle: float | None = None) -> L2Spec:
         """The embedded servers of the cache dir (``servers`` default: one per 8 cores;
-        ``memory``: ``"4gb"``, ``"25%"``, bytes or ``None``)."""
+        ``memory``: ``"4gb"``, ``"25%"``, bytes or ``None``; ``idle``: seconds, NOTE [idle
+        embedded server])."""
         servers = default_l2_servers() if servers is None else servers
-        return cls(EMBEDDED, servers=servers, memory=None if memory is None else parse_memory(memory))
+        return cls(EMBEDDED, servers=servers, memory=None if memory is None else parse_memory(memory),
+                   idle=None if idle is None else check_idle(idle))
 
     @classmethod
     def none(cls) -> L2Spec:
@@ -96,7 +108,8 @@ class L2Spec:
 
     def __repr__(self) -> str:
         if self.kind == EMBEDDED:
-            return f"L2Spec(kind='embedded', servers={self.servers}, memory={self.memory})"
+            idle = "" if self.idle is None else f", idle={self.idle}"
+            return f"L2Spec(kind='embedded', servers={self.servers}, memory={self.memory}{idle})"
         if self.kind == NONE:
             return "L2Spec(kind='none')"
         memory = "" if self.memory is None else f", memory={self.memory}"
@@ -115,7 +128,7 @@ def l2_setting(l2=None, redis=None):
 
 
 def resolve_l2(l2: L2Spec | None | bool | str | Sequence[str] = None, *, servers: int | None = None,
-               memory: int | str | None = None) -> L2Spec:
+               memory: int | str | None = None, idle: float | None = None) -> L2Spec:
     """The :class:`L2Spec` a user's ``l2=`` setting names (NOTE [L2 resolved once]).
 
     Args:
@@ -124,6 +137,8 @@ def resolve_l2(l2: L2Spec | None | bool | str | Sequence[str] = None, *, servers
         servers: embedded servers (``None``: one per 8 cores); checked whatever the kind.
         memory: the embedded servers' total maxmemory, or a sized store's size (``shm://``);
             checked whatever the kind.
+        idle: the embedded servers' idle time in seconds (NOTE [idle embedded server]);
+            checked whatever the kind, ignored by the others.
 
     Raises:
         ValueError: a wrong type, an unknown scheme (lists the registered ones), mixed kinds,
@@ -131,10 +146,10 @@ def resolve_l2(l2: L2Spec | None | bool | str | Sequence[str] = None, *, servers
             :class:`L2Spec` (they belong in it).
     """
     if isinstance(l2, L2Spec):
-        if servers is not None or memory is not None:
-            raise ValueError("an L2Spec carries its own servers and memory; do not pass them beside it")
+        if servers is not None or memory is not None or idle is not None:
+            raise ValueError("an L2Spec carries its own servers, memory and idle time; do not pass them beside it")
         return l2
-    embedded = L2Spec.embedded(servers, memory)  # validates both, whatever the kind
+    embedded = L2Spec.embedded(servers, memory, idle)  # validates them, whatever the kind
     if l2 is None:
         return embedded
     if l2 is False:

@@ -23,7 +23,9 @@ import fcntl
 import os
 import re
 import subprocess
+import sys
 import time
+import warnings
 from pathlib import Path
 from urllib.parse import quote
 
@@ -31,18 +33,32 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from cachepipe.errors import CacheWarning
 from cachepipe.private_files import private_dir, write_private
+from cachepipe.server import idle_watch
+from cachepipe.server.idle_watch import DEFAULT_IDLE_MINUTES
 from cachepipe.server.identity import ServerIdentity, wait_gone
 from cachepipe.server.process import server_argv
 from cachepipe.server.redis_binary import find_redis_server, server_env
 from cachepipe.server.socket_path import check_socket, prepare_dir, socket_path
 
-__all__ = ["EmbeddedRedis", "parse_memory"]
+__all__ = ["EmbeddedRedis", "check_idle", "parse_memory"]
 
 # Redis' own convention: k/m/g are powers of 1000, kb/mb/gb (and KiB/MiB/GiB) of 1024.
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "kib": 1024, "m": 1000**2, "mb": 1024**2,
           "mib": 1024**2, "g": 1000**3, "gb": 1024**3, "gib": 1024**3, "t": 1000**4,
           "tb": 1024**4, "tib": 1024**4}
+
+
+def check_idle(seconds: float) -> float:
+    """``seconds`` as an embedded server's idle time (NOTE [idle embedded server]).
+
+    Raises:
+        ValueError: negative or not a finite number.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"idle time (--l2-idle) must be a finite number >= 0 (0: never stop), got {seconds!r} s")
+    return float(seconds)
 
 
 def _physical_memory() -> int:
@@ -87,6 +103,10 @@ class EmbeddedRedis:
             :meth:`start` or :meth:`stop` kills it (NOTE [server identity]).
         index: which of the cache dir's servers (NOTE [a node's L2] in
             ``cachepipe.server.embedded_group``): 0 lives in ``redis/``, ``i`` in ``redis-i/``.
+        default_share: the share of the default 25 % of RAM a new server takes when no
+            ``l2_memory`` was ever given for it (its group's 1/N).
+        idle: seconds without a client after which a server this object starts stops by
+            itself (NOTE [idle embedded server]); ``None``: ``DEFAULT_IDLE_MINUTES``; 0: never.
 
     Example:
         >>> server = EmbeddedRedis("/tmp/cache")  # doctest: +SKIP
@@ -94,9 +114,11 @@ class EmbeddedRedis:
         'unix:///tmp/cache/redis/redis.sock'
     """
 
-    def __init__(self, cache_dir: str | os.PathLike, *, stuck_after: float = 120.0, index: int = 0) -> None:
+    def __init__(self, cache_dir: str | os.PathLike, *, stuck_after: float = 120.0, index: int = 0,
+                 default_share: float = 1.0, idle: float | None = None) -> None:
         if not stuck_after > 0:
             raise ValueError(f"stuck_after must be > 0 seconds, got {stuck_after}")
+        self.idle = DEFAULT_IDLE_MINUTES * 60 if idle is None else check_idle(idle)
         self.dir = Path(cache_dir).absolute() / ("redis" if index == 0 else f"redis-{index}")
         self.pid_path = self.dir / "redis.pid"
         self.id_path = self.dir / "server.id"
@@ -104,6 +126,7 @@ class EmbeddedRedis:
         self.memory_path = self.dir / "maxmemory"  # the last l2_memory given: a restart keeps it
         self.socket_path = socket_path(self.dir)
         self.stuck_after = stuck_after
+        self.default_share = default_share  # of 25 % of RAM, when no size was ever given (NOTE [a group's memory])
 
     @property
     def url(self) -> str:
@@ -150,11 +173,11 @@ class EmbeddedRedis:
         return row
 
     def _last_maxmemory(self) -> int:
-        """The maxmemory last given for this cache dir, else 25 % of RAM (NOTE [embedded server])."""
+        """The maxmemory last given for this cache dir, else its share of 25 % of RAM (NOTE [embedded server])."""
         try:
             return int(self.memory_path.read_text())
         except (OSError, ValueError):
-            return parse_memory(None)
+            return max(1, int(parse_memory(None) * self.default_share))
 
     def _lock(self, create: bool = True) -> int | None:
         """Hold the cache dir's server lock; None (no lock) when ``create`` is False and the
@@ -241,9 +264,19 @@ class EmbeddedRedis:
             ident.save(self.id_path)
             if l2_memory is not None:
                 write_private(self.memory_path, str(maxmemory).encode())
+            self._watch(pid)
             return True
         finally:
             os.close(fd)
+
+    def _watch(self, pid: int) -> None:
+        """Start the server's watcher, detached, once it is connected (NOTE [idle embedded server])."""
+        res = subprocess.run([sys.executable, "-I", "-S", idle_watch.__file__, str(self.socket_path), str(self.dir),
+                              str(pid), repr(float(self.idle))], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, timeout=30, check=False)
+        if res.returncode:
+            warnings.warn(f"{res.stderr.strip() or 'the idle watcher failed'}: it keeps running until "
+                          f"`cachepipe server stop --cache-dir {self.dir.parent}`", CacheWarning, stacklevel=3)
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Shut the server down (no save); returns ``True`` if one was running.

@@ -5,8 +5,9 @@ NOTE [owned redis-server]: a benchmark or a test needs servers of its own that i
 restarts and reads the CPU of: a shard on 127.0.0.1 over TCP, one inside an emulated node's
 network namespace bound to that node's address, one with a memory cap and an eviction
 policy, io-threads, cluster mode. Each is a :class:`RedisProcess`: a child of this process
-(never daemonized, so it is signalled only through its own ``Popen`` handle), persistence
-off, its log and socket in its own directory. Every one also listens on a private Unix
+(never daemonized, so it is signalled only through its own ``Popen`` handle) that gets
+SIGTERM when this process dies (``PR_SET_PDEATHSIG``: a benchmark killed with SIGKILL
+leaves no server behind), persistence off, its log and socket in its own directory. Every one also listens on a private Unix
 socket there (NOTE [private socket]), through which it is probed until it answers and
 inspected (``INFO``): the file system is shared across network namespaces, so a server
 inside an emulated node is managed exactly like one on this host. The embedded default
@@ -15,7 +16,9 @@ its command line with the same :func:`server_argv`.
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -31,7 +34,30 @@ from cachepipe.private_files import private_dir
 from cachepipe.server.redis_binary import find_redis_server, server_env
 from cachepipe.server.socket_path import prepare_dir, socket_path
 
-__all__ = ["RedisProcess", "server_argv"]
+__all__ = ["RedisProcess", "die_with_parent", "server_argv"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when its parent dies
+    (``PR_SET_PDEATHSIG``, Linux; it survives the exec of ``ip netns exec``), and exits at once
+    if the parent is already gone (NOTE [owned redis-server]). None where it cannot be had.
+
+    The signal comes when the *thread* that started the child ends: start children from a
+    thread that lives as long as they should (the main thread).
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here, not in the forked child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # died before the request: nobody will signal us
+            os._exit(1)
+    return preexec
 
 
 def server_argv(binary: str, *, unix_socket: str | os.PathLike, directory: str | os.PathLike,
@@ -122,7 +148,7 @@ class RedisProcess:
         """Start it (again, after :meth:`kill`: empty, as a restarted node's server is)."""
         self.socket.unlink(missing_ok=True)
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=server_env())
+                                     stderr=subprocess.DEVNULL, env=server_env(), preexec_fn=die_with_parent())
         deadline = time.monotonic() + self.timeout
         while True:
             try:

@@ -104,3 +104,23 @@ def test_the_size_limit_is_a_flag_and_the_skip_path_takes_it(source, tmp_path, r
         assert set(skipped) == {7} and len(samples) == 3
     proc, _ = _warm(source, tmp_path, redis_server.url, "--max-file-size", "2%")
     assert proc.returncode == 2 and "--max-file-size '2%'" in proc.stderr
+
+
+@pytest.mark.parametrize("l2", ["redis", "none"])
+def test_files_over_the_size_limit_are_reported_with_or_without_l2(source, tmp_path, redis_server, l2):
+    """Issue 46, defect 7: with ``--no-l2`` too-large files were skipped silently (rc 0 with --strict)."""
+    victims = sorted(source.rglob("*.JPEG"))[3:5]
+    for v in victims:
+        os.truncate(v, 3 << 20)
+    flags = ("--max-file-size", "1mb", "--strict") + (("--no-l2",) if l2 == "none" else ())
+    url = redis_server.url
+    out = tmp_path / "warmup.json"
+    argv = ["warmup", str(source), "--cache-dir", str(tmp_path / "cache"), "--cache-size", str(SIZE),
+            "--workers", "1", "--quiet", "--json", str(out), *flags] + (["--redis", url] if l2 == "redis" else [])
+    proc = _cli(*argv)
+    report = json.loads(out.read_text())
+    rels = sorted(str(v.relative_to(source)) for v in victims)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["corrupt"] == rels and report["l1_written"] == 22 and all(r in proc.stdout for r in rels)
+    again = _cli(*argv)
+    assert again.returncode == 1 and json.loads(out.read_text())["known_corrupt"] == rels

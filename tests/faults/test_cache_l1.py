@@ -2,9 +2,11 @@
 reads fall back to L2 and the source; ``stats`` never writes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from cachepipe import TwoLevelCache
 from cachepipe.decode import decode_and_resize
+from cachepipe.server.embedded import EmbeddedRedis
 from tests.faults.cache_faults import needs_root, remount_ro, tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,3 +139,51 @@ def test_full_disk_reads_still_right(source, tmp_path, redis_server):
             assert all(np.array_equal(a, b) for a, b in zip(got, ref))
             s = cache.stats()
             assert s["l1_write_errors"] + s["l1_errors"] > 0 and s["l2_writes"] == 24
+
+
+@contextlib.contextmanager
+def _embedded_stopped(cache_dir: Path):
+    try:
+        yield
+    finally:
+        EmbeddedRedis(cache_dir).stop()
+
+
+def _fill_disk(path: Path) -> None:
+    with open(path, "wb") as f:  # to the last block
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+@needs_root()
+def test_warmup_on_a_full_disk_that_bypasses_l1_exits_6_not_nothing_to_do(source, tmp_path):
+    """Issue 46, defect 6: L1 could not be opened ("No space left ... L1 is bypassed"), then "nothing
+    to do: L1 and L2 already hold all ... samples", exit 0, while stats said L1 0/24."""
+    warm = [sys.executable, "-m", "tools", "warmup", str(source), "--cache-size", str(SIZE), "--workers", "1",
+            "--quiet"]  # the embedded L2, kept running between the warm-ups
+    old = time.time() - 60  # a source not changed just now: its scan is reused, nothing is rewritten
+    for d in [source, *(p for p in source.rglob("*") if p.is_dir())]:
+        os.utime(d, (old, old))
+    with tmpfs(tmp_path / "full", size="2m") as cache_dir, _embedded_stopped(cache_dir):
+        r = subprocess.run([*warm, "--cache-dir", str(cache_dir)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        l1 = next(cache_dir.glob("*/l1"))
+        for p in l1.iterdir():  # the L1 is lost (a cleaned disk) while L2 keeps every sample
+            p.unlink()
+        l1.rmdir()
+        _fill_disk(cache_dir / "filler")
+        r = subprocess.run([*warm, "--cache-dir", str(cache_dir)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 6, (r.stdout, r.stderr)
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("cachepipe warmup: error: ") and str(l1) in last and "No space left" in last
+        assert "nothing to do" not in r.stdout and "Traceback" not in r.stderr
+        (cache_dir / "filler").unlink()  # room again: the next warm-up refills L1 from the source
+        r = subprocess.run([*warm, "--cache-dir", str(cache_dir)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and "L1 written: 24 entries" in r.stdout, (r.stdout, r.stderr)

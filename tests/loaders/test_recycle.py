@@ -2,6 +2,8 @@
 referenced; the outputs equal the normalised pixels; recycling survives the staging (pinned) path."""
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -102,6 +104,50 @@ def test_recycling_survives_the_staging_path(source, cache_dir):
     finally:
         staged.close()
         reference.close()
+
+
+def _crc(t: torch.Tensor) -> int:
+    return zlib.crc32(t.contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def _receiver(batches, sums) -> None:
+    """Another process that keeps every batch it is sent (an async logger, a prefetching consumer)."""
+    held = []
+    while (item := batches.get()) is not None:
+        images, sent = item
+        held.append((images, sent, _crc(images)))
+    sums.put([(sent, at_receipt, _crc(images)) for images, sent, at_receipt in held])
+
+
+@pytest.mark.parametrize("strategy", ["file_descriptor", "file_system"])
+def test_batches_sent_to_another_process_are_never_overwritten(source, cache_dir, strategy):
+    """Issue 46, defect 5: a batch put on a torch.multiprocessing queue was recycled once dropped
+    here, and the worker's next batch changed it under its receiver."""
+    from trainer.launch import rank_context
+
+    old = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    ctx = rank_context()
+    batches, sums = ctx.Queue(), ctx.Queue()
+    receiver = ctx.Process(target=_receiver, args=(batches, sums))
+    receiver.start()
+    loader = cached_dataloader(source, cache_dir=cache_dir, dtype="uint8", normalize=False, **KW)
+    try:
+        sent = 0
+        for images, _ in _epochs(loader, 4):
+            batches.put((images, _crc(images)))  # then dropped here: only the receiver holds it
+            sent += 1
+        batches.put(None)
+        rows = sums.get(timeout=60)
+        receiver.join(30)
+        assert len(rows) == sent == 24
+        assert [r for r in rows if not r[0] == r[1] == r[2]] == []  # intact at receipt and after the epochs
+        assert loader.handed_out.released == 0 and loader.handed_out.forgotten >= 20  # the last ones still tracked
+    finally:
+        loader.close()
+        torch.multiprocessing.set_sharing_strategy(old)
+        if receiver.is_alive():
+            receiver.kill()
 
 
 def test_bad_dtype_and_device_name_the_argument(source, cache_dir):

@@ -91,6 +91,31 @@ def test_device_feed_on_cpu_equals_reference(dtype, channels_last, tol):
     assert feed.ring.allocations == 2
 
 
+class CopyFails(Exception):
+    """Stands for an OOM or a Ctrl-C in the middle of a feed's copy."""
+
+
+@pytest.mark.parametrize("where", ["copy", "convert"])
+def test_an_exception_in_the_copy_gives_the_slot_back(monkeypatch, where):
+    feed = DeviceFeed(torch.device("cpu"), torch.float32, True, mean=(0.485, 0.456, 0.406),
+                      std=(0.229, 0.224, 0.225), slots=2)
+    feed(_crops(0))
+    real = feed._convert
+    if where == "copy":  # a batch numpy cannot read: the copy into the slot raises
+        bad = torch.empty((4, 3, 16, 16), dtype=torch.uint8, device="meta")
+    else:
+        bad = _crops(1)
+
+        def failing(pixels):
+            raise CopyFails("injected")
+        monkeypatch.setattr(feed, "_convert", failing)
+    with pytest.raises((CopyFails, TypeError, RuntimeError, NotImplementedError)):
+        feed(bad)
+    monkeypatch.setattr(feed, "_convert", real)
+    for s in range(2, 6):  # every later batch comes round to the slot the failed one held
+        torch.testing.assert_close(feed(_crops(s)), reference(_crops(s)), rtol=1e-6, atol=1e-6)
+
+
 def test_device_argument_is_checked():
     assert resolve_device(None) is None
     with pytest.raises(ValueError, match="device='cpu'"):

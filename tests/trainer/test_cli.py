@@ -159,6 +159,36 @@ def test_a_dead_worker_fails_the_job_with_its_rank_and_reason():
     assert time.monotonic() - start < 50  # nobody waited for the sleeping/blocked ranks
 
 
+def _umask_of_rank(rank, world):
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+
+
+def test_ranks_take_the_launchers_umask_not_the_fork_servers():
+    old = os.umask(0o022)
+    try:
+        assert launch_local(_umask_of_rank, 1) == 0o022  # the fork server runs from here on, umask 022
+        os.umask(0o077)
+        assert launch_local(_umask_of_rank, 2) == 0o077  # a job started with umask 077: private checkpoints
+    finally:
+        os.umask(old)
+
+
+def _start_method_of_rank(rank, world):
+    import multiprocessing
+
+    return multiprocessing.get_context()._name
+
+
+def test_ranks_start_their_workers_as_a_new_interpreter_would():
+    """Issue 46, defect 10: a rank forked from the fork server took ``forkserver`` as its default
+    start method, so its loader workers came from a fork server of its own that a killed rank
+    left behind (with a worker and a resource tracker)."""
+    import multiprocessing
+
+    assert launch_local(_start_method_of_rank, 1) == multiprocessing.get_all_start_methods()[0]
+
+
 def test_first_run_without_recipe_names_it_stops_where_asked_and_resumes(tmp_path, small_dataset):
     out = tmp_path / "by-hand" / "train"
     old = os.umask(0o027)

@@ -17,6 +17,8 @@ fault from here, on processes and files this benchmark made:
 - ``drop_other``, ``drop_prefix``, ``drop_training``: ``cachepipe drop`` of another source's
   namespace, of a prefix with glob characters, of a namespace a run is training on
   (``tools/bench/parts/faults_drop.py``).
+- ``sent_batches``, ``full_disk``, ``l2_servers``, ``kill9``, ``idle_server``: issue 46's
+  round 3 (``tools/bench/parts/faults_round3.py``, whose docstring says what each checks).
 
 Per scenario: whether the fault was injected and the run finished (``survived``), epochs,
 steps and samples seen per epoch against the baseline (``samples_lost``: fewer samples
@@ -44,13 +46,14 @@ from pathlib import Path
 from tools.bench.harness import Result
 from tools.bench.parts.faults_drop import DROP_FAULTS, drop_fault
 from tools.bench.parts.faults_launcher import other_out, spawned_children, stop_launcher
+from tools.bench.parts.faults_round3 import ROUND3, round3_fault
 from tools.bench.parts.faults_sources import SOURCE_FAULTS, source_fault
 from tools.cli import UsageError
 
 __all__ = ["configure", "run", "spawned_children"]
 
 SCENARIOS = ["baseline", "shard", "worker", "corrupt", "rank", "launcher", "other_out", *SOURCE_FAULTS,
-             *DROP_FAULTS, "l1"]  # l1 last: it damages the shared cache
+             *DROP_FAULTS, *ROUND3, "l1"]  # l1 last: it damages the shared cache
 COLUMNS = ["fault", "injected", "survived", "epochs", "steps", "samples_lost", "skipped", "top1",
            "same_top1", "shm_left", "procs_left", "stale", "exit"]
 
@@ -221,6 +224,8 @@ def _scenario(bench: _Bench, name: str) -> tuple[int, bool, Path]:
         return (*source_fault(bench, name, out), out)
     if name in DROP_FAULTS:
         return (*drop_fault(bench, name, out), out)
+    if name in ROUND3:
+        return (*round3_fault(bench, name, out), out)
     if name == "l1":
         for mdb in bench.cache.rglob("data.mdb"):
             os.truncate(mdb, 16384)

@@ -8,7 +8,9 @@ two workers of one node stays on that namespace's loopback (fast), traffic betwe
 nodes crosses the limited veth. Nothing touches the host's own namespace or addresses.
 
 Needs root and iproute2 (``apt-get install -y iproute2``). The namespaces are removed on
-exit, on exceptions, and on SIGINT/SIGTERM (see :meth:`EmulatedCluster.close`).
+exit, on exceptions, and on SIGINT/SIGTERM (see :meth:`EmulatedCluster.close`), and by a
+watcher when the process that made them is killed with SIGKILL (NOTE [namespaces end with
+their owner] in ``netns_watch.py``).
 
 Example:
     >>> with EmulatedCluster(nodes=2, inter_mbit=200) as cluster:     # doctest: +SKIP
@@ -18,11 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+
+from tools.bench.harness import netns_watch
+from tools.bench.harness.netns_watch import stale, start_time
 
 __all__ = ["EmulatedCluster", "maybe_cluster", "netns_unavailable_reason", "require_netns"]
 
@@ -86,8 +93,11 @@ class EmulatedCluster:
             raise ValueError(f"burst_bytes must be >= 2048 (one MTU-sized packet), got {burst_bytes}")
         self.nodes, self.inter_mbit, self.burst_bytes = nodes, inter_mbit, burst_bytes
         self.tag = tag or uuid.uuid4().hex[:5]
-        self.switch = f"cp{self.tag}-sw"
-        self.namespaces = [f"cp{self.tag}-n{i}" for i in range(nodes)]
+        if not re.fullmatch(r"[0-9a-z]+", self.tag):
+            raise ValueError(f"a cluster tag is lower-case letters and digits, got {self.tag!r}")
+        owner = f"cp-{os.getpid()}-{start_time(os.getpid())}-{self.tag}"  # NOTE [namespaces end with their owner]
+        self.switch = f"{owner}-sw"
+        self.namespaces = [f"{owner}-n{i}" for i in range(nodes)]
         self._created: list[str] = []
         self._old_handlers: dict[int, object] = {}
 
@@ -104,7 +114,10 @@ class EmulatedCluster:
         return {"GLOO_SOCKET_IFNAME": "eth0", "MASTER_ADDR": self.address(0)}
 
     def start(self) -> "EmulatedCluster":
-        """Create the namespaces, links and limits (cleans up if anything fails)."""
+        """Create the namespaces, links and limits (cleans up if anything fails); first delete
+        those of clusters whose process is gone (NOTE [namespaces end with their owner])."""
+        for name in stale():
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
         self._install_signal_handlers()
         try:
             self._add_ns(self.switch)
@@ -123,6 +136,9 @@ class EmulatedCluster:
                 _ip("-n", self.switch, "link", "set", peer, "up")
                 if self.inter_mbit is not None:
                     self._limit(ns)
+            subprocess.run([sys.executable, "-I", "-S", netns_watch.__file__, str(os.getpid()),
+                            str(start_time(os.getpid())), *self._created], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=30)
         except BaseException:
             self.close()
             raise

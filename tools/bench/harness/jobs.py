@@ -4,7 +4,8 @@
   with torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` on node 0,
   ``GLOO_SOCKET_IFNAME``). The first rank that fails stops the job (only processes started
-  here are signalled, through their own handles). A rank that runs a module of this
+  here are signalled, through their own handles); every rank ends with this process, even
+  when it is killed with SIGKILL (a parent-death signal, and a forked rank's launcher watch). A rank that runs a module of this
   interpreter (``python -m ...``) is forked from a fork server that imported torch once
   (NOTE [forked emulated ranks] in tools/forked_command.py).
 - :func:`run_on_node`: one command to completion inside a node.
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from cachepipe.server.process import die_with_parent
 from tools.bench.harness.cluster import EmulatedCluster
 from tools.forked_command import ForkedCommand, forkable
 
@@ -53,6 +55,7 @@ def run_on_node(cluster: EmulatedCluster, node: int, argv: Sequence[str], *, env
                 timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:
     """Run ``argv`` to completion inside node ``node`` (output captured as text unless redirected)."""
     kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
+    kwargs.setdefault("preexec_fn", die_with_parent())  # it ends with this process (a SIGKILLed bench)
     return subprocess.run(cluster.command(node, list(argv)), env=_env(env), timeout=timeout, text=True, **kwargs)
 
 
@@ -118,7 +121,8 @@ def launch(cluster: EmulatedCluster | None, argv_for_rank: Callable[[int], Seque
             else:
                 procs.append(subprocess.Popen(cluster.command(node, argv) if cluster else argv, env=_env(rank_env),
                                               stdin=subprocess.DEVNULL, stdout=out,
-                                              stderr=subprocess.STDOUT if out else None))
+                                              stderr=subprocess.STDOUT if out else None,
+                                              preexec_fn=die_with_parent()))
         deadline = None if timeout is None else time.monotonic() + timeout
         while any(p.poll() is None for p in procs):
             failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
