@@ -1,13 +1,11 @@
 """The two-level cache facade: L2 (Redis, decoded) -> L1 (LMDB, raw bytes) -> source.
 
 NOTE [per-process handles]
-An LMDB environment and Redis sockets must not cross ``fork``. The cache opens them
-lazily on first use and again whenever ``os.getpid()`` changes; handles inherited from
-the parent are parked (never closed in the child, which could disturb the parent's
-locks). Pickling keeps only the :class:`~cachepipe.config.CacheConfig` and the manifest
-fingerprint; the manifest is re-read from the cache directory (no rescan). So one
-instance can be handed to torch DataLoader workers under fork, spawn or forkserver.
-Counters in :meth:`TwoLevelCache.stats` are per process.
+An LMDB environment and Redis sockets must not cross ``fork``. The cache opens them lazily on first
+use and again whenever ``os.getpid()`` changes; handles inherited from the parent are parked (never
+closed in the child, which could disturb the parent's locks). Pickling keeps only the config and the
+manifest (as its path: no rescan), so one instance can be handed to DataLoader workers under fork,
+spawn or forkserver. Counters in :meth:`TwoLevelCache.stats` are per process.
 """
 from __future__ import annotations
 
