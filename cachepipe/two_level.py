@@ -4,8 +4,7 @@ NOTE [per-process handles]
 An LMDB environment and Redis sockets must not cross ``fork``. The cache opens them lazily on first
 use and again whenever ``os.getpid()`` changes; handles inherited from the parent are parked (never
 closed in the child, which could disturb the parent's locks). Pickling keeps only the config and the
-manifest (as its path: no rescan), so one instance can be handed to DataLoader workers under fork,
-spawn or forkserver. Counters in :meth:`TwoLevelCache.stats` are per process.
+manifest (as its path), so one instance goes to DataLoader workers under any start method; counters are per process.
 """
 from __future__ import annotations
 
