@@ -98,7 +98,7 @@ def measure_two_nodes(work: Path, files: int, profile) -> dict:
     base = work / "two-nodes"
     shutil.rmtree(base, ignore_errors=True)
     out = {"files": files, "nodes": 2, "l1": [], "partition": [], "only_partition": True}
-    parts, shm = [], [Path(f"/dev/shm/cachepipe-bench-source-{os.getpid()}-node{rank}") for rank in (0, 1)]
+    parts, shm = [], [Path(f"/dev/shm/cachepipe-source-{os.getpid()}-node{rank}") for rank in (0, 1)]
     with slowfs_mount(tree, profile) as mount:
         for rank in (0, 1):
             store = f"shm://{shm[rank]}"
