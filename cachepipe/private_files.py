@@ -13,6 +13,8 @@ through it would put manifests, pointers, pid files and ``chmod`` on whatever it
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import stat
 from collections.abc import Sequence
@@ -74,3 +76,20 @@ def write_private(path: str | os.PathLike, data: bytes | Sequence) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike):
+    """Hold an exclusive ``flock`` on ``path`` (created 0600) for the ``with`` block; where
+    the file cannot be created (a read-only or full disk) nobody else can write there
+    either, so the block runs unlocked."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -22,7 +22,6 @@ deleting or truncating cache files by hand does that.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import time
 import warnings
@@ -34,6 +33,7 @@ import lmdb
 from cachepipe.errors import CacheWarning
 from cachepipe.l1.lmdb_check import data_file_problem
 from cachepipe.l1.mirror import L1Mirror
+from cachepipe.private_files import exclusive_lock
 
 __all__ = ["inspect_l1", "open_l1"]
 
@@ -53,16 +53,8 @@ def _problem(path: Path) -> str | None:
 
 @contextlib.contextmanager
 def _guard(path: Path):
-    try:
-        fd = os.open(path.parent / "l1.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:  # read-only or full: nobody can move the directory here anyway
+    with exclusive_lock(path.parent / "l1.lock"):  # read-only or full: nobody can move the directory anyway
         yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _warn(message: str) -> None:

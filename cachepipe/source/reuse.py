@@ -30,7 +30,6 @@ inspection) nothing is locked or written.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from cachepipe.private_files import private_dir, write_private
+from cachepipe.private_files import exclusive_lock, private_dir, write_private
 from cachepipe.source.file_identity import identity
 from cachepipe.source.listing import SCAN_THREADS
 
@@ -93,15 +92,11 @@ def scan_lock(cache_dir: str | os.PathLike, root: str):
     path = _pointer(cache_dir, root).with_suffix(".lock")
     try:
         private_dir(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:  # a read-only cache dir: no rank can save a scan there, so there is nothing to wait for
         yield
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive_lock(path):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def load_or_scan(cls, root: str | os.PathLike, cache_dir: str | os.PathLike, *, verify: str = "dirs",

@@ -29,7 +29,9 @@ OWNED = re.compile(r"cp-(\d+)-(\d+)-[0-9a-z]+-(?:sw|n\d+)")
 
 
 def start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot; None when it is gone (or a zombie)."""
+    """Start time of ``pid`` in clock ticks since boot; None when it is gone (or a zombie).
+    (comm.shm_names.start_time's twin: this watcher runs ``python -I -S`` and must not import
+    the comm package, which imports torch.)"""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
